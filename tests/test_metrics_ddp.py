@@ -1,0 +1,86 @@
+"""Both metrics give one process's numbers when the data is split unevenly over 2 or 3 processes."""
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from xbench.metrics import ClassificationMetrics, GroundingMetrics
+
+NUM_SAMPLES, NUM_CLASSES, SIZE = 17, 3, 12
+
+
+def make_data():
+    rng = np.random.default_rng(11)
+    s = rng.random((NUM_SAMPLES, NUM_CLASSES, SIZE, SIZE), dtype=np.float32)
+    flat = s.reshape(NUM_SAMPLES, NUM_CLASSES, -1)
+    flat[..., 0], flat[..., 1] = 0.0, 1.0
+    flat[::5, 1] = 0.0  # constant maps
+    m = np.zeros_like(s, dtype=bool)
+    for i in range(NUM_SAMPLES):
+        for c in range(NUM_CLASSES):
+            y, x = rng.integers(0, SIZE - 3, size=2)
+            m[i, c, y : y + rng.integers(1, 5), x : x + rng.integers(1, 5)] = True
+    has = rng.random((NUM_SAMPLES, NUM_CLASSES)) < 0.7
+    logits = rng.normal(size=(NUM_SAMPLES, NUM_CLASSES)).astype(np.float32)
+    labels = rng.integers(-1, 2, size=(NUM_SAMPLES, NUM_CLASSES))
+    return [torch.from_numpy(a) for a in (s, m, has, logits, labels)]
+
+
+def evaluate(indices, batch_size):
+    s, m, has, logits, labels = make_data()
+    grounding, classification = GroundingMetrics(NUM_CLASSES), ClassificationMetrics(NUM_CLASSES)
+    for start in range(0, len(indices), batch_size):
+        i = torch.as_tensor(indices[start : start + batch_size], dtype=torch.int64)
+        grounding.update(s[i], m[i], has[i], i)
+        classification.update(logits[i], labels[i], i)
+    return grounding.compute(), classification.compute()
+
+
+def _worker(rank, world, port, shares, out_path):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        g, c = evaluate(shares[rank], batch_size=rank + 2)
+        if rank == 0:
+            torch.save({"g": dict(g.items()), "c": dict(c.items())}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def assert_same(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key])
+    elif a.is_floating_point():
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, equal_nan=True)
+    else:
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "shares",
+    [
+        [list(range(0, 12)), list(range(12, 17))],
+        [list(range(0, 17, 3)), [1, 4, 7], [2, 5, 8, 10, 11, 13, 14, 16]],
+        [list(range(16)), [16], []],
+    ],
+    ids=["2-proc", "3-proc", "3-proc-one-empty"],
+)
+def test_ddp_equals_single_process(tmp_path, shares):
+    assert sorted(i for share in shares for i in share) == list(range(NUM_SAMPLES))
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_worker, args=(len(shares), free_port(), shares, out), nprocs=len(shares), join=True)
+    distributed = torch.load(out, weights_only=True)
+    g, c = evaluate(list(range(NUM_SAMPLES)), batch_size=4)
+    assert_same(dict(g.items()), distributed["g"])
+    assert_same(dict(c.items()), distributed["c"])

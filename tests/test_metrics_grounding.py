@@ -1,0 +1,266 @@
+"""GroundingMetrics against an independent brute-force loop over all 101 thresholds."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from xbench.metrics import GroundingMetrics, THRESHOLDS, grounding_records, threshold_counts
+
+TAUS = [np.float32(k / 100) for k in range(101)]
+EDGE_VALUES = np.array([0.29, 0.5, 1.0, 0.0, 0.01, 0.53, 0.09, 0.33, 0.99], dtype=np.float32)
+
+
+def reference(s, m, has):
+    """Brute force: a Python loop per image, class and threshold with ``>=``."""
+    B, C = s.shape[:2]
+    out = {k: np.zeros(C, dtype=np.int64) for k in ("pairs", "hits", "const", "tied", "empty", "region")}
+    out.update({k: np.zeros((C, 101)) for k in ("dice", "iou")})
+    out.update({k: np.zeros((C, 101), dtype=np.int64) for k in ("pred", "inter")})
+    rows = []
+    for b in range(B):
+        for c in range(C):
+            if not has[b, c]:
+                continue
+            region = m[b, c]
+            if region.sum() == 0:
+                out["empty"][c] += 1
+                continue
+            smap = s[b, c]
+            peak = smap.max()
+            constant = bool((smap == smap.flat[0]).all())
+            at_peak = smap == peak
+            hit = (not constant) and bool(at_peak[region].any())
+            out["pairs"][c] += 1
+            out["hits"][c] += hit
+            out["const"][c] += constant
+            out["tied"][c] += (not constant) and at_peak.sum() > 1
+            out["region"][c] += region.sum()
+            preds, inters = [], []
+            for k, tau in enumerate(TAUS):
+                predicted = smap >= tau
+                inter = int((predicted & region).sum())
+                pred = int(predicted.sum())
+                union = int((predicted | region).sum())
+                out["dice"][c, k] += 2 * inter / (pred + region.sum())
+                out["iou"][c, k] += inter / union
+                out["pred"][c, k] += pred
+                out["inter"][c, k] += inter
+                preds.append(pred)
+                inters.append(inter)
+            rows.append((b, c, int(region.sum()), hit, preds, inters))
+    return out, rows
+
+
+def make_batch(rng, B, C, H, W, p_mask=0.8, edge_fraction=0.2):
+    """Normalised maps (max exactly 1, or all zeros) with bin-edge values, masks of all kinds."""
+    s = rng.random((B, C, H, W), dtype=np.float32)
+    edges = rng.random((B, C, H, W)) < edge_fraction
+    s[edges] = rng.choice(EDGE_VALUES, size=int(edges.sum()))
+    # exact neighbours of thresholds
+    near = rng.random((B, C, H, W)) < 0.05
+    picks = rng.integers(0, 101, size=int(near.sum()))
+    s[near] = np.nextafter(np.array(TAUS, dtype=np.float32)[picks], np.float32(rng.choice([-1, 2])))
+    s = np.clip(s, 0, 1).astype(np.float32)
+    flat = s.reshape(B, C, -1)
+    for b in range(B):
+        for c in range(C):
+            kind = rng.integers(0, 6)
+            if kind == 0 or H * W == 1:
+                flat[b, c] = 0  # constant map
+            else:  # min-max normalised: minimum exactly 0, maximum exactly 1
+                low, high = rng.choice(H * W, size=2, replace=False)
+                flat[b, c, low], flat[b, c, high] = 0.0, 1.0
+                if kind == 1:  # several pixels at the maximum
+                    ties = rng.integers(0, H * W, size=3)
+                    flat[b, c, ties[ties != low]] = 1.0
+    m = np.zeros((B, C, H, W), dtype=bool)
+    for b in range(B):
+        for c in range(C):
+            kind = rng.integers(0, 5)
+            if kind == 0:
+                m[b, c, rng.integers(0, H), rng.integers(0, W)] = True  # single pixel
+            elif kind == 1:
+                m[b, c] = True  # full image
+            elif kind == 2:
+                pass  # empty
+            else:
+                y0, x0 = rng.integers(0, H), rng.integers(0, W)
+                m[b, c, y0 : y0 + rng.integers(1, H + 1), x0 : x0 + rng.integers(1, W + 1)] = True
+    has = rng.random((B, C)) < p_mask
+    return s, m, has
+
+
+def run_metric(batches, num_classes):
+    metric = GroundingMetrics(num_classes)
+    for s, m, has, index in batches:
+        metric.update(torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(has), torch.as_tensor(index))
+    return metric.compute()
+
+
+def check_against_reference(result, ref):
+    assert torch.equal(result["pairs"], torch.from_numpy(ref["pairs"]))
+    assert torch.equal(result["hits"], torch.from_numpy(ref["hits"]))
+    assert torch.equal(result["constant_maps"], torch.from_numpy(ref["const"]))
+    assert torch.equal(result["tied_maxima"], torch.from_numpy(ref["tied"]))
+    assert torch.equal(result["empty_masks"], torch.from_numpy(ref["empty"]))
+    pairs = ref["pairs"][:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dice = ref["dice"] / pairs
+        iou = ref["iou"] / pairs
+        pooled_dice = 2 * ref["inter"] / (ref["pred"] + ref["region"][:, None])
+        pooled_iou = ref["inter"] / (ref["pred"] + ref["region"][:, None] - ref["inter"])
+    np.testing.assert_allclose(result["dice_curve"].numpy(), dice, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result["iou_curve"].numpy(), iou, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(result["pooled_dice_curve"].numpy(), pooled_dice, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result["pooled_iou_curve"].numpy(), pooled_iou, rtol=0, atol=1e-12)
+    for name, curve in (("dice", dice), ("iou", iou)):
+        for c in range(curve.shape[0]):
+            if ref["pairs"][c] == 0:
+                assert np.isnan(result[f"{name}@best"][c].item())
+                continue
+            best_k = int(np.argmax(curve[c]))
+            assert result[f"{name}@best"][c].item() == pytest.approx(curve[c, best_k], abs=1e-9)
+            assert result[f"{name}@best_tau"][c].item() == pytest.approx(float(TAUS[best_k]))
+            assert result[f"{name}@0.5"][c].item() == pytest.approx(curve[c, 50], abs=1e-9)
+
+
+def test_bins_equal_bucketize_bit_for_bit():
+    rng = np.random.default_rng(0)
+    values = [rng.random(20000, dtype=np.float32)]
+    for tau in TAUS:  # every threshold and its float32 neighbours
+        below = above = tau
+        values.append(np.array([tau]))
+        for _ in range(50):
+            below = np.nextafter(below, np.float32(-1))
+            above = np.nextafter(above, np.float32(2))
+            values.append(np.array([below, above], dtype=np.float32))
+    s = np.clip(np.concatenate(values).astype(np.float32), 0, 1)
+    s = torch.from_numpy(s).view(1, 1, 1, -1)
+    inside = torch.zeros_like(s, dtype=torch.bool)
+    predicted, _ = threshold_counts(s, inside)
+    bins = torch.bucketize(s.flatten(), THRESHOLDS, right=True) - 1
+    expected = torch.bincount(bins, minlength=101).flip(0).cumsum(0).flip(0)
+    assert torch.equal(predicted.view(-1), expected)
+
+
+def test_threshold_tensor_is_float32_k_over_100():
+    assert THRESHOLDS.dtype == torch.float32
+    assert THRESHOLDS.tolist() == [float(t) for t in TAUS]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 5, 7), (4, 2, 16, 16), (3, 14, 9, 4)])
+def test_metric_matches_brute_force(shape):
+    rng = np.random.default_rng(sum(shape))
+    s, m, has = make_batch(rng, *shape)
+    result = run_metric([(s, m, has, np.arange(shape[0]))], shape[1])
+    ref, rows = reference(s, m, has)
+    check_against_reference(result, ref)
+    records = result["records"]
+    assert len(rows) == len(records["index"])
+    for (b, c, region, hit, preds, inters), i in zip(rows, range(len(rows))):
+        assert (records["index"][i].item(), records["class"][i].item()) == (b, c)
+        assert records["region"][i].item() == region
+        assert records["hit"][i].item() == hit
+        assert records["predicted"][i].tolist() == preds
+        assert records["inter"][i].tolist() == inters
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    B=st.integers(1, 4), C=st.integers(1, 4), H=st.integers(1, 12), W=st.integers(1, 12),
+    seed=st.integers(0, 2**32 - 1), p=st.floats(0, 1),
+)
+def test_metric_matches_brute_force_hypothesis(B, C, H, W, seed, p):
+    rng = np.random.default_rng(seed)
+    s, m, has = make_batch(rng, B, C, H, W, p_mask=p)
+    ref, _ = reference(s, m, has)
+    check_against_reference(run_metric([(s, m, has, np.arange(B))], C), ref)
+
+
+def test_batching_and_order_do_not_change_results():
+    rng = np.random.default_rng(7)
+    s, m, has = make_batch(rng, 12, 3, 10, 10)
+    whole = run_metric([(s, m, has, np.arange(12))], 3)
+    order = rng.permutation(12)
+    pieces = [order[:5], order[5:6], order[6:]]
+    split = run_metric([(s[i], m[i], has[i], i) for i in pieces], 3)
+    for key in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks"):
+        assert torch.equal(whole[key], split[key])
+    for key in ("dice_curve", "iou_curve", "pooled_dice_curve", "pooled_iou_curve"):
+        torch.testing.assert_close(whole[key], split[key], rtol=0, atol=1e-12, equal_nan=True)
+    for key in ("index", "class", "region", "predicted", "inter"):
+        assert torch.equal(whole["records"][key], split["records"][key])
+
+
+def pg(smap, region):
+    s = torch.tensor(smap, dtype=torch.float32).view(1, 1, *np.shape(smap))
+    m = torch.tensor(region, dtype=torch.bool).view_as(s)
+    return grounding_records(s, m, torch.ones(1, 1, dtype=torch.bool))
+
+
+def test_pointing_game_rules():
+    region = [[0, 0, 0], [0, 1, 1], [0, 0, 0]]
+    # unique maximum inside
+    assert pg([[0, 0.2, 0], [0.1, 1, 0.3], [0, 0, 0]], region)["hit"].item()
+    # unique maximum outside
+    assert not pg([[1, 0.2, 0], [0.1, 0.9, 0.3], [0, 0, 0]], region)["hit"].item()
+    # tie: one maximum inside, one outside -> hit, counted as tied
+    r = pg([[1, 0, 0], [0, 0, 1], [0, 0, 0]], region)
+    assert r["hit"].item() and r["tied"].item()
+    # tie entirely outside -> miss
+    r = pg([[1, 0, 1], [0, 0.5, 0], [0, 0, 0]], region)
+    assert not r["hit"].item() and r["tied"].item()
+    # maximum on the boundary pixel of the region -> hit
+    assert pg([[0, 0, 0], [0, 0.5, 1], [0, 0, 0]], region)["hit"].item()
+    # constant map (normalised to zeros) -> miss, even though every pixel "attains" the maximum
+    r = pg([[0, 0, 0], [0, 0, 0], [0, 0, 0]], region)
+    assert not r["hit"].item() and r["constant"].item() and not r["tied"].item()
+    # full-image region and constant map: still a miss
+    assert not pg(np.zeros((3, 3)), np.ones((3, 3)))["hit"].item()
+
+
+def test_hand_made_dice_and_iou():
+    # 2x2 map: values 1, 0.6, 0.3, 0; region = the two top pixels.
+    s = torch.tensor([[[[1.0, 0.6], [0.3, 0.0]]]])
+    m = torch.tensor([[[[True, True], [False, False]]]])
+    result = run_metric([(s.numpy(), m.numpy(), np.ones((1, 1), bool), [0])], 1)
+    # tau=0.5: B = {1, 0.6} = R -> Dice 1, IoU 1; tau=0.2: B has 3 pixels -> Dice 4/5, IoU 2/3
+    assert result["dice@0.5"].item() == 1.0 and result["iou@0.5"].item() == 1.0
+    assert result["dice_curve"][0, 20].item() == pytest.approx(0.8)
+    assert result["iou_curve"][0, 20].item() == pytest.approx(2 / 3)
+    # tau=0: every pixel -> Dice 2*2/(4+2)
+    assert result["dice_curve"][0, 0].item() == pytest.approx(2 / 3)
+    # best Dice is 1.0, first reached at tau = 0.31 (0.3 < 0.31 <= 0.6)
+    assert result["dice@best"].item() == 1.0
+    assert result["dice@best_tau"].item() == pytest.approx(0.31)
+    assert result["pointing_game"].item() == 1.0
+
+
+def test_macro_mean_skips_classes_without_pairs():
+    s = np.zeros((2, 3, 2, 2), np.float32)
+    s[:, :, 0, 0] = 1
+    m = np.zeros((2, 3, 2, 2), bool)
+    m[:, 0, 0, 0] = True  # class 0: hits
+    m[:, 1, 1, 1] = True  # class 1: misses
+    has = np.array([[True, True, False], [True, True, False]])
+    result = run_metric([(s, m, has, [0, 1])], 3)
+    assert result["pointing_game"][:2].tolist() == [1.0, 0.0]
+    assert np.isnan(result["pointing_game"][2].item())
+    assert result["macro/pointing_game"].item() == 0.5
+    assert result["classes_with_pairs"].item() == 2
+
+
+def test_validation_rejects_unnormalised_maps():
+    metric = GroundingMetrics(1)
+    m = torch.ones(1, 1, 2, 2, dtype=torch.bool)
+    has = torch.ones(1, 1, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        metric.update(torch.full((1, 1, 2, 2), 2.0), m, has)
+    with pytest.raises(ValueError, match="min-max normalised"):
+        metric.update(torch.full((1, 1, 2, 2), 0.5), m, has)
+    with pytest.raises(ValueError, match="min-max normalised"):
+        metric.update(torch.ones(1, 1, 2, 2), m, has)
+    with pytest.raises(ValueError, match="bool"):
+        metric.update(torch.ones(1, 1, 2, 2), m.float(), has)
