@@ -1,0 +1,71 @@
+"""Shared fixtures: the real-data folder, a small phantom, writers of official formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from xbench.data.phantom import generate_phantom
+
+REAL_DATA_ENV = "XBENCH_REAL_DATA"
+
+
+@pytest.fixture(scope="session")
+def real_data() -> Path:
+    """``$XBENCH_REAL_DATA`` (set by .ci/run): the real annotation files and images.
+
+    Unset (a user's machine): tests that need it skip, saying why. Set: a missing file fails.
+    """
+    value = os.environ.get(REAL_DATA_ENV)
+    if not value:
+        pytest.skip(f"{REAL_DATA_ENV} is not set: real-data tests need the shared real files (.ci/run sets it)")
+    root = Path(value)
+    if not root.is_dir():
+        pytest.fail(f"{REAL_DATA_ENV}={value} is not a folder")
+    return root
+
+
+def real_file(root: Path, relative: str) -> Path:
+    path = root / relative
+    if not path.is_file():
+        pytest.fail(f"real-data file missing: {path} ({REAL_DATA_ENV} is set, so it must exist)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def phantom_root(tmp_path_factory) -> Path:
+    """A small phantom (9 images, odd on purpose) shared by the end-to-end tests."""
+    root = tmp_path_factory.mktemp("phantom") / "set"
+    generate_phantom(root, num_images=9, size=96, seed=3)
+    return root
+
+
+def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: str = "test") -> Path:
+    """Write ``<split>.json`` and grey PNGs in ChestX-Det10's layout."""
+    (root / f"{split}_data").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for entry in entries:
+        pixels = rng.integers(0, 256, size=(size, size), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / f"{split}_data" / entry["file_name"])
+    (root / f"{split}.json").write_text(json.dumps(entries))
+    return root
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail any attempt to open a socket to a non-local address."""
+    real_connect = socket.socket.connect
+
+    def guarded(self, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1")):
+            return real_connect(self, address)
+        raise AssertionError(f"network access attempted: {address}")
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)

@@ -1,0 +1,109 @@
+"""The whole path, files -> DataModule -> model -> metrics -> results folder, through the CLI."""
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from xbench.test import main
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "lightning_configs"
+
+
+def cli_args(model: str, data_root: Path, results: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(CONFIGS / "models" / f"{model}.yaml"),
+        "--config", str(CONFIGS / "data" / "phantom.yaml"),
+        "--data.root", str(data_root),
+        "--data.image_size", "64",
+        "--data.batch_size", "4",
+        "--data.num_workers", "0",
+        "--model.results_dir", str(results),
+        "--trainer.enable_progress_bar", "false",
+        *extra,
+    ]
+
+
+def only_folder(results: Path) -> Path:
+    (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
+    return folder
+
+
+def numbers(payload: dict) -> dict:
+    return {key: payload[key] for key in ("grounding", "classification", "data")}
+
+
+def test_oracle_is_perfect_and_results_folder_is_complete(phantom_root, tmp_path):
+    results = main(cli_args("oracle", phantom_root, tmp_path / "results"))
+    folder = only_folder(tmp_path / "results")
+    assert folder.name.startswith("oracle__phantom__")
+    for name in ("metrics.json", "per_class.csv", "summary.md", "pairs.csv.gz", "config.yaml"):
+        assert (folder / name).is_file(), name
+    payload = json.loads((folder / "metrics.json").read_text())
+    assert payload == json.loads(json.dumps(results))
+    assert payload["schema"] == "xbench.results/1"
+    graded_classes = [k for k, v in payload["grounding"]["per_class"].items() if v["pairs"] > 0]
+    assert graded_classes, "the phantom must have lesions"
+    for key in graded_classes:
+        v = payload["grounding"]["per_class"][key]
+        assert v["pointing_game"] == 1.0 and v["dice@best"] == 1.0 and v["iou@best"] == 1.0, key
+    for key, v in payload["classification"]["per_class"].items():
+        if v["positives"] and v["negatives"]:
+            assert v["auroc"] == 1.0
+    assert payload["data"]["images_evaluated"] == payload["data"]["images_in_split"] == 9
+    assert payload["config"]["model"]["class_path"] == "xbench.models.baselines.Oracle"
+
+    pairs = pd.read_csv(folder / "pairs.csv.gz")
+    assert len(pairs) == 9 * len(payload["classes"])
+    graded = pairs[pairs["graded"]]
+    assert len(graded) == sum(v["pairs"] for v in payload["grounding"]["per_class"].values())
+    # the oracle's map is the mask: at every tau > 0 the predicted pixels are exactly the region
+    assert (graded["pred_050"] == graded["region_px"]).all() and (graded["inter_050"] == graded["region_px"]).all()
+    per_class = pd.read_csv(folder / "per_class.csv")
+    assert list(per_class["class"]) == payload["classes"]
+    assert "best" in (folder / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("model", ["centre_prior", "random"])
+def test_baselines_score_below_the_oracle_and_repeat_exactly(model, phantom_root, tmp_path):
+    first = main(cli_args(model, phantom_root, tmp_path / "a"))
+    second = main(cli_args(model, phantom_root, tmp_path / "b"))
+    assert numbers(first) == numbers(second)
+    macro = first["grounding"]["macro"]
+    assert macro["pointing_game"] < 1.0 and macro["dice@best"] < 1.0 and macro["iou@best"] < 1.0
+
+
+def test_unknown_config_key_is_a_clear_error(phantom_root, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(cli_args("oracle", phantom_root, tmp_path, "--data.imagesize", "64"))
+    assert "imagesize" in capsys.readouterr().err
+
+
+def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
+    """9 images over 2 processes (gloo): the same pairs and metrics as one process."""
+    one = main(cli_args("random", phantom_root, tmp_path / "one"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "xbench.test",
+               *cli_args("random", phantom_root, tmp_path / "two"),
+               "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
+    assert two["data"]["images_evaluated"] == one["data"]["images_evaluated"] == 9
+    for section in ("grounding", "classification"):
+        for key, values in one[section]["per_class"].items():
+            for name, value in values.items():
+                other = two[section]["per_class"][key][name]
+                if isinstance(value, int) or value is None:
+                    assert other == value, (section, key, name)
+                else:
+                    assert math.isclose(other, value, rel_tol=0, abs_tol=1e-12), (section, key, name)
+    with gzip.open(only_folder(tmp_path / "two") / "pairs.csv.gz", "rt") as handle:
+        assert sorted(pd.read_csv(handle)["image_index"].unique()) == list(range(9))

@@ -1,0 +1,200 @@
+"""The DataModule every dataset subclasses, the sample record, and the exactly-once sampler.
+
+A dataset module only reads its annotation files into :class:`Sample` records (``index``); the
+base decodes images in DataLoader workers, draws regions at native size, resizes image and masks
+to the batch geometry and yields the batch dict of the architecture contract:
+
+``image`` float32 [B,1,S,S] in [0,1]; ``labels`` float32 [B,C] (1, 0, -1 unknown); ``masks``
+bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
+data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
+outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from xbench.data.io import read_image
+from xbench.data.regions import Region
+from xbench.data.transforms import resize_image, resize_mask
+from xbench.findings import PAPER_CLASSES, SPELLINGS, check_classes
+
+
+@dataclass
+class Sample:
+    """One image of a split: where it is, its labels and its regions, by canonical class key."""
+
+    image_id: str
+    path: Path
+    labels: dict[str, int]
+    regions: dict[str, Region] = field(default_factory=dict)
+
+
+class ExactlyOnceSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` takes samples ``r, r + w, r + 2w, ...``: every sample once, no padding.
+
+    Lightning's default DistributedSampler pads ranks to equal length by repeating samples, which
+    would count those images twice; this sampler needs ``use_distributed_sampler=False``.
+    """
+
+    def __init__(self, num_samples: int, num_replicas: int | None = None, rank: int | None = None) -> None:
+        if num_replicas is None or rank is None:
+            initialised = dist.is_available() and dist.is_initialized()
+            num_replicas = dist.get_world_size() if initialised else 1
+            rank = dist.get_rank() if initialised else 0
+        self.indices = range(rank, num_samples, num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class XBenchDataset(Dataset):
+    """Decodes, rasterises and resizes one sample; runs inside DataLoader workers."""
+
+    def __init__(self, samples: Sequence[Sample], classes: Sequence[str], image_size: int, mask_threshold: float):
+        self.samples = samples
+        self.classes = list(classes)
+        self.image_size = image_size
+        self.mask_threshold = mask_threshold
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict:
+        sample = self.samples[index]
+        image = read_image(sample.path)
+        height, width = image.shape
+        size, num_classes = self.image_size, len(self.classes)
+        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
+        has_mask = torch.zeros(num_classes, dtype=torch.bool)
+        lost = torch.zeros(num_classes, dtype=torch.bool)
+        clipped = 0
+        for c, key in enumerate(self.classes):
+            region = sample.regions.get(key)
+            if region is None:
+                continue
+            native, clipped_shapes = region.to_mask(height, width)
+            clipped += clipped_shapes
+            if native.any():
+                masks[c] = resize_mask(native, size, self.mask_threshold)
+                has_mask[c] = True
+            else:
+                lost[c] = True
+        return {
+            "image": resize_image(image, size),
+            "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
+            "masks": masks,
+            "has_mask": has_mask,
+            "index": index,
+            "image_id": sample.image_id,
+            "clipped_shapes": clipped,
+            "lost_regions": lost,
+        }
+
+
+class XBenchDataModule(L.LightningDataModule):
+    """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
+
+    Subclasses set ``name`` (and ``spellings`` if it differs: the key of the dataset in
+    ``xbench.findings``) and implement :meth:`index`, which reads the annotation files, checks that
+    every image file exists (without decoding it) and returns the split's samples in a stable
+    order. Anything the loader skipped or merged goes into ``self.notes`` for the results.
+
+    Args:
+        root: the dataset folder, exactly as downloaded.
+        classes: canonical finding keys; default: the paper's classes for this dataset.
+        image_size: side of the square batch geometry (the paper: 224).
+        mask_threshold: gamma, the area fraction at which a resized mask pixel is set.
+        batch_size: images per batch (the paper: 8).
+        num_workers: DataLoader worker processes that decode images.
+    """
+
+    name: ClassVar[str]
+    spellings: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        root: str,
+        classes: list[str] | None = None,
+        image_size: int = 224,
+        mask_threshold: float = 0.5,
+        batch_size: int = 8,
+        num_workers: int = 2,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if not 0 < mask_threshold <= 1:
+            raise ValueError(f"mask_threshold must be in (0, 1]; got {mask_threshold}")
+        if image_size < 1 or batch_size < 1 or num_workers < 0:
+            raise ValueError("image_size and batch_size must be positive and num_workers non-negative")
+        self.root = Path(root).expanduser()
+        self.classes = check_classes(
+            classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
+        )
+        self.image_size = image_size
+        self.mask_threshold = mask_threshold
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.notes: dict[str, object] = {}
+        self._samples: list[Sample] | None = None
+
+    @classmethod
+    def spelling_table(cls) -> dict[str, str]:
+        return SPELLINGS[cls.spellings or cls.name]
+
+    @classmethod
+    def default_classes(cls) -> tuple[str, ...]:
+        return PAPER_CLASSES[cls.spellings or cls.name]
+
+    @classmethod
+    def supported_classes(cls) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(cls.spelling_table().values()))
+
+    def index(self) -> list[Sample]:
+        """Read the annotation files into samples (stable order); check image files exist."""
+        raise NotImplementedError
+
+    def require(self, path: Path, what: str) -> Path:
+        """``path`` if it exists, else an error that says what was expected where."""
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{type(self).__name__}: {what} not found at {path}. Point `data.root` at the dataset "
+                f"folder as downloaded (currently {self.root})."
+            )
+        return path
+
+    @property
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            self.require(self.root, "the dataset folder")
+            samples = self.index()
+            if not samples:
+                raise ValueError(f"{type(self).__name__}: no samples found under {self.root}")
+            self._samples = samples
+        return self._samples
+
+    def setup(self, stage: str | None = None) -> None:
+        self.test_set = XBenchDataset(self.samples, self.classes, self.image_size, self.mask_threshold)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.test_set,
+            batch_size=self.batch_size,
+            sampler=ExactlyOnceSampler(len(self.test_set)),
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def image_ids(self) -> list[str]:
+        return [sample.image_id for sample in self.samples]

@@ -1,0 +1,168 @@
+"""``XBenchModel``: the LightningModule every model under test subclasses.
+
+The base owns the run: ``setup`` reads the datamodule's classes and creates the metrics,
+``test_step`` upsamples and normalises the model's maps and updates the metrics, and the end of
+the epoch checks that every sample was seen exactly once, logs the summary and writes the results
+folder. A subclass only says how to turn images into scores and maps:
+
+- ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``).
+- ``forward(image [B,1,S,S]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
+  (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
+  the whole input image. The model does its own preprocessing from the batch image.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import ClassVar
+
+import lightning as L
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from xbench.metrics import ClassificationMetrics, GroundingMetrics
+from xbench.models.saliency import Upsample, normalise, upsample
+from xbench.reporting.results import build_results, log_keys, write_results
+
+
+class RegionCounts(Metric):
+    """Data-quality counters carried by the batch: shapes clipped at the image border and
+    annotated regions that came out empty inside the frame (left out of grounding)."""
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("clipped_shapes", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("lost_regions", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, clipped_shapes: Tensor, lost_regions: Tensor) -> None:
+        self.clipped_shapes += clipped_shapes.sum()
+        self.lost_regions += lost_regions.sum(0)
+
+    def compute(self) -> dict[str, Tensor]:
+        return {"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()}
+
+
+class XBenchModel(L.LightningModule):
+    """Base of every model under test.
+
+    Args:
+        upsample: how maps reach the mask grid: ``bilinear`` (``align_corners=False``) or ``nearest``.
+        results_dir: folder that receives ``<model>__<dataset>__<time>/``; ``None`` writes nothing.
+    """
+
+    #: Name in results folders and tables; default: the class name in lower case.
+    name: ClassVar[str | None] = None
+
+    def __init__(self, upsample: Upsample = "bilinear", results_dir: str | None = "results") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.upsample_mode = upsample
+        self.results_dir = results_dir
+        self.classes: list[str] = []
+        #: The resolved run configuration (set by ``xbench.test``), recorded in the results.
+        self.run_config: dict | None = None
+        #: The last run's results (the ``metrics.json`` payload) and where they were written.
+        self.results: dict | None = None
+        self.results_path: Path | None = None
+
+    @classmethod
+    def model_name(cls) -> str:
+        return cls.name or cls.__name__.lower()
+
+    # -- what subclasses implement -------------------------------------------------------------
+
+    def build(self, classes: list[str]) -> None:
+        """Prepare the text side and load the checkpoint for ``classes`` (once per run)."""
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(image) -> (logits, maps)")
+
+    def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """Scores and maps for a batch; models see only the image (test instruments may see more)."""
+        return self(batch["image"])
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        classes = list(getattr(datamodule, "classes", None) or [])
+        if not classes:
+            raise RuntimeError(
+                f"{type(self).__name__} needs an XBench datamodule (with `classes`): "
+                "call trainer.test(model, datamodule=...)"
+            )
+        if classes != self.classes:
+            self.classes = classes
+            self.grounding = GroundingMetrics(len(classes), validate_args=False)
+            self.classification = ClassificationMetrics(len(classes))
+            self.region_counts = RegionCounts(len(classes))
+            self.build(classes)
+
+    def on_test_epoch_start(self) -> None:
+        for metric in (self.grounding, self.classification, self.region_counts):
+            metric.reset()
+
+    def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
+        logits, maps = self.infer(batch)
+        masks = batch["masks"]
+        batch_size, num_classes = masks.shape[:2]
+        if tuple(logits.shape) != (batch_size, num_classes) or maps.ndim != 4 or tuple(maps.shape[:2]) != (
+            batch_size,
+            num_classes,
+        ):
+            raise RuntimeError(
+                f"{type(self).__name__} returned logits {tuple(logits.shape)} and maps {tuple(maps.shape)}; "
+                f"expected [{batch_size}, {num_classes}] and [{batch_size}, {num_classes}, h, w]"
+            )
+        torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
+                            f"{type(self).__name__} produced non-finite logits or maps")
+        saliency = normalise(upsample(maps, tuple(masks.shape[-2:]), self.upsample_mode))
+        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
+        self.classification.update(logits.float(), batch["labels"], batch["index"])
+        self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"])
+        return {"logits": logits, "saliency": saliency}
+
+    def on_test_epoch_end(self) -> None:
+        grounding = self.grounding.compute()
+        classification = self.classification.compute()
+        counts = self.region_counts.compute()
+        datamodule = self.trainer.datamodule
+        evaluated = classification["records"]["index"]
+        if evaluated.numel() != torch.unique(evaluated).numel():
+            raise RuntimeError(
+                "some samples were evaluated more than once: the test loader must not be re-sampled. "
+                "Use the datamodule's loader with Trainer(use_distributed_sampler=False)."
+            )
+        total = len(datamodule.test_set)
+        if evaluated.numel() < total:
+            warnings.warn(
+                f"only {evaluated.numel()} of {total} samples were evaluated (limit_test_batches?); "
+                "the results say so under data.images_evaluated",
+                stacklevel=1,
+            )
+        lost = int(counts["lost_regions"].sum())
+        if int(counts["clipped_shapes"]) or lost:
+            warnings.warn(
+                f"{int(counts['clipped_shapes'])} annotated shapes reached outside their image and were clipped; "
+                f"{lost} annotated regions were empty inside the frame and left out of grounding "
+                "(counted under data.clipped_shapes and data.lost_regions in metrics.json)",
+                stacklevel=1,
+            )
+        self.results = build_results(
+            model=self,
+            datamodule=datamodule,
+            grounding=grounding,
+            classification=classification,
+            region_counts=counts,
+            config=self.run_config,
+        )
+        # Every process holds the same synced values; "max" keeps them bit-exact through the sync.
+        self.log_dict(log_keys(self.results), sync_dist=True, reduce_fx="max")
+        if self.trainer.is_global_zero and self.results_dir is not None:
+            self.results_path = write_results(
+                Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule
+            )

@@ -1,0 +1,77 @@
+"""Run one model on one dataset: ``python -m xbench.test --config A.yaml [--config B.yaml] [--key value]``.
+
+The model and the dataset are chosen by ``class_path`` in the YAML files (a user's own subclass
+of ``XBenchModel`` or ``XBenchDataModule`` works the same way); any key can be overridden on the
+command line, e.g. ``--data.root /data/ChestX-Det10 --trainer.devices 2``. The run writes a
+results folder and prints the summary table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from lightning.pytorch.cli import LightningCLI
+from rich.console import Console
+from rich.table import Table
+
+from xbench.catalog import load_all
+from xbench.data.base import XBenchDataModule
+from xbench.models.base import XBenchModel
+from xbench.reporting.results import summary_footnotes, summary_tables
+
+#: Trainer settings the harness depends on for correct numbers (not preferences).
+TRAINER_INVARIANTS = {
+    # The datamodule's ExactlyOnceSampler splits samples over processes; Lightning's
+    # DistributedSampler would pad ranks with repeated samples.
+    "use_distributed_sampler": False,
+    "enable_checkpointing": False,
+    "enable_model_summary": False,
+    "logger": False,
+}
+#: User-facing trainer defaults, applied before the user's own configs.
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "lightning_configs" / "trainer" / "default.yaml"
+
+
+def print_summary(results: dict, path: Path | None) -> None:
+    console = Console()
+    console.rule(f"[bold]{results['model']} on {results['dataset']}")
+    for title, headers, rows in summary_tables(results):
+        table = Table(title=title, title_style="bold")
+        table.add_column(headers[0], no_wrap=True)
+        for header in headers[1:]:
+            table.add_column(header, justify="right")
+        for i, row in enumerate(rows):
+            table.add_row(*row, end_section=i == len(rows) - 2, style="bold" if i == len(rows) - 1 else None)
+        console.print(table)
+    for note in summary_footnotes(results):
+        console.print(note, style="dim")
+    if path is not None:
+        console.print(f"Results written to [bold]{path}[/bold]")
+
+
+def main(args: list[str] | None = None) -> dict | None:
+    """Parse the configs, run ``trainer.test`` once, print the summary; return the results payload."""
+    load_all()
+    cli = LightningCLI(
+        XBenchModel,
+        XBenchDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        run=False,
+        args=args,
+        trainer_defaults=TRAINER_INVARIANTS,
+        save_config_callback=None,
+        seed_everything_default=0,
+        auto_configure_optimizers=False,
+        parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "description": __doc__},
+    )
+    cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    if cli.trainer.is_global_zero and cli.model.results is not None:
+        print_summary(cli.model.results, cli.model.results_path)
+    return cli.model.results
+
+
+if __name__ == "__main__":
+    main()
