@@ -1,0 +1,56 @@
+"""From the batch image to a model's input: resize, grey to 3 channels, the model's mean/std.
+
+Each model states its input size, interpolation and statistics as data and calls
+:func:`model_input`; the statistics below are written once here.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+Interpolation = Literal["bilinear", "bicubic", "area"]
+
+
+def model_input(
+    image: Tensor,
+    size: int,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    interpolation: Interpolation = "bicubic",
+) -> Tensor:
+    """Batch image [B, 1, S, S] in [0, 1] -> normalised [B, 3, size, size].
+
+    The whole image is resized (antialiased; bicubic overshoot clamped back into [0, 1]). A model
+    whose input is larger than the batch image only upsamples it, since masks and metrics live in
+    the batch geometry: that is allowed, with a warning to raise ``data.image_size``.
+    """
+    if image.ndim != 4 or image.shape[1] != 1:
+        raise ValueError(f"expected a grey batch image [B, 1, H, W]; got {tuple(image.shape)}")
+    height, width = image.shape[-2:]
+    if max(height, width) < size:
+        warnings.warn(
+            f"the model's input is {size}x{size} but the batch images are {height}x{width}: they are upsampled. "
+            f"Run with --data.image_size {size} to give the model its native resolution.",
+            stacklevel=2,
+        )
+    x = image.float()
+    if (height, width) != (size, size):
+        if interpolation == "area":
+            x = F.interpolate(x, size=(size, size), mode="area")
+        else:
+            x = F.interpolate(x, size=(size, size), mode=interpolation, antialias=True, align_corners=False)
+            x = x.clamp(0, 1)
+    x = x.expand(-1, 3, -1, -1)
+    mean_t = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    std_t = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
+    return (x - mean_t) / std_t
