@@ -71,6 +71,13 @@ def test_oracle_is_perfect_and_results_folder_is_complete(phantom_root, tmp_path
     assert "best" in (folder / "summary.md").read_text()
 
 
+def test_single_class_dataset(phantom_root, tmp_path):
+    results = main(cli_args("oracle", phantom_root, tmp_path, "--data.classes", "[mass]"))
+    assert results["classes"] == ["mass"]
+    assert results["grounding"]["per_class"]["mass"]["pointing_game"] == 1.0
+    assert results["data"]["lost_regions"] == {"mass": 0}
+
+
 @pytest.mark.parametrize("model", ["centre_prior", "random"])
 def test_baselines_score_below_the_oracle_and_repeat_exactly(model, phantom_root, tmp_path):
     first = main(cli_args(model, phantom_root, tmp_path / "a"))
