@@ -73,14 +73,18 @@ def test_area_coverage_hand_computed():
     np.testing.assert_array_equal(binary.numpy(), [[1, 1, 0], [1, 0, 0], [0, 0, 0]])
 
 
-def test_area_coverage_matches_brute_force_subsampling():
+def test_area_coverage_matches_brute_force_refinement():
+    """Refine source and output to a common grid (each source pixel -> out_h x out_w cells, each output
+    pixel -> H x W cells): the covered cells of an output pixel, counted, are its coverage in units
+    of 1 / (H W) -- exactly, for down- and upsampling alike."""
     rng = np.random.default_rng(0)
-    mask = rng.random((13, 9)) < 0.4
-    out_h, out_w = 5, 7
-    # brute force: refine to a common grid (13*5 x 9*7) and average
-    fine = np.repeat(np.repeat(mask, out_h, axis=0), out_w, axis=1)
-    expected = fine.reshape(out_h, 13, out_w, 9).mean(axis=(1, 3))
-    np.testing.assert_allclose(area_coverage(mask, out_h, out_w) / mask.size, expected, rtol=0, atol=1e-12)
+    for _ in range(100):
+        height, width = rng.integers(1, 40, size=2)
+        out_h, out_w = rng.integers(1, 60, size=2)
+        mask = rng.random((height, width)) < rng.random()
+        fine = np.repeat(np.repeat(mask, out_h, axis=0), out_w, axis=1)
+        expected = fine.reshape(out_h, height, out_w, width).sum(axis=(1, 3))
+        np.testing.assert_array_equal(area_coverage(mask, out_h, out_w), expected)
 
 
 def test_small_region_never_vanishes():

@@ -7,7 +7,8 @@ to the batch geometry and yields the batch dict of the architecture contract:
 ``image`` float32 [B,1,S,S] in [0,1]; ``labels`` float32 [B,C] (1, 0, -1 unknown); ``masks``
 bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
 data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
-outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame).
+outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame,
+also when an augmentation pushed it out).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
 from xbench.data.io import read_image
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
@@ -60,13 +63,23 @@ class ExactlyOnceSampler(Sampler[int]):
 
 
 class XBenchDataset(Dataset):
-    """Decodes, rasterises and resizes one sample; runs inside DataLoader workers."""
+    """Decodes, rasterises, optionally augments and resizes one sample; runs in DataLoader workers."""
 
-    def __init__(self, samples: Sequence[Sample], classes: Sequence[str], image_size: int, mask_threshold: float):
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        classes: Sequence[str],
+        image_size: int,
+        mask_threshold: float,
+        augment: AugmentConfig | None = None,
+        augment_seed: int = 0,
+    ):
         self.samples = samples
         self.classes = list(classes)
         self.image_size = image_size
         self.mask_threshold = mask_threshold
+        self.pipeline = build_pipeline(augment) if augment is not None else None
+        self.augment_seed = augment_seed
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -76,18 +89,22 @@ class XBenchDataset(Dataset):
         image = read_image(sample.path)
         height, width = image.shape
         size, num_classes = self.image_size, len(self.classes)
-        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
-        has_mask = torch.zeros(num_classes, dtype=torch.bool)
-        lost = torch.zeros(num_classes, dtype=torch.bool)
+        native: dict[int, np.ndarray] = {}
         clipped = 0
         for c, key in enumerate(self.classes):
             region = sample.regions.get(key)
-            if region is None:
-                continue
-            native, clipped_shapes = region.to_mask(height, width)
-            clipped += clipped_shapes
-            if native.any():
-                masks[c] = resize_mask(native, size, self.mask_threshold)
+            if region is not None:
+                native[c], clipped_shapes = region.to_mask(height, width)
+                clipped += clipped_shapes
+        if self.pipeline is not None:
+            image, augmented = augment_sample(self.pipeline, self.augment_seed, index, image, list(native.values()))
+            native = dict(zip(native, augmented))
+        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
+        has_mask = torch.zeros(num_classes, dtype=torch.bool)
+        lost = torch.zeros(num_classes, dtype=torch.bool)
+        for c, mask in native.items():
+            if mask.any():
+                masks[c] = resize_mask(mask, size, self.mask_threshold)
                 has_mask[c] = True
             else:
                 lost[c] = True
@@ -118,6 +135,9 @@ class XBenchDataModule(L.LightningDataModule):
         mask_threshold: gamma, the area fraction at which a resized mask pixel is set.
         batch_size: images per batch (the paper: 8).
         num_workers: DataLoader worker processes that decode images.
+        augment: an albumentations pipeline applied to image and masks together at native size, for
+            robustness studies (see ``xbench.data.augment``); default none, the paper's protocol.
+        augment_seed: with the sample index, seeds the pipeline for each sample.
     """
 
     name: ClassVar[str]
@@ -131,6 +151,8 @@ class XBenchDataModule(L.LightningDataModule):
         mask_threshold: float = 0.5,
         batch_size: int = 8,
         num_workers: int = 2,
+        augment: AugmentConfig | None = None,
+        augment_seed: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -146,6 +168,10 @@ class XBenchDataModule(L.LightningDataModule):
         self.mask_threshold = mask_threshold
         self.batch_size = batch_size
         self.num_workers = num_workers
+        self.augment = augment
+        self.augment_seed = augment_seed
+        if augment is not None:
+            build_pipeline(augment)  # fail at configuration time, naming the bad entry
         self.notes: dict[str, object] = {}
         self._samples: list[Sample] | None = None
 
@@ -185,7 +211,9 @@ class XBenchDataModule(L.LightningDataModule):
         return self._samples
 
     def setup(self, stage: str | None = None) -> None:
-        self.test_set = XBenchDataset(self.samples, self.classes, self.image_size, self.mask_threshold)
+        self.test_set = XBenchDataset(
+            self.samples, self.classes, self.image_size, self.mask_threshold, self.augment, self.augment_seed
+        )
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from xbench.data.augment import sample_seed
 from xbench.models.base import XBenchModel
 
 
@@ -29,7 +30,7 @@ class RandomSaliency(XBenchModel):
         num_classes = batch["labels"].shape[1]
         logits, maps = [], []
         for index in batch["index"].tolist():
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, index))
             maps.append(torch.rand(num_classes, self.grid, self.grid, generator=generator))
             logits.append(torch.randn(num_classes, generator=generator))
         device = batch["image"].device
