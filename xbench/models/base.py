@@ -23,6 +23,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
+from xbench.metrics.common import MetricValues
 from xbench.models.saliency import Upsample, normalise, upsample
 from xbench.reporting.results import build_results, log_keys, write_results
 
@@ -42,8 +43,9 @@ class RegionCounts(Metric):
         self.clipped_shapes += clipped_shapes.sum()
         self.lost_regions += lost_regions.sum(0)
 
-    def compute(self) -> dict[str, Tensor]:
-        return {"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()}
+    def compute(self) -> MetricValues:
+        # MetricValues, not a dict: torchmetrics would squeeze a one-class dataset's [1] counts
+        return MetricValues({"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()})
 
 
 class XBenchModel(L.LightningModule):
