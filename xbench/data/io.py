@@ -104,10 +104,13 @@ def read_dicom(path: Path) -> np.ndarray:
         low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
     else:
         low, high = sorted(_modality_output_range(dataset))
-    values = values.astype(np.float64)
+    image = np.asarray(values, dtype=np.float32)  # exact for stored integers; in-place from here on
+    image -= low
+    image /= high - low
+    np.clip(image, 0, 1, out=image)
     if dataset.get("PhotometricInterpretation") == "MONOCHROME1":
-        values = low + high - values
-    return np.clip((values - low) / (high - low), 0, 1).astype(np.float32)
+        np.subtract(1, image, out=image)
+    return image
 
 
 def _read_dataset(path: Path) -> pydicom.Dataset:
