@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -10,8 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.encaps import encapsulate
+from pydicom.uid import (
+    ExplicitVRLittleEndian,
+    JPEG2000Lossless,
+    JPEGBaseline8Bit,
+    SecondaryCaptureImageStorage,
+    generate_uid,
+)
 
 from xbench.data.phantom import generate_phantom
+from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
 
@@ -69,3 +80,65 @@ def no_network(monkeypatch):
         raise AssertionError(f"network access attempted: {address}")
 
     monkeypatch.setattr(socket.socket, "connect", guarded)
+
+
+def write_dicom(path: Path, pixels: np.ndarray, *, compression: str | None = None, **elements) -> np.ndarray:
+    """Write a one-frame grey DICOM with pydicom; return the stored values a reader must decode.
+
+    ``compression``: None (Explicit VR Little Endian), ``"jpeg"`` (JPEG Baseline: the JPEG bytes
+    encoded by Pillow and encapsulated; the returned values are Pillow's decode of those bytes) or
+    ``"j2k"`` (JPEG 2000 lossless through pylibjpeg-openjpeg; sides of at least 32 pixels).
+    ``elements`` set further attributes (BitsStored, WindowCenter, PhotometricInterpretation, ...).
+    """
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = SecondaryCaptureImageStorage
+    meta.MediaStorageSOPInstanceUID = generate_uid()
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    dataset = Dataset()
+    dataset.file_meta = meta
+    dataset.SOPClassUID, dataset.SOPInstanceUID = meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID
+    dataset.Modality = "CR"
+    dataset.Rows, dataset.Columns = pixels.shape
+    dataset.SamplesPerPixel = 1
+    dataset.PhotometricInterpretation = "MONOCHROME2"
+    dataset.BitsAllocated = 8 * pixels.itemsize
+    dataset.BitsStored = 8 * pixels.itemsize
+    dataset.PixelRepresentation = 0
+    for keyword, value in elements.items():
+        setattr(dataset, keyword, value)
+    dataset.HighBit = dataset.BitsStored - 1
+    stored = pixels
+    if compression == "jpeg":
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        stored = np.asarray(Image.open(io.BytesIO(buffer.getvalue())))
+        meta.TransferSyntaxUID = JPEGBaseline8Bit
+        dataset.PixelData = encapsulate([buffer.getvalue()])
+        dataset["PixelData"].VR = "OB"
+        dataset.LossyImageCompression = "01"
+    else:
+        dataset.PixelData = pixels.tobytes()
+        if compression == "j2k":
+            dataset.compress(JPEG2000Lossless, encoding_plugin="pylibjpeg")
+        elif compression is not None:
+            raise ValueError(f"unknown compression {compression!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dataset.save_as(path, enforce_file_format=True)
+    return stored
+
+
+def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> dict:
+    """``python -m xbench.test`` with the oracle on ``lightning_configs/data/<data_config>.yaml``;
+    the metrics.json payload, read back from the results folder."""
+    configs = Path(__file__).resolve().parents[1] / "lightning_configs"
+    main([
+        "--config", str(configs / "models" / "oracle.yaml"),
+        "--config", str(configs / "data" / f"{data_config}.yaml"),
+        "--data.root", str(root),
+        "--data.image_size", str(image_size),
+        "--data.num_workers", "0",
+        "--model.results_dir", str(results),
+        "--trainer.enable_progress_bar", "false",
+    ])
+    (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
+    return json.loads((folder / "metrics.json").read_text())

@@ -7,6 +7,8 @@ JPEG 2000 by pylibjpeg-openjpeg (both permissively licensed; the GPL pylibjpeg-l
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +16,42 @@ import pydicom
 from PIL import Image, UnidentifiedImageError
 from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGBaseline8Bit
 
 DICOM_SUFFIXES = (".dcm", ".dicom")
+
+#: The permissively licensed package that decodes each compressed pixel format chest X-ray
+#: datasets ship (pydicom finds it by itself once installed).
+CODECS = {
+    JPEGBaseline8Bit: "Pillow",
+    JPEG2000Lossless: "pylibjpeg-openjpeg (or Pillow built with OpenJPEG)",
+    JPEG2000: "pylibjpeg-openjpeg (or Pillow built with OpenJPEG)",
+}
 
 
 class ImageReadError(OSError):
     """An image file exists but cannot be decoded."""
+
+
+def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> dict[str, Path]:
+    """Every file below ``folder`` whose suffix is in ``suffixes``, keyed by its name's stem.
+
+    Release trees nest images by study and series and name each by its id, so the stem finds an
+    image wherever the tree puts it. One walk of the listing; no file is opened. A stem found
+    twice is an error, since either copy could be the one meant.
+    """
+    found: dict[str, Path] = {}
+    for directory, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            stem, suffix = os.path.splitext(name)
+            if suffix.lower() not in suffixes:
+                continue
+            path = Path(directory, name)
+            if stem in found:
+                raise ValueError(f"two files named {stem}{suffix} below {folder}: {found[stem]} and {path}; keep one")
+            found[stem] = path
+    return found
 
 
 def read_image(path: str | Path) -> np.ndarray:
@@ -61,46 +93,84 @@ def read_dicom(path: Path) -> np.ndarray:
     """DICOM -> [0, 1]: Modality LUT, then VOI LUT or window if present, then MONOCHROME1
     inversion, then scaling over the output range of the last step (the VOI LUT's or window's
     output range, or the stored bit depth's range when there is neither)."""
-    try:
-        dataset = pydicom.dcmread(path)
-    except (InvalidDicomError, EOFError, OSError, ValueError) as error:
-        raise ImageReadError(f"cannot read DICOM {path}: {error}") from error
-    if "PixelData" not in dataset:
-        raise ImageReadError(f"DICOM {path} has no pixel data (no PixelData element)")
-    syntax = dataset.file_meta.get("TransferSyntaxUID")
-    try:
-        stored = dataset.pixel_array
-    except Exception as error:
-        name = f"{syntax.name} ({syntax})" if syntax is not None else "unknown"
-        raise ImageReadError(
-            f"cannot decode the pixel data of {path}, transfer syntax {name}: {error}. JPEG Baseline needs "
-            "Pillow and JPEG 2000 needs pylibjpeg-openjpeg (both install with xbench)."
-        ) from error
-    if stored.ndim != 2:
-        raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
+    dataset = _read_dataset(path)
+    stored = _decode_pixels(dataset, path)
     values = apply_modality_lut(stored, dataset)
-    low, high = _modality_range(dataset)
     if "VOILUTSequence" in dataset:
         values = apply_voi(values, dataset)
         low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
     elif "WindowCenter" in dataset and "WindowWidth" in dataset:
-        values = apply_windowing(values, dataset)  # maps onto the same modality range
-    values = values.astype(np.float64)
-    if dataset.get("PhotometricInterpretation") == "MONOCHROME1":
-        values = low + high - values
-    return np.clip((values - low) / (high - low), 0, 1).astype(np.float32)
-
-
-def _modality_range(dataset) -> tuple[float, float]:
-    """The range the Modality LUT step can output (pydicom's rule for the windowing output range)."""
-    if "ModalityLUTSequence" in dataset:
-        return 0.0, float(2 ** int(dataset.ModalityLUTSequence[0].LUTDescriptor[2]) - 1)
-    bits = int(dataset.BitsStored)
-    if dataset.PixelRepresentation == 0:
-        low, high = 0.0, float(2**bits - 1)
+        values = apply_windowing(values, dataset)
+        low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
     else:
-        low, high = float(-(2 ** (bits - 1))), float(2 ** (bits - 1) - 1)
+        low, high = sorted(_modality_output_range(dataset))
+    image = np.asarray(values, dtype=np.float32)  # exact for stored integers; in-place from here on
+    image -= low
+    image /= high - low
+    np.clip(image, 0, 1, out=image)
+    if dataset.get("PhotometricInterpretation") == "MONOCHROME1":
+        np.subtract(1, image, out=image)
+    return image
+
+
+def _read_dataset(path: Path) -> pydicom.Dataset:
+    """``dcmread``, with a file that ends early as an error: pydicom only warns and drops the
+    unfinished element (often the pixel data), which would read as "no pixel data"."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            dataset = pydicom.dcmread(path)
+        except (InvalidDicomError, EOFError, OSError, ValueError) as error:
+            raise ImageReadError(f"cannot read DICOM {path}: {error}") from error
+    for warning in caught:
+        if "end of file" in str(warning.message).lower():
+            raise ImageReadError(
+                f"DICOM {path} is truncated ({warning.message}); copy or download the file again"
+            )
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if "PixelData" not in dataset:
+        raise ImageReadError(f"DICOM {path} has no pixel data (no PixelData element)")
+    return dataset
+
+
+def _decode_pixels(dataset: pydicom.Dataset, path: Path) -> np.ndarray:
+    """The stored values of the one grey frame; a missing codec or a corrupt stream is an error
+    that says which."""
+    syntax = dataset.file_meta.get("TransferSyntaxUID")
+    if syntax is None:
+        raise ImageReadError(f"DICOM {path} has no Transfer Syntax UID in its file meta: its pixel encoding is unknown")
+    try:
+        decoder = get_decoder(syntax)
+    except NotImplementedError as error:
+        raise ImageReadError(f"cannot decode {path}: pydicom has no decoder for its transfer syntax ({error})") from None
+    if not decoder.is_available:
+        needed = CODECS.get(syntax, "; ".join(decoder.missing_dependencies))
+        raise ImageReadError(
+            f"cannot decode {path}: its pixel data is {syntax.name} ({syntax}) and no codec for it is "
+            f"installed; install {needed}"
+        )
+    try:
+        stored = dataset.pixel_array
+    except Exception as error:  # pydicom raises several types for a corrupt stream
+        raise ImageReadError(
+            f"cannot decode the pixel data of {path} ({syntax.name}): {error}. The file may be truncated "
+            "or corrupt; copy or download it again"
+        ) from error
+    if stored.ndim != 2:
+        raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
+    return stored
+
+
+def _modality_output_range(dataset: pydicom.Dataset) -> tuple[float, float]:
+    """The values the Modality LUT step maps the stored range's ends to, exactly as pydicom's
+    windowing computes its output range (so below-window pixels land on the first value)."""
+    if "ModalityLUTSequence" in dataset:
+        low, high = 0.0, float(2 ** int(dataset.ModalityLUTSequence[0].LUTDescriptor[2]) - 1)
+    elif dataset.PixelRepresentation == 0:
+        low, high = 0.0, float(2 ** int(dataset.BitsStored) - 1)
+    else:
+        low, high = float(-(2 ** (int(dataset.BitsStored) - 1))), float(2 ** (int(dataset.BitsStored) - 1) - 1)
     slope, intercept = dataset.get("RescaleSlope"), dataset.get("RescaleIntercept")
     if slope is not None and intercept is not None:
-        low, high = sorted((low * float(slope) + float(intercept), high * float(slope) + float(intercept)))
+        low, high = low * float(slope) + float(intercept), high * float(slope) + float(intercept)
     return low, high

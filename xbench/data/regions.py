@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -70,3 +71,79 @@ class Polygons:
                 clipped += 1
             draw.polygon(points, fill=1, outline=1)
         return np.array(canvas, dtype=bool), clipped
+
+
+def parse_relative_rle(text: str) -> tuple[np.ndarray, np.ndarray]:
+    """SIIM-ACR's relative run-length string -> the runs' flat start and end (exclusive) indices.
+
+    The string is whitespace-separated ``offset length`` pairs; each offset counts pixels from the
+    end of the previous run (the first from pixel 0). Syntax errors are ``ValueError``s.
+    """
+    try:
+        numbers = np.array(text.split(), dtype=np.int64)
+    except ValueError:
+        raise ValueError(f"not a run-length string of integers: {text[:40]!r}") from None
+    if numbers.size == 0 or numbers.size % 2:
+        raise ValueError(f"a run-length string needs (offset, length) pairs; got {numbers.size} integers")
+    offsets, lengths = numbers[0::2], numbers[1::2]
+    if (offsets < 0).any() or (lengths < 1).any():
+        raise ValueError("run-length offsets must be >= 0 and lengths >= 1")
+    ends = np.cumsum(offsets + lengths)
+    return ends - lengths, ends
+
+
+@dataclass(frozen=True)
+class RelativeRLE:
+    """SIIM-ACR pneumothorax masks: one relative run-length string per annotated instance, united.
+
+    Pixels are numbered in column-major order (down each column first: index = x * height + y).
+    Strings are decoded only when the mask is drawn (in the DataLoader worker); ``source`` names
+    the file and lines for error messages.
+    """
+
+    encodings: tuple[str, ...]
+    source: str = ""
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        coverage = np.zeros(height * width + 1, dtype=np.int32)
+        for text in self.encodings:
+            starts, ends = parse_relative_rle(text)
+            if ends[-1] > height * width:
+                raise ValueError(
+                    f"{self.source}: a run ends at pixel {ends[-1]}, past the {height}x{width} image "
+                    f"({height * width} pixels): the RLE does not belong to this image, or is not SIIM's "
+                    "relative column-major RLE"
+                )
+            np.add.at(coverage, starts, 1)
+            np.add.at(coverage, ends, -1)
+        flat = np.cumsum(coverage[:-1]) > 0
+        return flat.reshape(width, height).T.copy(), 0
+
+
+@dataclass(frozen=True)
+class MaskFile:
+    """A binary mask image (values 0 and 1) of the same size as its radiograph, read when drawn."""
+
+    path: Path
+
+    def read(self) -> np.ndarray:
+        """The mask as bool [H, W]; a file that is not a 0/1 grey image is an error naming it."""
+        try:
+            with Image.open(self.path) as image:
+                values = np.asarray(image)
+        except OSError as error:
+            raise ValueError(f"cannot read the mask {self.path}: {error}") from error
+        if values.ndim != 2:
+            raise ValueError(f"mask {self.path}: expected one grey channel, got shape {values.shape}")
+        if not np.isin(values, (0, 1)).all():
+            raise ValueError(f"mask {self.path}: expected values 0 and 1 only, found {np.unique(values)[:8].tolist()}")
+        return values.astype(bool)
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        mask = self.read()
+        if mask.shape != (height, width):
+            raise ValueError(
+                f"mask {self.path} is {mask.shape[1]}x{mask.shape[0]} (width x height) but its image is "
+                f"{width}x{height}: masks must be drawn on the image as distributed"
+            )
+        return mask, 0

@@ -44,6 +44,7 @@ class RegionCounts(Metric):
         self.lost_regions += lost_regions.sum(0)
 
     def compute(self) -> MetricValues:
+        # MetricValues, not a dict: torchmetrics would squeeze a one-class dataset's [1] counts
         return MetricValues({"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()})
 
 
