@@ -104,6 +104,8 @@ class OpenClipDualEncoder(XBenchModel):
         """The module whose output [B, T, width] (prefix tokens, then patches) Grad-CAM reads."""
         raise NotImplementedError
 
+    #: Set by a subclass from its model: the input side, the patch grid (h, w) and the number of
+    #: tokens before the patches (class/register tokens).
     input_size: int
     grid: tuple[int, int]
     prefix_tokens: int
@@ -114,10 +116,8 @@ class OpenClipDualEncoder(XBenchModel):
         if self.model is None:
             model, self.tokenizer = self.load_model()
             self.model = model.eval().requires_grad_(False)
-        self.prompts = {
-            key: (self.pos_template.format(finding_text(key)), self.neg_template.format(finding_text(key)))
-            for key in classes
-        }
+        texts = {key: finding_text(key) for key in classes}
+        self.prompts = {key: (self.pos_template.format(text), self.neg_template.format(text)) for key, text in texts.items()}
         positive, negative = zip(*self.prompts.values())
         self.register_buffer("pos_text", self.embed_text(list(positive)), persistent=False)
         self.register_buffer("neg_text", self.embed_text(list(negative)), persistent=False)
