@@ -190,3 +190,16 @@ def load_checkpoint(module: nn.Module, file: str | Path, layout: CheckpointLayou
 def manifest(state: Mapping[str, Tensor]) -> dict[str, list[int]]:
     """``{key: shape}`` in the format of the key manifests in ``specs/models``."""
     return {key: list(value.shape) for key, value in state.items()}
+
+
+def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path:
+    """The first of ``names`` in ``folder`` (authors publish the same weights under several names,
+    in order of preference); else an error naming the folder and every accepted name."""
+    folder = Path(folder).expanduser()
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    where = f"in {folder}" if folder.is_dir() else f"(folder {folder} not found)"
+    raise FileNotFoundError(
+        f"{what}: none of {', '.join(names)} found {where}. Place the files listed in checkpoints/README.md there."
+    )
