@@ -5,7 +5,13 @@ from __future__ import annotations
 from importlib import import_module
 
 MODEL_MODULES = ("xbench.models.baselines",)
-DATA_MODULES = ("xbench.data.chestx_det10", "xbench.data.phantom")
+DATA_MODULES = (
+    "xbench.data.chestx_det10",
+    "xbench.data.chexlocalize",
+    "xbench.data.chestxray14",
+    "xbench.data.vindr",
+    "xbench.data.phantom",
+)
 
 
 def load_all() -> None:
