@@ -159,6 +159,19 @@ def test_bad_input_errors(fixture_root, tmp_path):
         _ = CheXlocalize(root=str(bad)).samples
     with pytest.raises(FileNotFoundError, match="the label CSV not found"):
         _ = CheXlocalize(root=str(bad), split="val").samples
+    shutil.copytree(root / "CheXpert", bad / "CheXpert", dirs_exist_ok=True)
+    labels = bad / "CheXpert" / "test_labels.csv"
+    pd.read_csv(labels).drop(columns="Fracture").to_csv(labels, index=False)
+    with pytest.raises(ValueError, match=r"test_labels.csv: no label column for \['fracture'\]"):
+        _ = CheXlocalize(root=str(bad)).samples
+    shutil.copy(root / "CheXpert" / "test_labels.csv", labels)
+    payload = json.loads(segmentations.read_text())
+    payload["patient1_study1_view1_frontal"]["Cardiomegaly"]["size"] = [WIDTH, HEIGHT]  # transposed
+    segmentations.write_text(json.dumps(payload))
+    dm = CheXlocalize(root=str(bad), num_workers=0)
+    dm.setup()
+    with pytest.raises(ValueError, match=r"patient1_study1_view1_frontal, 'Cardiomegaly': the mask is 52x36"):
+        dm.test_set[0]
 
 
 def test_real_val_sample(real_data, tmp_path):

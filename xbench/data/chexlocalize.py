@@ -26,8 +26,6 @@ from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key
 
-#: Label CSV columns that are not findings.
-METADATA_COLUMNS = ("Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", "No Finding")
 LABEL_VALUES = {1.0: 1, 0.0: 0, -1.0: -1}
 
 
@@ -85,14 +83,16 @@ class CheXlocalize(XBenchDataModule):
         return samples
 
     def _label_columns(self, header: list[str], labels_csv: Path) -> dict[str, int]:
-        """Canonical key -> column index, every column checked against the known spellings."""
+        """Canonical key -> column index. Columns that are no finding spelling (``Sex``, ``AP/PA``,
+        ``No Finding``, ...) are metadata; every supported class must have its column."""
         if not header or header[0] != "Path":
             raise ValueError(f"{labels_csv}: expected a header starting with 'Path', got {header[:3]}")
+        spellings = self.spelling_table()
         columns: dict[str, int] = {}
         for i, name in enumerate(header):
-            if name in METADATA_COLUMNS:
+            key = spellings.get(name.strip())
+            if key is None:
                 continue
-            key = finding_key(self.name, name, source=f"{labels_csv}, header")
             if key in columns:
                 raise ValueError(f"{labels_csv}: columns {header[columns[key]]!r} and {name!r} are the same finding")
             columns[key] = i
