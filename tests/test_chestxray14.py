@@ -155,12 +155,15 @@ def test_real_box_file_and_pngs(real_data, tmp_path):
 
 def test_cli_baseline_end_to_end(tmp_path):
     root = write_nih(tmp_path / "nih", BOX_ROWS, ENTRIES, IMAGES)
-    results = main([
-        "--config", str(CONFIGS / "models" / "centre_prior.yaml"), "--config", str(CONFIGS / "data" / "chestxray14.yaml"),
-        "--data.root", str(root), "--data.image_size", "32", "--data.num_workers", "0",
-        "--model.results_dir", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false",
-    ])
+    with pytest.warns(UserWarning, match="1 annotated shapes reached outside their image"):
+        results = main([
+            "--config", str(CONFIGS / "models" / "centre_prior.yaml"),
+            "--config", str(CONFIGS / "data" / "chestxray14.yaml"),
+            "--data.root", str(root), "--data.image_size", "32", "--data.num_workers", "0",
+            "--model.results_dir", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false",
+        ])
     assert results["data"]["images_evaluated"] == 3 and len(results["classes"]) == 8
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"cardiomegaly": 1, "infiltration": 1, "atelectasis": 1, "nodule": 1}
+    assert results["data"]["clipped_shapes"] == 1
     assert results["classification"]["per_class"]["pleural_effusion"]["positives"] == 1

@@ -153,6 +153,11 @@ def test_bad_input_errors(fixture_root, tmp_path):
     segmentations.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match=r"'Lung Nodule' in .*gt_segmentations_test.json, patient1_study1_view1_frontal"):
         _ = CheXlocalize(root=str(bad)).samples
+    payload = json.loads((root / "CheXlocalize" / "gt_segmentations_test.json").read_text())
+    payload["patient1_study1_view1_frontal"]["Edema"] = {"size": [HEIGHT, WIDTH]}
+    segmentations.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=r"patient1_study1_view1_frontal, 'Edema': expected a COCO RLE"):
+        _ = CheXlocalize(root=str(bad)).samples
     shutil.copy(root / "CheXlocalize" / "gt_segmentations_test.json", segmentations)
     (bad / "CheXpert" / "test" / "patient2" / "study1" / "view2_lateral.jpg").unlink()
     with pytest.raises(FileNotFoundError, match=r"test_labels.csv, line 4: image test/patient2/study1/view2_lateral.jpg"):

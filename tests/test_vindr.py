@@ -210,7 +210,10 @@ def physionet_train(tmp_path_factory):
 def test_train_readers_union_and_majority(physionet_train):
     union = {s.image_id: s for s in VinDrCXR(root=str(physionet_train), split="train").samples}
     majority = {s.image_id: s for s in VinDrCXR(root=str(physionet_train), split="train", readers="majority").samples}
-    draw = lambda sample, key: sample.regions[key].to_mask(HEIGHT, WIDTH)[0]  # noqa: E731
+
+    def draw(sample, key):
+        return sample.regions[key].to_mask(HEIGHT, WIDTH)[0]
+
     np.testing.assert_array_equal(draw(union["dd04"], "cardiomegaly"), filled((10, 10, 30, 20), (20, 12, 40, 24)))
     np.testing.assert_array_equal(draw(majority["dd04"], "cardiomegaly"), filled((20, 12, 30, 20)))  # 2 of 3 readers
     assert union["dd04"].labels["lung_cyst"] == 1 and majority["dd04"].labels["lung_cyst"] == 0
