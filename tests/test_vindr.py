@@ -157,7 +157,9 @@ def test_physionet_test_split_masks_labels_images(physionet_test):
         "aa01": ["cardiomegaly", "nodule_mass"], "bb02": [], "cc03": ["edema", "pleural_effusion"],
     }
     positives = {i: sorted(k for k, v in s.labels.items() if v == 1) for i, s in samples.items()}
-    assert positives == {"aa01": ["cardiomegaly", "nodule_mass"], "bb02": [], "cc03": ["edema", "pleural_effusion", "rib_fracture"]}
+    assert positives == {
+        "aa01": ["cardiomegaly", "nodule_mass"], "bb02": [], "cc03": ["edema", "pleural_effusion", "rib_fracture"],
+    }
     assert all(v in (0, 1) for s in samples.values() for v in s.labels.values())
     assert dm.notes["positive_labels_without_region"]["rib_fracture"] == 1
     assert dm.notes["images_entered_grounding"]["nodule_mass"] == 1 and dm.notes["layout"] == "physionet"
@@ -233,9 +235,8 @@ def test_kaggle_layout_and_majority_from_boxes(tmp_path):
         ("ff06", "Aortic enlargement", 0, "R1", 1, 1, 9, 9), ("ff06", "Aortic enlargement", 0, "R2", 3, 3, 12, 12),
         ("ff06", "No finding", 14, "R3", "", "", "", ""),
     ]
-    pd.DataFrame(rows, columns=["image_id", "class_name", "class_id", "rad_id", "x_min", "y_min", "x_max", "y_max"]).to_csv(
-        tmp_path / "train.csv", index=False
-    )
+    columns = ["image_id", "class_name", "class_id", "rad_id", "x_min", "y_min", "x_max", "y_max"]
+    pd.DataFrame(rows, columns=columns).to_csv(tmp_path / "train.csv", index=False)
     write_dicom(tmp_path / "train" / "ff06.dicom", ramp(12, 7), bits_stored=12)
     with pytest.warns(UserWarning, match="does not annotate"):
         (sample,) = VinDrCXR(root=str(tmp_path), split="train", readers="majority").samples

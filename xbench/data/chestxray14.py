@@ -3,8 +3,9 @@
 ``BBox_List_2017.csv`` has a 9-field header (``Image Index,Finding Label,Bbox [x,y,w,h],,,``)
 over 6-field rows (some mirrors add empty fields), so it is read by position: file name, finding,
 then float ``x, y, w, h`` in the 1024x1024 PNG grid (scaled to the image if a mirror resized
-it). ``Infiltrate`` there is ``Infiltration`` elsewhere. Images are found by file name anywhere under ``root`` (``images_0XX/images/`` of the
-Kaggle mirror, ``images/`` of the NIH tarballs, or flat).
+it). ``Infiltrate`` there is ``Infiltration`` elsewhere. Images are found by file name anywhere
+under ``root`` (``images_0XX/images/`` of the Kaggle mirror, ``images/`` of the NIH tarballs, or
+flat).
 
 Recognition labels for the 8 box classes come from ``Data_Entry_2017_v2020.csv`` (or the older
 ``Data_Entry_2017.csv``) in ``root`` when present; a box the entry does not list still makes its
@@ -87,7 +88,9 @@ class ChestXray14Boxes(XBenchDataModule):
             rows = csv.reader(handle)
             header = next(rows, [])
             if header[:2] != ["Image Index", "Finding Label"]:
-                raise ValueError(f"{box_file}: expected the header 'Image Index,Finding Label,Bbox [x,y,w,h]', got {header}")
+                raise ValueError(
+                    f"{box_file}: expected the header 'Image Index,Finding Label,Bbox [x,y,w,h]', got {header}"
+                )
             for line, row in enumerate(rows, start=2):
                 where = f"{box_file}, line {line}"
                 if len(row) < 6 or any(field.strip() for field in row[6:]):
@@ -125,7 +128,9 @@ class ChestXray14Boxes(XBenchDataModule):
             rows = csv.reader(handle)
             header = next(rows, [])
             if header[:2] != ["Image Index", "Finding Labels"]:
-                raise ValueError(f"{label_file}: expected a header starting 'Image Index,Finding Labels', got {header[:2]}")
+                raise ValueError(
+                    f"{label_file}: expected a header starting 'Image Index,Finding Labels', got {header[:2]}"
+                )
             for line, row in enumerate(rows, start=2):
                 if not row or row[0] not in names:
                     continue

@@ -12,9 +12,9 @@ Two layouts are read, found from what ``root`` holds:
 
 Boxes are xyxy floats in the native pixel grid; ``No finding`` rows carry no box. The test split
 has one consensus reader (its label file has no ``rad_id``, so every test box is the consensus's,
-whatever ``rad_id`` the box file gives); the train split has three per image, merged by ``readers``: ``union``
-(any radiologist) or ``majority`` (more than half of the image's radiologists, for labels and
-pixel by pixel for regions). Images are decoded by :func:`xbench.data.io.read_dicom`
+whatever ``rad_id`` the box file gives); the train split has three per image, merged by
+``readers``: ``union`` (any radiologist) or ``majority`` (more than half of the image's
+radiologists, for labels and pixel by pixel for regions). Images are decoded by :func:`xbench.data.io.read_dicom`
 (MONOCHROME1, 10-16 bit, JPEG 2000).
 """
 
@@ -67,7 +67,9 @@ class VinDrCXR(XBenchDataModule):
         if (self.root / "annotations").is_dir():
             layout, spelling_set = "physionet", self.name
             box_file = self.require(self.root / "annotations" / f"annotations_{self.split}.csv", "the box file")
-            label_file = self.require(self.root / "annotations" / f"image_labels_{self.split}.csv", "the image-label file")
+            label_file = self.require(
+                self.root / "annotations" / f"image_labels_{self.split}.csv", "the image-label file"
+            )
         elif (self.root / "train.csv").is_file():
             if self.split != "train":
                 raise ValueError(
@@ -111,7 +113,8 @@ class VinDrCXR(XBenchDataModule):
                     regions[key] = Boxes(tuple(box for found in by_reader.values() for box in found))
                 elif self._merge(len(by_reader), count):
                     regions[key] = MajorityVote(tuple(Boxes(tuple(found)) for found in by_reader.values()), count)
-            samples.append(Sample(image_id=image_id, path=image_dir / f"{image_id}.dicom", labels=labels, regions=regions))
+            path = image_dir / f"{image_id}.dicom"
+            samples.append(Sample(image_id=image_id, path=path, labels=labels, regions=regions))
         if not annotated >= set(self.classes):
             warnings.warn(
                 f"VinDrCXR: the Kaggle layout does not annotate {sorted(set(self.classes) - annotated)}; their labels "
@@ -159,7 +162,9 @@ class VinDrCXR(XBenchDataModule):
                 try:
                     x1, y1, x2, y2 = (float(v) for v in corners)
                 except ValueError:
-                    raise ValueError(f"{where}: {class_name!r} needs numeric {', '.join(BOX_COLUMNS)}, got {corners}") from None
+                    raise ValueError(
+                        f"{where}: {class_name!r} needs numeric {', '.join(BOX_COLUMNS)}, got {corners}"
+                    ) from None
                 if not all(map(math.isfinite, (x1, y1, x2, y2))):
                     raise ValueError(f"{where}: box {corners} is not finite")
                 if not (x2 > x1 and y2 > y1):
