@@ -15,6 +15,9 @@ DATA_MODULES = (
     "xbench.data.rsna",
     "xbench.data.siim",
     "xbench.data.covid_rural",
+    "xbench.data.chexlocalize",
+    "xbench.data.chestxray14",
+    "xbench.data.vindr",
 )
 
 

@@ -131,6 +131,24 @@ SPELLINGS: dict[str, dict[str, str]] = {
         "Rib fracture": "rib_fracture",
         "Other lesion": "other_lesion",
     },
+    # The Kaggle packaging of VinDr-CXR train (VinBigData competition ``train.csv``) keeps only
+    # these 14 of the 22 local labels; the other 8 are not annotated there at all.
+    "vindr_kaggle": {
+        "Aortic enlargement": "aortic_enlargement",
+        "Atelectasis": "atelectasis",
+        "Calcification": "calcification",
+        "Cardiomegaly": "cardiomegaly",
+        "Consolidation": "consolidation",
+        "ILD": "interstitial_lung_disease",
+        "Infiltration": "infiltration",
+        "Lung Opacity": "lung_opacity",
+        "Nodule/Mass": "nodule_mass",
+        "Other lesion": "other_lesion",
+        "Pleural effusion": "pleural_effusion",
+        "Pleural thickening": "pleural_thickening",
+        "Pneumothorax": "pneumothorax",
+        "Pulmonary fibrosis": "pulmonary_fibrosis",
+    },
 }
 
 #: The classes the paper reports per dataset, in its table order (55 pairs in all).

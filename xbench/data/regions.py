@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 from PIL import Image, ImageDraw
+from pycocotools import mask as coco_mask
 
 
 class Region(Protocol):
@@ -147,3 +148,85 @@ class MaskFile:
                 f"{width}x{height}: masks must be drawn on the image as distributed"
             )
         return mask, 0
+
+
+@dataclass(frozen=True)
+class CocoRLE:
+    """A mask stored as COCO run-length encoding (compressed ``counts`` string, column-major runs)
+    at the image's native size, decoded by pycocotools only when drawn (in a DataLoader worker).
+
+    ``source`` names the file and entry it came from, for the error when sizes disagree.
+    """
+
+    height: int
+    width: int
+    counts: str
+    source: str = ""
+
+    @classmethod
+    def from_json(cls, rle: object, source: str) -> CocoRLE:
+        """From ``{"size": [h, w], "counts": "<string>"}`` as pycocotools writes it to JSON."""
+        try:
+            height, width = (int(v) for v in rle["size"])
+            counts = rle["counts"]
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{source}: expected a COCO RLE {{'size': [h, w], 'counts': str}} ({error!r})") from None
+        if not isinstance(counts, str):
+            raise ValueError(f"{source}: COCO RLE 'counts' must be the compressed string, got {type(counts).__name__}")
+        return cls(height, width, counts, source)
+
+    def _rle(self) -> dict:
+        return {"size": [self.height, self.width], "counts": self.counts.encode("ascii")}
+
+    def area(self) -> int:
+        """Foreground pixel count, read from the runs without drawing the mask."""
+        return int(coco_mask.area(self._rle()))
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        if (height, width) != (self.height, self.width):
+            raise ValueError(
+                f"{self.source}: the mask is {self.height}x{self.width} (height x width) but its image is "
+                f"{height}x{width}; the masks must be at the image's native size (is the image from this split?)"
+            )
+        return coco_mask.decode(self._rle()).astype(bool), 0
+
+
+@dataclass(frozen=True)
+class MajorityVote:
+    """Pixels inside the regions of more than half of an image's ``num_readers`` readers.
+
+    ``readers`` holds one region per reader who drew the class; a reader who drew nothing for it
+    votes against. Each reader's region is drawn at native size, then the votes are counted.
+    """
+
+    readers: tuple[Region, ...]
+    num_readers: int
+
+    def __post_init__(self) -> None:
+        if not 0 < len(self.readers) <= self.num_readers:
+            raise ValueError(f"{len(self.readers)} reader regions for {self.num_readers} readers")
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        votes = np.zeros((height, width), dtype=np.uint16)
+        clipped = 0
+        for region in self.readers:
+            mask, reader_clipped = region.to_mask(height, width)
+            votes += mask
+            clipped += reader_clipped
+        return votes * 2 > self.num_readers, clipped
+
+
+@dataclass(frozen=True)
+class GridBoxes:
+    """Boxes annotated on a fixed ``grid_height x grid_width`` pixel grid (NIH: the 1024 x 1024
+    PNGs), drawn on an image of any size by scaling x and y separately: mirrors that resize the
+    PNGs keep the original box file."""
+
+    boxes: Boxes
+    grid_height: int
+    grid_width: int
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        sx, sy = width / self.grid_width, height / self.grid_height
+        scaled = Boxes(tuple((x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in self.boxes.xyxy))
+        return scaled.to_mask(height, width)
