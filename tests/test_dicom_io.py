@@ -36,6 +36,22 @@ def test_12_bit_scaled_by_stored_depth_and_monochrome1_inverted(tmp_path):
     np.testing.assert_allclose(read_image(tmp_path / "b.dcm"), 1 - PIXELS_12 / 4095, atol=1e-7)
 
 
+def test_pixels_beyond_bits_stored_are_scaled_not_clipped(tmp_path):
+    """A JPEG 2000 file whose header claims 12 bits over a 16-bit codestream (the case VinDr's own
+    tooling guards against): scaling by 4095 would clip most pixels to white. (Uncompressed data
+    above Bits Stored is masked away by pydicom, as the standard says, so only compressed data can
+    carry it.)"""
+    pixels = (np.arange(40 * 36, dtype=np.uint16).reshape(40, 36) * 27).astype(np.uint16)
+    assert pixels.max() > 4095 and int(pixels.max()).bit_length() == 16
+    write_dicom(tmp_path / "full.dcm", pixels, compression="j2k")
+    mislabelled = pydicom.dcmread(tmp_path / "full.dcm")
+    mislabelled.BitsStored, mislabelled.HighBit = 12, 11
+    mislabelled.save_as(tmp_path / "a.dcm")
+    with pytest.warns(UserWarning, match="need 16 bits but Bits Stored says 12"):
+        image = read_image(tmp_path / "a.dcm")
+    np.testing.assert_allclose(image, pixels / 65535, atol=1e-7)
+
+
 def test_window_after_rescale_then_monochrome1(tmp_path):
     # modality values v = 2 x - 1024; the window is in modality units
     center, width = 1500.0, 3001.0

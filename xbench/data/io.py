@@ -95,6 +95,7 @@ def read_dicom(path: Path) -> np.ndarray:
     output range, or the stored bit depth's range when there is neither)."""
     dataset = _read_dataset(path)
     stored = _decode_pixels(dataset, path)
+    _widen_bits_stored(dataset, stored, path)
     values = apply_modality_lut(stored, dataset)
     if "VOILUTSequence" in dataset:
         values = apply_voi(values, dataset)
@@ -159,6 +160,23 @@ def _decode_pixels(dataset: pydicom.Dataset, path: Path) -> np.ndarray:
     if stored.ndim != 2:
         raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
     return stored
+
+
+def _widen_bits_stored(dataset: pydicom.Dataset, stored: np.ndarray, path: Path) -> None:
+    """Raise *Bits Stored* to what the pixels need when they exceed it (a header that says 12 bits
+    over 16-bit data), so the image is scaled over its real range instead of clipped to white."""
+    declared = int(dataset.BitsStored)
+    if dataset.PixelRepresentation == 0:
+        needed = int(stored.max()).bit_length()
+    else:
+        needed = max(int(stored.max()).bit_length(), (-int(stored.min()) - 1).bit_length()) + 1
+    if needed > declared:
+        warnings.warn(
+            f"DICOM {path}: pixel values need {needed} bits but Bits Stored says {declared}; scaling over "
+            f"{needed} bits instead of clipping",
+            stacklevel=3,
+        )
+        dataset.BitsStored = needed
 
 
 def _modality_output_range(dataset: pydicom.Dataset) -> tuple[float, float]:
