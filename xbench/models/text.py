@@ -78,11 +78,15 @@ BERT_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 BERT_TOKENIZER_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 #: Bump when the recipe below changes, so old cache entries are not reused.
 CLS_EMBEDDING_RECIPE = "cls-last-hidden/1"
+TEXTS_PER_BATCH = 64
 
 
 def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def bert_cls_embeddings(
@@ -92,14 +96,13 @@ def bert_cls_embeddings(
     *,
     max_length: int = 64,
     lowercase: bool = True,
-    device: torch.device | str = "cpu",
-    batch_size: int = 64,
 ) -> Tensor:
     """The ``[CLS]`` last hidden state of each text under the BERT in ``folder``: float32 [N, hidden].
 
     The recipe of MedKLIP-style query books: WordPiece tokens (lower-cased if ``lowercase``),
     padded and truncated to ``max_length``, ``input_ids`` and ``attention_mask`` through the BERT in
-    eval mode under ``no_grad``. The BERT is loaded by :func:`load_pretrained_bert`, so its loading
+    eval mode under ``no_grad``, on the CPU (once per cache entry; the values do not depend on the
+    device of the run that first needed them). The BERT is loaded by :func:`load_pretrained_bert`, so its loading
     report is checked. The result is cached in ``$XBENCH_CACHE/text_embeddings/`` under a SHA-256
     of the folder's weight and tokenizer files, the texts and these settings: a second run with the
     same files and texts reads the cache and never builds the BERT.
@@ -120,16 +123,16 @@ def bert_cls_embeddings(
         return load_file(str(cache_file))["embeddings"]
 
     tokenizer = load_tokenizer(folder, what, do_lower_case=lowercase)
-    bert = load_pretrained_bert(folder, what).to(device)
+    bert = load_pretrained_bert(folder, what)
     chunks = []
     with torch.no_grad():
-        for start in range(0, len(texts), batch_size):
+        for start in range(0, len(texts), TEXTS_PER_BATCH):
             tokens = tokenizer(
-                list(texts[start:start + batch_size]), padding="max_length", truncation=True,
+                list(texts[start:start + TEXTS_PER_BATCH]), padding="max_length", truncation=True,
                 max_length=max_length, return_tensors="pt",
             )
-            output = bert(input_ids=tokens["input_ids"].to(device), attention_mask=tokens["attention_mask"].to(device))
-            chunks.append(output.last_hidden_state[:, 0].float().cpu())
+            output = bert(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+            chunks.append(output.last_hidden_state[:, 0].float())
     embeddings = torch.cat(chunks).contiguous()
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
