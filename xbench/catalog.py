@@ -8,6 +8,8 @@ MODEL_MODULES = (
     "xbench.models.baselines",
     "xbench.models.clip",
     "xbench.models.biomedclip",
+    "xbench.models.medklip",
+    "xbench.models.mavl",
 )
 DATA_MODULES = (
     "xbench.data.chestx_det10",

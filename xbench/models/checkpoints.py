@@ -81,6 +81,11 @@ def is_arange(tensor: Tensor) -> bool:
     return bool(torch.equal(flat.long(), torch.arange(flat.numel())))
 
 
+def has_shape(*shape: int) -> Callable[[Tensor], bool]:
+    """A drop check: the dropped tensor has exactly this shape (``()`` for a scalar)."""
+    return lambda tensor: tuple(tensor.shape) == shape
+
+
 @dataclass(frozen=True)
 class CheckpointLayout:
     """Where a model's weights sit in its authors' file and how its keys map onto the module.

@@ -54,3 +54,25 @@ def model_input(
     mean_t = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     std_t = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
     return (x - mean_t) / std_t
+
+
+def equalize_histogram(image: Tensor, bins: int = 256) -> Tensor:
+    """Global histogram equalisation of each image of [B, 1, H, W], as ``skimage.exposure.equalize_hist``.
+
+    ``bins`` equal bins between the image's own minimum and maximum; each pixel becomes the
+    cumulative share of pixels, linearly interpolated between bin centres (clamped outside the
+    first and last centre), so the output lies in [0, 1]. A constant image is returned unchanged.
+    """
+    flat = image.float().flatten(1)
+    low, high = torch.aminmax(flat, dim=1, keepdim=True)
+    spread = high - low
+    position = (flat - low) / torch.where(spread > 0, spread, torch.ones_like(spread)) * bins
+    counts = torch.zeros(flat.shape[0], bins, dtype=torch.float64, device=flat.device)
+    counts.scatter_add_(1, position.floor().long().clamp(0, bins - 1), torch.ones_like(flat, dtype=torch.float64))
+    cdf = (counts.cumsum(1) / flat.shape[1]).to(flat.dtype)
+    centre = (position - 0.5).clamp(0, bins - 1)  # in units of bins, 0 = first bin centre
+    left = centre.floor().long().clamp(max=bins - 2)
+    weight = centre - left
+    right = (left + 1).clamp(max=bins - 1)
+    equalised = torch.gather(cdf, 1, left) * (1 - weight) + torch.gather(cdf, 1, right) * weight
+    return torch.where(spread > 0, equalised, flat).view_as(image)

@@ -7,9 +7,19 @@ Every model that embeds prompts reads its tokenizer and BERT from a folder the u
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
+
+from xbench.data.phantom import default_cache
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -28,10 +38,11 @@ def require_files(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     return folder
 
 
-def load_tokenizer(folder: str | Path, what: str) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in ``folder`` (needs at least ``vocab.txt`` for WordPiece models)."""
+def load_tokenizer(folder: str | Path, what: str, **kwargs) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in ``folder`` (needs at least ``vocab.txt`` for WordPiece models);
+    ``kwargs`` override its saved settings (e.g. ``do_lower_case``)."""
     folder = require_files(folder, ("vocab.txt",), what)
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **kwargs)
 
 
 def bert_from_config(folder: str | Path, what: str, **config_overrides) -> BertModel:
@@ -60,3 +71,72 @@ def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
     if problems:
         raise ValueError(f"{what}: the BERT weights in {folder} do not match its config.json: " + "; ".join(problems))
     return model.eval()
+
+
+#: The files of a BERT folder that decide its outputs: weights (either format), shape, vocabulary.
+BERT_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+BERT_TOKENIZER_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+#: Bump when the recipe below changes, so old cache entries are not reused.
+CLS_EMBEDDING_RECIPE = "cls-last-hidden/1"
+TEXTS_PER_BATCH = 64
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def bert_cls_embeddings(
+    folder: str | Path,
+    texts: Sequence[str],
+    what: str,
+    *,
+    max_length: int = 64,
+    lowercase: bool = True,
+) -> Tensor:
+    """The ``[CLS]`` last hidden state of each text under the BERT in ``folder``: float32 [N, hidden].
+
+    The recipe of MedKLIP-style query books: WordPiece tokens (lower-cased if ``lowercase``),
+    padded and truncated to ``max_length``, ``input_ids`` and ``attention_mask`` through the BERT in
+    eval mode under ``no_grad``, on the CPU (once per cache entry; the values do not depend on the
+    device of the run that first needed them). The BERT is loaded by :func:`load_pretrained_bert`, so its loading
+    report is checked. The result is cached in ``$XBENCH_CACHE/text_embeddings/`` under a SHA-256
+    of the folder's weight and tokenizer files, the texts and these settings: a second run with the
+    same files and texts reads the cache and never builds the BERT.
+    """
+    folder = require_files(folder, ("config.json", "vocab.txt"), what)
+    weights = [folder / name for name in BERT_WEIGHT_FILES if (folder / name).is_file()]
+    if not weights:
+        raise FileNotFoundError(
+            f"{what}: no weights in {folder} (expected one of {', '.join(BERT_WEIGHT_FILES)}). "
+            "Place the files listed in checkpoints/README.md there."
+        )
+    key = hashlib.sha256()
+    for path in [*weights, *(folder / name for name in BERT_TOKENIZER_FILES if (folder / name).is_file())]:
+        key.update(f"{path.name}:{_file_digest(path)}\n".encode())
+    key.update(json.dumps([CLS_EMBEDDING_RECIPE, max_length, lowercase, list(texts)]).encode())
+    cache_file = default_cache() / "text_embeddings" / f"{key.hexdigest()}.safetensors"
+    if cache_file.is_file():
+        return load_file(str(cache_file))["embeddings"]
+
+    tokenizer = load_tokenizer(folder, what, do_lower_case=lowercase)
+    bert = load_pretrained_bert(folder, what)
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, len(texts), TEXTS_PER_BATCH):
+            tokens = tokenizer(
+                list(texts[start:start + TEXTS_PER_BATCH]), padding="max_length", truncation=True,
+                max_length=max_length, return_tensors="pt",
+            )
+            output = bert(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
+            chunks.append(output.last_hidden_state[:, 0].float())
+    embeddings = torch.cat(chunks).contiguous()
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
+    os.close(handle)
+    save_file({"embeddings": embeddings}, temporary)
+    os.replace(temporary, cache_file)  # atomic: parallel processes write the same bytes
+    return embeddings
