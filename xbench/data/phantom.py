@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from xbench.cache import cache_root
 from xbench.data.chestx_det10 import ChestXDet10
 
 #: class key -> (raw ChestX-Det10 spelling, lesion radius range as a fraction of the image side)
@@ -27,10 +28,6 @@ LESIONS = {
     "consolidation": ("Consolidation", (0.12, 0.17)),
 }
 GENERATOR_VERSION = 1
-
-
-def default_cache() -> Path:
-    return Path(os.environ.get("XBENCH_CACHE", "~/.cache/xbench")).expanduser()
 
 
 def _ellipse(xx, yy, cx, cy, rx, ry):
@@ -111,7 +108,7 @@ class Phantom(ChestXDet10):
         self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0, **kwargs
     ) -> None:
         if root is None:
-            root = str(default_cache() / f"phantom-v{GENERATOR_VERSION}-n{num_images}-s{native_size}-seed{seed}")
+            root = str(cache_root() / f"phantom-v{GENERATOR_VERSION}-n{num_images}-s{native_size}-seed{seed}")
         super().__init__(root=root, split="test", **kwargs)
         self.num_images = num_images
         self.native_size = native_size

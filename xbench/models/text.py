@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 
-from xbench.data.phantom import default_cache
+from xbench.cache import cache_root
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -118,7 +118,7 @@ def bert_cls_embeddings(
     for path in [*weights, *(folder / name for name in BERT_TOKENIZER_FILES if (folder / name).is_file())]:
         key.update(f"{path.name}:{_file_digest(path)}\n".encode())
     key.update(json.dumps([CLS_EMBEDDING_RECIPE, max_length, lowercase, list(texts)]).encode())
-    cache_file = default_cache() / "text_embeddings" / f"{key.hexdigest()}.safetensors"
+    cache_file = cache_root() / "text_embeddings" / f"{key.hexdigest()}.safetensors"
     if cache_file.is_file():
         return load_file(str(cache_file))["embeddings"]
 
