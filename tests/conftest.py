@@ -6,6 +6,7 @@ import io
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,11 @@ from xbench.data.phantom import generate_phantom
 from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
+
+
+def pytest_configure(config):
+    """Generated phantoms and caches go to a throw-away folder unless XBENCH_CACHE says otherwise."""
+    os.environ.setdefault("XBENCH_CACHE", tempfile.mkdtemp(prefix="xbench-test-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -181,7 +181,8 @@ def test_physionet_test_split_masks_labels_images(physionet_test):
     }
     for index, image_id in enumerate(samples):
         expected = resize_image(decoded[image_id].astype(np.float32), 32)
-        torch.testing.assert_close(dm.test_set[index]["image"], expected, atol=1e-6, rtol=0)
+        # the batch image sits on a 16-bit grid: within one step of the float reference
+        torch.testing.assert_close(dm.test_set[index]["image"], expected, atol=1 / 65535, rtol=0)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from rich.console import Console
+
+from xbench.cache import cache_root
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
+from xbench.data.cache import CachedDataset, build_cache, fingerprint, folder_size, quantise
 from xbench.data.io import read_image
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
@@ -109,7 +113,7 @@ class XBenchDataset(Dataset):
             else:
                 lost[c] = True
         return {
-            "image": resize_image(image, size),
+            "image": quantise(resize_image(image, size)),
             "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
             "masks": masks,
             "has_mask": has_mask,
@@ -138,6 +142,8 @@ class XBenchDataModule(L.LightningDataModule):
         augment: an albumentations pipeline applied to image and masks together at native size, for
             robustness studies (see ``xbench.data.augment``); default none, the paper's protocol.
         augment_seed: with the sample index, seeds the pipeline for each sample.
+        cache: decode each image once into the decoded-image cache under ``$XBENCH_CACHE``
+            (``xbench.data.cache``) and read it from there in later runs.
     """
 
     name: ClassVar[str]
@@ -153,6 +159,7 @@ class XBenchDataModule(L.LightningDataModule):
         num_workers: int = 2,
         augment: AugmentConfig | None = None,
         augment_seed: int = 0,
+        cache: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -170,6 +177,8 @@ class XBenchDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.augment = augment
         self.augment_seed = augment_seed
+        self.cache = cache
+        self._cache_folder: Path | None = None
         if augment is not None:
             build_pipeline(augment)  # fail at configuration time, naming the bad entry
         self.notes: dict[str, object] = {}
@@ -210,10 +219,43 @@ class XBenchDataModule(L.LightningDataModule):
             self._samples = samples
         return self._samples
 
-    def setup(self, stage: str | None = None) -> None:
-        self.test_set = XBenchDataset(
+    def decoding_dataset(self) -> XBenchDataset:
+        return XBenchDataset(
             self.samples, self.classes, self.image_size, self.mask_threshold, self.augment, self.augment_seed
         )
+
+    def cache_folder(self) -> Path:
+        """This split's cache folder, named by the fingerprint of its samples and settings."""
+        if self._cache_folder is None:
+            settings = {
+                "dataset": f"{type(self).__module__}.{type(self).__qualname__}",
+                "classes": self.classes,
+                "image_size": self.image_size,
+                "mask_threshold": self.mask_threshold,
+                "augment": self.augment,
+                "augment_seed": self.augment_seed,
+            }
+            self._cache_folder = cache_root() / "decoded" / f"{self.name}-{fingerprint(self.samples, settings)}"
+        return self._cache_folder
+
+    def prepare_data(self) -> None:
+        """Write the decoded-image cache unless it exists (once per node, before ``setup``)."""
+        if not self.cache:
+            return
+        folder = self.cache_folder()
+        reused = folder.exists()
+        if not reused:
+            build_cache(folder, self.decoding_dataset(), len(self.classes), self.image_size, self.batch_size, self.num_workers)
+        action = "reading" if reused else "written"
+        Console(stderr=True, soft_wrap=True).print(
+            f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.cache and self.cache_folder().exists():
+            self.test_set = CachedDataset(self.cache_folder(), self.samples, self.classes, self.image_size)
+        else:
+            self.test_set = self.decoding_dataset()
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(

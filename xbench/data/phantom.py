@@ -121,3 +121,4 @@ class Phantom(ChestXDet10):
     def prepare_data(self) -> None:
         if not (self.root / "test.json").exists():
             generate_phantom(self.root, self.num_images, self.native_size, self.seed)
+        super().prepare_data()
