@@ -38,6 +38,9 @@ from xbench.models.saliency import Window, place_in_frame
 from xbench.models.text import load_tokenizer
 from xbench.test import main
 
+# Most geometry tests use small batch images on purpose; the upsampling note has its own test.
+pytestmark = pytest.mark.filterwarnings("ignore:the model's input is 256x256:UserWarning")
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = Architecture(width=32, vision_depth=1, vision_heads=2, fusion_layers=4, fusion_heads=4, fusion_ffn=64,
                     head_widths=(48, 24, 16))
@@ -476,6 +479,17 @@ def test_letterbox_input_matches_the_authors_pipeline(shape):
     expected = torch.from_numpy(authors_input(image))
     for channel in range(3):
         torch.testing.assert_close(inputs[0, channel], expected, atol=2e-5, rtol=0)
+
+
+def test_a_256_batch_is_cropped_as_is_and_a_smaller_one_warns():
+    image = torch.rand(2, 1, 256, 256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inputs, window = letterbox_input(image)
+    torch.testing.assert_close(inputs[:, 1], (image[:, 0, 16:240, 16:240] - 0.4978) / 0.2449)
+    assert window == Window(16.0, 16.0, 224.0, 224.0)
+    with pytest.warns(UserWarning, match="batch images are 224x224.*--data.image_size 256"):
+        letterbox_input(torch.rand(1, 1, 224, 224))
 
 
 def test_area_resize_is_opencv_inter_area():

@@ -336,7 +336,8 @@ def letterbox_input(image: Tensor) -> tuple[Tensor, Window]:
 
     As the authors' ``process_img``: scale the longer side to 256 (area; the shorter side truncated
     to an int), zero-pad the shorter side symmetrically (floor before, ceil after), centre-crop 224,
-    grey to 3 channels, normalise with the CXR_MAE mean/std.
+    grey to 3 channels, normalise with the CXR_MAE mean/std. In floating point: the authors' 8-bit
+    rounding after the resize is not reproduced.
     """
     height, width = image.shape[-2:]
     warn_if_upsampled(height, width, LETTERBOX_SIZE)
@@ -367,12 +368,10 @@ def read_hyper_parameters(loaded: Any, file: Path, architecture: Architecture) -
     """
     try:
         config = omegaconf_values(loaded.get("hyper_parameters"))
+        if not isinstance(config, Mapping):
+            raise ValueError("it holds no configuration")
     except ValueError as error:
-        config, reason = None, str(error)
-    else:
-        reason = "it holds no configuration"
-    if not isinstance(config, Mapping):
-        warnings.warn(f"{file}: hyper_parameters not readable ({reason}); the settings are not cross-checked", stacklevel=3)
+        warnings.warn(f"{file}: hyper_parameters not readable ({error}); the settings are not cross-checked", stacklevel=3)
         return
     absent = object()
     missing, differing = [], []
