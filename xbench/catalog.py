@@ -10,6 +10,7 @@ MODEL_MODULES = (
     "xbench.models.biomedclip",
     "xbench.models.medklip",
     "xbench.models.mavl",
+    "xbench.models.carzero",
 )
 DATA_MODULES = (
     "xbench.data.chestx_det10",

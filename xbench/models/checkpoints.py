@@ -24,14 +24,20 @@ from torch import Tensor, nn
 
 
 class InertObject:
-    """Stand-in for a pickled object whose class is not loaded: holds name, arguments and state."""
+    """Stand-in for a pickled object whose class is not loaded: holds name, arguments and state.
+
+    Arguments are recorded in ``__new__``: pickle builds most objects by calling ``cls.__new__``
+    alone (protocol 2's ``NEWOBJ``, e.g. an OmegaConf ``DictConfig``), never ``__init__``.
+    """
 
     qualified_name = "?"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
-        self.state: Any = None
+    def __new__(cls, *args: Any, **kwargs: Any) -> InertObject:
+        placeholder = super().__new__(cls)
+        placeholder.args = args
+        placeholder.kwargs = kwargs
+        placeholder.state = None
+        return placeholder
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
@@ -63,6 +69,29 @@ def safe_load(path: str | Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a corrupt or foreign file: say which and why
         raise ValueError(f"cannot read checkpoint {path}: {error}") from error
+
+
+def omegaconf_values(node: Any) -> Any:
+    """Plain dicts, lists and values out of an inert OmegaConf ``DictConfig``/``ListConfig``.
+
+    OmegaConf pickles a container with its children under ``_content`` and a leaf node with its
+    value under ``_val``; both survive in the placeholder's ``state``. Plain containers (what newer
+    Lightning versions save) pass through. Anything else raises ``ValueError``.
+    """
+    if isinstance(node, InertObject):
+        state = node.state if node.qualified_name.startswith("omegaconf.") else None
+        if isinstance(state, Mapping) and "_content" in state:
+            return omegaconf_values(state["_content"])
+        if isinstance(state, Mapping) and "_val" in state:
+            return omegaconf_values(state["_val"])
+        raise ValueError(f"{node!r} is not an OmegaConf container or value")
+    if isinstance(node, Mapping):
+        return {key: omegaconf_values(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [omegaconf_values(value) for value in node]
+    if node is None or isinstance(node, (str, int, float, bool)):
+        return node
+    raise ValueError(f"{type(node).__name__} {node!r} is not a configuration value")
 
 
 @dataclass(frozen=True)

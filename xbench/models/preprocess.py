@@ -17,8 +17,43 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+#: MRM/MAE chest X-ray statistics (config name ``CXR_MAE``; CARZero), one value for all channels.
+CXR_MAE_MEAN = (0.4978, 0.4978, 0.4978)
+CXR_MAE_STD = (0.2449, 0.2449, 0.2449)
 
 Interpolation = Literal["bilinear", "bicubic", "area"]
+
+
+def warn_if_upsampled(height: int, width: int, size: int) -> None:
+    """Warn that batch images of ``height x width`` are upsampled to a model frame of ``size``."""
+    if max(height, width) < size:
+        warnings.warn(
+            f"the model's input is {size}x{size} but the batch images are {height}x{width}: they are upsampled. "
+            f"Run with --data.image_size {size} to give the model its native resolution.",
+            stacklevel=3,
+        )
+
+
+def area_weights(size_in: int, size_out: int) -> Tensor:
+    """Float64 [size_out, size_in]: the share of each input pixel in each output pixel.
+
+    Output pixel ``o`` spans ``[o s, (o + 1) s)`` of the input with ``s = size_in / size_out``; its
+    weights are the overlaps with the input pixels divided by ``s``, so each row sums to 1. This is
+    OpenCV's ``INTER_AREA`` whenever both axes shrink or both grow (as in any letterbox): exact area
+    averaging down, overlap blending up.
+    """
+    scale = size_in / size_out
+    edges = torch.arange(size_out + 1, dtype=torch.float64) * scale
+    pixels = torch.arange(size_in, dtype=torch.float64)
+    overlap = torch.minimum(edges[1:, None], pixels + 1) - torch.maximum(edges[:-1, None], pixels)
+    return overlap.clamp_(min=0) / scale
+
+
+def area_resize(image: Tensor, height: int, width: int) -> Tensor:
+    """Images [..., H, W] -> [..., height, width] by exact area weights (:func:`area_weights`)."""
+    rows = area_weights(image.shape[-2], height).to(image.device, image.dtype)
+    columns = area_weights(image.shape[-1], width).to(image.device, image.dtype)
+    return rows @ image @ columns.T
 
 
 def model_input(
@@ -37,12 +72,7 @@ def model_input(
     if image.ndim != 4 or image.shape[1] != 1:
         raise ValueError(f"expected a grey batch image [B, 1, H, W]; got {tuple(image.shape)}")
     height, width = image.shape[-2:]
-    if max(height, width) < size:
-        warnings.warn(
-            f"the model's input is {size}x{size} but the batch images are {height}x{width}: they are upsampled. "
-            f"Run with --data.image_size {size} to give the model its native resolution.",
-            stacklevel=2,
-        )
+    warn_if_upsampled(height, width, size)
     x = image.float()
     if (height, width) != (size, size):
         if interpolation == "area":

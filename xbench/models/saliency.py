@@ -1,8 +1,10 @@
-"""Saliency shared by every model: upsampling to the mask grid, min-max normalising, and the
-map methods several models use (patch–text similarity, Grad-CAM over ViT tokens)."""
+"""Saliency shared by every model: upsampling to the mask grid, placing a map that covers part of
+the frame back into it, min-max normalising, and the map methods several models use (patch–text
+similarity, Grad-CAM over ViT tokens)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -22,6 +24,52 @@ def upsample(maps: Tensor, size: tuple[int, int], mode: Upsample = "bilinear") -
     if mode == "nearest":
         return F.interpolate(maps, size=size, mode="nearest")
     raise ValueError(f"upsample mode must be 'bilinear' or 'nearest'; got {mode!r}")
+
+
+@dataclass(frozen=True)
+class Window:
+    """The part of a frame a model saw, in the frame's pixel units (``[top, top + height)`` rows,
+    ``[left, left + width)`` columns); it may reach outside the frame where the model saw padding."""
+
+    top: float
+    left: float
+    height: float
+    width: float
+
+
+def _axis_weights(size: int, start: float, extent: float, cells: int, mode: Upsample) -> tuple[Tensor, Tensor]:
+    """Float64 [size, cells] sampling weights of one frame axis, and which frame pixels the window covers."""
+    position = (torch.arange(size, dtype=torch.float64) + 0.5 - start) * cells / extent  # pixel centres, in cells
+    inside = (position >= 0) & (position < cells)
+    weights = torch.zeros(size, cells, dtype=torch.float64)
+    rows = torch.arange(size)
+    if mode == "nearest":
+        weights[rows, position.floor().clamp(0, cells - 1).long()] = 1.0
+    elif mode == "bilinear":  # as F.interpolate(align_corners=False): half-cell offset, edges held
+        source = (position - 0.5).clamp(0, cells - 1)
+        low = source.floor()
+        high = (low + 1).clamp(max=cells - 1)
+        weights.index_put_((rows, low.long()), 1 - (source - low), accumulate=True)
+        weights.index_put_((rows, high.long()), source - low, accumulate=True)
+    else:
+        raise ValueError(f"upsample mode must be 'bilinear' or 'nearest'; got {mode!r}")
+    weights[~inside] = 0
+    return weights, inside
+
+
+def place_in_frame(maps: Tensor, window: Window, frame: tuple[int, int], mode: Upsample = "bilinear") -> Tensor:
+    """Maps [B, C, h, w] that cover ``window`` of a frame -> maps [B, C, *frame] on the frame's pixels.
+
+    For models whose preprocessing crops or letterboxes: each frame pixel whose centre lies in the
+    window takes the map's value there (``mode`` as in :func:`upsample`); the rest of the frame,
+    which the model never saw, takes each map's minimum, so it cannot attract the maximum.
+    """
+    maps = maps.float()
+    rows, inside_rows = _axis_weights(frame[0], window.top, window.height, maps.shape[-2], mode)
+    columns, inside_columns = _axis_weights(frame[1], window.left, window.width, maps.shape[-1], mode)
+    placed = rows.to(maps) @ maps @ columns.to(maps).T
+    covered = (inside_rows[:, None] & inside_columns[None, :]).to(maps.device)
+    return torch.where(covered, placed, maps.amin(dim=(-2, -1), keepdim=True))
 
 
 def normalise(maps: Tensor) -> Tensor:

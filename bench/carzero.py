@@ -1,0 +1,122 @@
+"""CARZero's forward time per image, at full size with random weights.
+
+    python bench/carzero.py [--device cuda] [--batch 8] [--classes 10] [--repeats 5] [--threads N]
+
+Writes a random CARZero in the authors' layout (a 0.9 GB ``CARZero_best_model.ckpt`` and the
+BioClinicalMPBERT ``config.json``/``vocab.txt`` geometry) to a temporary folder, builds the model
+through its public API as a run does, and times ``forward`` on a batch of 224x224 images for the
+first ``--classes`` ChestX-Det10 findings (the README's figure: 10 classes, batch 8). Prints the
+best-of-``--repeats`` time per image of the whole forward and, timed alone, of its two parts: the
+ViT, and both cross-attention passes with the placing of the maps in the frame.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertModel
+
+from xbench.findings import PAPER_CLASSES
+from xbench.models.carzero import (
+    CHECKPOINT_FILE,
+    TEXT_FOLDER,
+    Architecture,
+    CARZero,
+    GRID,
+    CARZeroNetwork,
+    clean_text,
+    expected_hyper_parameters,
+    letterbox_input,
+    prompt_for,
+)
+from xbench.models.saliency import place_in_frame
+
+BERT_VOCAB_SIZE = 28996  # cased BERT/BioBERT vocabulary, as BioClinicalMPBERT's
+
+
+def write_random_carzero(folder: Path, classes: list[str]) -> None:
+    """A random full-size CARZero as the authors publish it: Lightning ``state_dict`` under
+    ``CARZero.``, its training config, and a vocabulary that knows the prompts' words."""
+    text = folder / TEXT_FOLDER
+    text.mkdir(parents=True)
+    config = BertConfig(vocab_size=BERT_VOCAB_SIZE)
+    config.save_pretrained(text)
+    words = sorted({word for key in classes for word in clean_text(prompt_for(key)).split()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
+    vocab += [f"[unused{i}]" for i in range(BERT_VOCAB_SIZE - len(vocab))]
+    (text / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    network = CARZeroNetwork(BertModel(config), Architecture())
+    hyper_parameters: dict = {}
+    for dotted, value in expected_hyper_parameters(Architecture()).items():
+        *parents, leaf = dotted.split(".")
+        node = hyper_parameters
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    state = {f"CARZero.{key}": value for key, value in network.state_dict().items()}
+    torch.save({"state_dict": state, "hyper_parameters": hyper_parameters}, folder / CHECKPOINT_FILE)
+
+
+def timed(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="CPU threads for torch")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    classes = list(PAPER_CLASSES["chestx_det10"][: args.classes])
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        write_random_carzero(Path(folder), classes)
+        written = time.perf_counter() - start
+        start = time.perf_counter()
+        model = CARZero(checkpoint_dir=folder, results_dir=None)
+        model.build(classes)
+        built = time.perf_counter() - start
+    model = model.to(device).eval()
+    image = torch.rand(args.batch, 1, 224, 224, generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 224 -> 256 letterbox upsampling note
+        inputs, window = letterbox_input(image)
+        image_global, patches = model.network.img_encoder(inputs)
+
+        def align_and_place():
+            _, attention = model.network.align(image_global, patches, model.sentences, model.words)
+            return place_in_frame(attention.unflatten(-1, (GRID, GRID)), window, (224, 224), model.upsample_mode)
+
+        total = timed(lambda: model(image), device, args.repeats)
+        vit = timed(lambda: model.network.img_encoder(inputs), device, args.repeats)
+        fusion = timed(align_and_place, device, args.repeats)
+    per_image = 1e3 / args.batch
+    print(f"device {device}, batch {args.batch}, {len(classes)} classes, {torch.get_num_threads()} CPU threads")
+    print(f"random checkpoint written in {written:.1f} s; build (load + prompts) {built:.1f} s")
+    print(f"forward: {total * per_image:.0f} ms per image ({total:.2f} s per batch, best of {args.repeats})")
+    print(f"  ViT-B/16 alone: {vit * per_image:.0f} ms per image ({vit / total:.0%} of the forward)")
+    print(f"  both alignment passes + frame placement alone: {fusion * per_image:.0f} ms per image "
+          f"({fusion / total:.0%})")
+
+
+if __name__ == "__main__":
+    main()
