@@ -595,6 +595,8 @@ def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_pa
     assert graded > 0 and 0 <= results["grounding"]["macro"]["dice@best"] <= 1
     (folder,) = (tmp_path / "results").iterdir()
     pairs = pd.read_csv(folder / "pairs.csv.gz")
+    assert results["classification"]["calibrated_logits"] is False
+    assert "not calibrated probabilities" in (folder / "summary.md").read_text()
 
     data = Phantom(root=str(phantom_root), image_size=64, batch_size=4, num_workers=0)
     data.setup("test")

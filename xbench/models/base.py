@@ -58,6 +58,9 @@ class XBenchModel(L.LightningModule):
 
     #: Name in results folders and tables; default: the class name in lower case.
     name: ClassVar[str | None] = None
+    #: Whether ``sigmoid(logit)`` is a probability. A model whose scores are only a ranking says
+    #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
+    calibrated_logits: ClassVar[bool] = True
 
     def __init__(self, upsample: Upsample = "bilinear", results_dir: str | None = "results") -> None:
         super().__init__()

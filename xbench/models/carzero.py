@@ -403,6 +403,7 @@ class CARZero(XBenchModel):
             (``vocab.txt``, ``config.json``); see ``checkpoints/README.md``.
     """
 
+    calibrated_logits = False
     #: The sizes the network is built with (tests swap in a tiny one).
     architecture: ClassVar[Architecture] = Architecture()
 

@@ -99,6 +99,7 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
             },
         },
         "classification": {
+            "calibrated_logits": model.calibrated_logits,
             "macro": {name: _number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
             "hamming_accuracy": _number(classification["hamming_accuracy"]),
             "single_label_value_classes": _number(classification["single_label_value_classes"]),
@@ -196,6 +197,14 @@ def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[
 
 def summary_footnotes(results: dict) -> list[str]:
     g, d = results["grounding"], results["data"]
+    calibration = (
+        []
+        if results["classification"]["calibrated_logits"]
+        else [
+            f"{results['model']}'s scores are not calibrated probabilities: F1 and accuracy at p ≥ 0.5 apply an "
+            "arbitrary cut for it; AUROC, AUPRC and max-F1 depend only on the ranking."
+        ]
+    )
     edge = {name: sum(v[name] for v in g["per_class"].values()) for name in ("constant_maps", "tied_maxima", "empty_masks")}
     notes = [
         "PG = Pointing Game: a hit when a pixel at the map's maximum lies in the region (ties count if any tied "
@@ -206,6 +215,7 @@ def summary_footnotes(results: dict) -> list[str]:
         f"{edge['constant_maps']} constant maps, {edge['tied_maxima']} maps with tied maxima, "
         f"{edge['empty_masks']} pairs with an empty mask (left out); {d['clipped_shapes']} shapes clipped at the "
         f"image border; {sum(d['lost_regions'].values())} annotated regions empty in the frame (left out).",
+        *calibration,
     ]
     return notes
 
