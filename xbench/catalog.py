@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
-MODEL_MODULES = ("xbench.models.baselines",)
+MODEL_MODULES = ("xbench.models.baselines", "xbench.models.kad", "xbench.models.devide")
 DATA_MODULES = ("xbench.data.chestx_det10", "xbench.data.phantom")
 
 
