@@ -7,6 +7,7 @@ session; the full-size key sets are checked on the meta device.
 """
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,18 @@ def write_med_kebert(folder: Path, **sizes) -> BertConfig:
 
 
 def random_tensor(key: str, shape: list[int], generator: torch.Generator) -> torch.Tensor:
+    """Random values at scales that keep the image's signal alive through the ResNet or ViT, so
+    scores and maps depend on the image (weights ~ 1/sqrt(fan-in), norm gains ~ 1)."""
+    noise = torch.randn(shape, generator=generator)
     if key.endswith("num_batches_tracked"):
         return torch.tensor(7)
     if key.endswith("running_var"):
         return torch.rand(shape, generator=generator) + 0.5
-    return torch.randn(shape, generator=generator) * 0.05
+    if len(shape) >= 2:
+        return noise / math.prod(shape[1:]) ** 0.5
+    if len(shape) == 1 and key.endswith("weight"):
+        return 1 + 0.1 * noise
+    return 0.1 * noise
 
 
 def section_from_manifest(manifest: dict, section: str, generator: torch.Generator) -> dict:
@@ -268,6 +276,7 @@ def test_queries_interact_so_the_set_is_fixed(kad224):
     kad224.build(["nodule", "mass"])
     together, together_maps = kad224(images)
     assert (alone[:, 0] - together[:, 0]).abs().max() > 1e-5, "adding a query must change the others' scores"
+    assert (together[0] - together[1]).abs().max() > 1e-4, "the scores must depend on the image"
     first, first_maps = kad224(images[:1])
     torch.testing.assert_close(first, together[:1], rtol=0, atol=1e-5)
     torch.testing.assert_close(first_maps, together_maps[:1], rtol=0, atol=1e-6)
@@ -421,6 +430,6 @@ def test_devide_names_the_difference_of_a_foreign_file(kad_files, tmp_path):
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):
-    with pytest.warns(UserWarning, match="provisional"):
+    with pytest.warns(UserWarning, match="provisional"), pytest.warns(UserWarning, match="--data.image_size 224"):
         results = main(cli_args("devide", devide_dir[0], phantom_root, tmp_path))
     assert results["model"] == "devide" and results["data"]["images_evaluated"] == 9
