@@ -123,11 +123,13 @@ class CheckpointMismatchError(RuntimeError):
 
 
 def group_keys(keys: list[str], depth: int = 2, shown: int = 6) -> str:
-    """``a.b.{c, d}; e.f.{g}``: keys grouped by their first ``depth`` dotted parts."""
+    """``a.b.{c, d}; e.f.{g}``: keys grouped by their first ``depth`` dotted parts (after a
+    ``section/`` in front, as in ``image_encoder/resnet.layer1.{...}``)."""
     groups: dict[str, list[str]] = defaultdict(list)
     for key in keys:
-        parts = key.split(".")
-        groups[".".join(parts[:depth])].append(".".join(parts[depth:]))
+        section, slash, dotted = key.rpartition("/")
+        parts = dotted.split(".")
+        groups[section + slash + ".".join(parts[:depth])].append(".".join(parts[depth:]))
     rendered = []
     for prefix, rests in groups.items():
         rests = [r for r in rests if r]
