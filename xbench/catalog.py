@@ -10,6 +10,8 @@ MODEL_MODULES = (
     "xbench.models.biomedclip",
     "xbench.models.medklip",
     "xbench.models.mavl",
+    "xbench.models.kad",
+    "xbench.models.devide",
     "xbench.models.carzero",
 )
 DATA_MODULES = (

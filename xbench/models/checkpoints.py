@@ -8,7 +8,10 @@
   file, which prefix every key carries and which keys may be dropped (each with a reason and a
   check). :func:`load_checkpoint` applies it and loads with exact key and shape matching; any
   difference raises :class:`CheckpointMismatchError`, which lists missing, unexpected and
-  reshaped keys grouped by prefix.
+  reshaped keys grouped by prefix. :func:`load_state_dicts` does the same for a file that holds
+  several state dicts (KAD: ``image_encoder``, ``text_encoder``, ``model``), with one error for all.
+- A tensor the module registers under two names (a submodule reused inside another) must hold
+  the same values under both names in the file; it is checked, not silently overwritten.
 """
 
 from __future__ import annotations
@@ -135,7 +138,7 @@ class CheckpointLayout:
 class CheckpointMismatchError(RuntimeError):
     """The file's tensors do not match the module's state dict exactly."""
 
-    def __init__(self, file: Path | str, target: str, missing, unexpected, reshaped) -> None:
+    def __init__(self, file: Path | str, target: str, missing, unexpected, reshaped, hint: str = "") -> None:
         self.missing, self.unexpected, self.reshaped = sorted(missing), sorted(unexpected), sorted(reshaped)
         lines = [f"checkpoint {file} does not match {target}:"]
         if self.missing:
@@ -144,6 +147,8 @@ class CheckpointMismatchError(RuntimeError):
             lines.append(f"  unexpected in the file ({len(self.unexpected)}): {group_keys(self.unexpected)}")
         for key, found, expected in reshaped:
             lines.append(f"  shape of {key}: file {list(found)} vs model {list(expected)}")
+        if hint:
+            lines.append(f"  {hint}")
         lines.append(
             "  Check that the file is the authors' release for this model and variant "
             "(`python -m xbench.inspect_checkpoint FILE` lists what it holds)."
@@ -152,11 +157,13 @@ class CheckpointMismatchError(RuntimeError):
 
 
 def group_keys(keys: list[str], depth: int = 2, shown: int = 6) -> str:
-    """``a.b.{c, d}; e.f.{g}``: keys grouped by their first ``depth`` dotted parts."""
+    """``a.b.{c, d}; e.f.{g}``: keys grouped by their first ``depth`` dotted parts (after a
+    ``section/`` in front, as in ``image_encoder/resnet.layer1.{...}``)."""
     groups: dict[str, list[str]] = defaultdict(list)
     for key in keys:
-        parts = key.split(".")
-        groups[".".join(parts[:depth])].append(".".join(parts[depth:]))
+        section, slash, dotted = key.rpartition("/")
+        parts = dotted.split(".")
+        groups[section + slash + ".".join(parts[:depth])].append(".".join(parts[depth:]))
     rendered = []
     for prefix, rests in groups.items():
         rests = [r for r in rests if r]
@@ -211,7 +218,51 @@ def load_state_dict_strict(
     ]
     if missing or unexpected or reshaped:
         raise CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped)
+    check_aliases(module, state, file=file)
     module.load_state_dict(state, strict=True)
+
+
+def check_aliases(module: nn.Module, state: Mapping[str, Tensor], *, file: Path | str) -> None:
+    """Keys naming one tensor of ``module`` (e.g. KAD's ResNet under ``resnet.*`` and
+    ``res_features.N.*``) must hold equal values in ``state``: loading would keep only the last."""
+    names: dict[int, list[str]] = defaultdict(list)
+    for key, value in module.state_dict(keep_vars=True).items():
+        names[id(value)].append(key)
+    differing = [
+        keys for keys in names.values()
+        if len(keys) > 1 and not all(torch.equal(state[keys[0]], state[key]) for key in keys[1:])
+    ]
+    if differing:
+        shown = "; ".join(" vs ".join(keys) for keys in differing[:6])
+        raise ValueError(
+            f"checkpoint {file}: {len(differing)} tensors that the model holds once under several names "
+            f"have different values in the file: {shown}. The file was not saved from this architecture."
+        )
+
+
+def load_state_dicts(
+    loaded: Any, parts: list[tuple[nn.Module, CheckpointLayout]], *, file: Path | str, hint: str = ""
+) -> None:
+    """Load several state dicts of one loaded file (one layout per module, each naming its section).
+
+    Every part is matched strictly; the differences of all parts are reported together in one
+    :class:`CheckpointMismatchError`, keys written ``<section>/<key>`` as in the key manifests.
+    """
+    missing: list[str] = []
+    unexpected: list[str] = []
+    reshaped: list[tuple[str, tuple, tuple]] = []
+    for module, layout in parts:
+        state = extract_state_dict(loaded, layout, file)
+        try:
+            load_state_dict_strict(module, state, file=file, drops=layout.drops)
+        except CheckpointMismatchError as error:
+            tag = f"{layout.section}/" if layout.section is not None else ""
+            missing += [tag + key for key in error.missing]
+            unexpected += [tag + key for key in error.unexpected]
+            reshaped += [(tag + key, found, expected) for key, found, expected in error.reshaped]
+    if missing or unexpected or reshaped:
+        target = ", ".join(f"{type(module).__name__} ({layout.section})" for module, layout in parts)
+        raise CheckpointMismatchError(file, target, missing, unexpected, reshaped, hint=hint)
 
 
 def load_checkpoint(module: nn.Module, file: str | Path, layout: CheckpointLayout) -> Any:
