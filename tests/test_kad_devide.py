@@ -285,9 +285,9 @@ def test_queries_interact_so_the_set_is_fixed(kad224):
 def test_maps_and_scores_come_from_the_last_layer_over_the_authors_query_set(kad224):
     """ChestX-ray14: all 14 of the authors' queries are decoded; pneumothorax and atelectasis are
     their 8th and 1st. Map = the last layer's head-averaged cross-attention, row-major 14x14."""
-    kad224.dataset = "chestxray14"
+    kad224.dataset_name = "chestxray14"
     kad224.build(["pneumothorax", "atelectasis"])
-    kad224.dataset = None
+    kad224.dataset_name = None
     attention, scores = [], []
     decoder = kad224.query_decoder
     hooks = [decoder.decoder["layers"][-1].multihead_attn.register_forward_hook(

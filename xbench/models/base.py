@@ -5,7 +5,8 @@ The base owns the run: ``setup`` reads the datamodule's classes and creates the 
 the epoch checks that every sample was seen exactly once, logs the summary and writes the results
 folder. A subclass only says how to turn images into scores and maps:
 
-- ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``).
+- ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
+  ``self.dataset_name`` already set for models whose prompts depend on the dataset).
 - ``forward(image [B,1,S,S]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
   (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
   the whole input image. The model does its own preprocessing from the batch image.
@@ -68,6 +69,8 @@ class XBenchModel(L.LightningModule):
         self.upsample_mode = upsample
         self.results_dir = results_dir
         self.classes: list[str] = []
+        #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
+        self.dataset_name: str | None = None
         #: The resolved run configuration (set by ``xbench.test``), recorded in the results.
         self.run_config: dict | None = None
         #: The last run's results (the ``metrics.json`` payload) and where they were written.
@@ -100,8 +103,9 @@ class XBenchModel(L.LightningModule):
                 f"{type(self).__name__} needs an XBench datamodule (with `classes`): "
                 "call trainer.test(model, datamodule=...)"
             )
-        if classes != self.classes:
-            self.classes = classes
+        dataset_name = getattr(datamodule, "name", None)
+        if (classes, dataset_name) != (self.classes, self.dataset_name):
+            self.classes, self.dataset_name = classes, dataset_name
             self.grounding = GroundingMetrics(len(classes), validate_args=False)
             self.classification = ClassificationMetrics(len(classes))
             self.region_counts = RegionCounts(len(classes))

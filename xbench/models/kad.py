@@ -288,8 +288,6 @@ class QueryDecoderModel(XBenchModel):
         super().__init__(**kwargs)
         self.checkpoint_dir = Path(checkpoint_dir).expanduser()
         self.query_decoder = QueryDecoder()
-        #: The datamodule's ``name``: picks the authors' query set where they have one.
-        self.dataset: str | None = None
         #: The prompts decoded together, in order, and each class's position among them.
         self.prompts: list[str] = []
         self.weights_loaded = False
@@ -301,14 +299,6 @@ class QueryDecoderModel(XBenchModel):
 
     def check_file(self, loaded: Any, file: Path) -> None:
         """A subclass's checks of the loaded file before the strict key match."""
-
-    def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        dataset = getattr(datamodule, "name", None)
-        if dataset != self.dataset:
-            self.dataset = dataset
-            self.classes = []  # the query set depends on the dataset as well: build again
-        super().setup(stage)
 
     def build_text_tower(self) -> None:
         """Med-KEBERT's tokenizer, and ``self.text_encoder`` shaped by its ``config.json`` (weights not loaded)."""
@@ -336,7 +326,7 @@ class QueryDecoderModel(XBenchModel):
 
     def encode_queries(self, classes: list[str]) -> None:
         """Embed the query set of ``classes`` (:func:`query_set`) once; every batch reuses it."""
-        self.prompts, index = query_set(classes, self.dataset)
+        self.prompts, index = query_set(classes, self.dataset_name)  # the authors' set where they have one
         log.info("%s decodes %d queries: %s", type(self).__name__, len(self.prompts), self.prompts)
         tokens = self.tokenizer(
             self.prompts, padding="max_length", max_length=self.MAX_TOKENS, truncation=True, return_tensors="pt"
