@@ -38,6 +38,16 @@ def real_file(root: Path, relative: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_wandb(tmp_path_factory):
+    """Nothing is ever sent to W&B from a test: runs are offline, in a temporary folder."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("WANDB_MODE", "offline")
+    patch.setenv("WANDB_DIR", str(tmp_path_factory.mktemp("wandb")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def phantom_root(tmp_path_factory) -> Path:
     """A small phantom (9 images, odd on purpose) shared by the end-to-end tests."""

@@ -6,7 +6,9 @@
 - ``summary.md``: the table a person reads;
 - ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
   the Pointing Game hit and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
-- ``config.yaml``: the resolved configuration.
+- ``config.yaml``: the resolved configuration;
+- ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
 
 Every file is written to a temporary name and renamed, inside a folder that is itself renamed
 into place at the end: an interrupted run leaves no half file and no half folder.
@@ -33,6 +35,8 @@ from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
 
 SCHEMA = "xbench.results/1"
+METRICS = "metrics.json"
+OVERLAYS = "overlays.npz"
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = (
     "pairs", "hits", "pointing_game",
@@ -260,6 +264,11 @@ def pair_table(results: dict, grounding_records: dict, classification_records: d
     return table
 
 
+def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, **overlays)
+
+
 def _atomic_write(path: Path, write) -> None:
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(descriptor)
@@ -271,7 +280,10 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def write_results(results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule) -> Path:
+def write_results(
+    results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
+    overlays: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Write the run's folder under ``results_dir`` and return its path."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -282,7 +294,7 @@ def write_results(results_dir: Path, results: dict, grounding_records: dict, cla
         suffix += 1
     staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{final.name}."))
     try:
-        _atomic_write(staging / "metrics.json", lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
+        _atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
             {"class": key, "display": display_name(key),
              **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
@@ -294,8 +306,50 @@ def write_results(results_dir: Path, results: dict, grounding_records: dict, cla
         pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
         _atomic_write(staging / "pairs.csv.gz", lambda p: pairs.to_csv(p, index=False, compression="gzip"))
         _atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        if overlays is not None:
+            _atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
         os.rename(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return final
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def find_result_folders(paths: list[Path]) -> list[Path]:
+    """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted.
+
+    Hidden folders (a run still being written is staged under a ``.name``) are not looked into.
+    """
+    found = set()
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise FileNotFoundError(f"no results folder at {path}")
+        for metrics in path.rglob(METRICS):
+            relative = metrics.parent.relative_to(path).parts
+            if not any(part.startswith(".") for part in relative):
+                found.add(metrics.parent)
+    return sorted(found)
+
+
+def read_results(folder: Path) -> dict:
+    """The ``metrics.json`` payload of a results folder, checked for its schema."""
+    path = Path(folder) / METRICS
+    payload = json.loads(path.read_text())
+    if payload.get("schema") != SCHEMA:
+        raise ValueError(
+            f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
+            "XBench version -- re-run that model or read it with the version that wrote it"
+        )
+    return payload
+
+
+def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
+    """The saved overlay pairs of a results folder (``None`` if it has none)."""
+    path = Path(folder) / OVERLAYS
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
