@@ -40,10 +40,13 @@ def real_file(root: Path, relative: str) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def offline_wandb(tmp_path_factory):
-    """Nothing is ever sent to W&B from a test: runs are offline, in a temporary folder."""
+    """Nothing is ever sent to W&B from a test: runs are offline, and every W&B folder (runs,
+    staged table media, caches, settings) is a temporary one."""
     patch = pytest.MonkeyPatch()
     patch.setenv("WANDB_MODE", "offline")
-    patch.setenv("WANDB_DIR", str(tmp_path_factory.mktemp("wandb")))
+    root = tmp_path_factory.mktemp("wandb")
+    for name in ("DIR", "DATA_DIR", "CACHE_DIR", "CONFIG_DIR", "ARTIFACT_DIR"):
+        patch.setenv(f"WANDB_{name}", str(root / name.lower()))
     yield
     patch.undo()
 
@@ -69,12 +72,13 @@ def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: s
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Fail any attempt to open a socket to a non-local address."""
+    """Fail any attempt to open a socket to a non-local address (Unix sockets and loopback are local)."""
     real_connect = socket.socket.connect
 
     def guarded(self, address):
         host = address[0] if isinstance(address, tuple) else address
-        if isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1")):
+        local_host = isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1"))
+        if self.family == socket.AF_UNIX or local_host:
             return real_connect(self, address)
         raise AssertionError(f"network access attempted: {address}")
 
