@@ -37,7 +37,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from xbench.reporting.results import find_result_folders, read_results
+from xbench.reporting.folder import find_result_folders, read_results
 
 SUITE_KEYS = {"results_dir", "settings", "models", "datasets"}
 

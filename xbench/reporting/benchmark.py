@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xbench.findings import PAPER_CLASSES, dataset_name
-from xbench.reporting.results import find_result_folders, read_results
+from xbench.reporting.folder import find_result_folders, read_results
 
 
 @dataclass(frozen=True)

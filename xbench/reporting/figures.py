@@ -26,7 +26,7 @@ from matplotlib.lines import Line2D
 
 from xbench.findings import display_name, short_name
 from xbench.reporting.benchmark import Benchmark
-from xbench.reporting.results import read_overlays
+from xbench.reporting.folder import read_overlays
 
 DPI = 200
 FONT_SIZE = 9

@@ -33,10 +33,8 @@ import yaml
 
 from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
+from xbench.reporting.folder import METRICS, OVERLAYS, SCHEMA
 
-SCHEMA = "xbench.results/1"
-METRICS = "metrics.json"
-OVERLAYS = "overlays.npz"
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = (
     "pairs", "hits", "pointing_game",
@@ -314,42 +312,3 @@ def write_results(
         raise
     return final
 
-
-# -- reading ----------------------------------------------------------------------------------
-
-
-def find_result_folders(paths: list[Path]) -> list[Path]:
-    """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted.
-
-    Hidden folders (a run still being written is staged under a ``.name``) are not looked into.
-    """
-    found = set()
-    for path in map(Path, paths):
-        if not path.is_dir():
-            raise FileNotFoundError(f"no results folder at {path}")
-        for metrics in path.rglob(METRICS):
-            relative = metrics.parent.relative_to(path).parts
-            if not any(part.startswith(".") for part in relative):
-                found.add(metrics.parent)
-    return sorted(found)
-
-
-def read_results(folder: Path) -> dict:
-    """The ``metrics.json`` payload of a results folder, checked for its schema."""
-    path = Path(folder) / METRICS
-    payload = json.loads(path.read_text())
-    if payload.get("schema") != SCHEMA:
-        raise ValueError(
-            f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
-            "XBench version -- re-run that model or read it with the version that wrote it"
-        )
-    return payload
-
-
-def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
-    """The saved overlay pairs of a results folder (``None`` if it has none)."""
-    path = Path(folder) / OVERLAYS
-    if not path.is_file():
-        return None
-    with np.load(path, allow_pickle=False) as arrays:
-        return {name: arrays[name] for name in arrays.files}
