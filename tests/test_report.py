@@ -26,7 +26,8 @@ THRESHOLDS = [k / 100 for k in range(101)]
 
 
 def write_run(root: Path, model: str, dataset: str, classes: list[str], *, pointing: list[float | None],
-              dice_fixed: float, dice_best: float, iou_best: float, auroc: float | None, created: str = "2026-01-01T00:00:00+00:00",
+              dice_fixed: float, dice_best: float, iou_best: float, auroc: float | None,
+              created: str = "2026-01-01T00:00:00+00:00",
               class_name: str | None = None, curve_peak: float = 0.5, folder: str | None = None) -> Path:
     """A minimal ``metrics.json`` (only what the report reads), with the given numbers."""
     graded = [p for p in pointing if p is not None]
@@ -37,7 +38,8 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
         "grounding": {
             "macro": {"pointing_game": sum(graded) / len(graded) if graded else None, "dice@0.5": dice_fixed,
                       "dice@best": dice_best, "iou@0.5": dice_fixed / 2, "iou@best": iou_best},
-            "per_class": {key: {"pairs": 0 if p is None else 4, "pointing_game": p} for key, p in zip(classes, pointing)},
+            "per_class": {key: {"pairs": 0 if p is None else 4, "pointing_game": p}
+                          for key, p in zip(classes, pointing)},
             "curves": {key: {"dice": curve, "iou": curve} for key in classes},
         },
         "classification": {"macro": {"auroc": auroc, "auprc": 0.25, "f1@0.5": 0.5, "accuracy@0.5": 0.75,

@@ -118,3 +118,15 @@ def test_logger_false_writes_no_wandb_run(phantom_root, tmp_path, monkeypatch):
     main(cli_args("centre_prior", phantom_root, tmp_path / "results", "--trainer.logger", "false"))
     assert not (tmp_path / "w").exists()
     assert only_folder(tmp_path / "results").name.startswith("centreprior__phantom__")
+
+
+def test_wandb_is_offline_unless_asked(monkeypatch):
+    from xbench.reporting.wandb import XBenchWandbLogger
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert XBenchWandbLogger()._offline  # nothing set: offline
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert not XBenchWandbLogger()._offline
+    assert XBenchWandbLogger(offline=True)._offline
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert XBenchWandbLogger()._offline

@@ -65,7 +65,8 @@ def statuses(suite_file: Path, force: bool = False) -> dict[tuple[str, str], tup
 def test_dry_run_lists_every_pair_with_the_missing_path(suite_dir, capsys):
     assert main(["--config", "suite.yaml", "--dry-run"]) == 0
     found = statuses(suite_dir / "suite.yaml")
-    assert found[("needsweights", "phantom")] == ("missing", "checkpoint_dir checkpoints/needsweights (see checkpoints/README.md)")
+    assert found[("needsweights", "phantom")] == (
+        "missing", "checkpoint_dir checkpoints/needsweights (see checkpoints/README.md)")
     assert found[("broken", "phantom")] == ("run", "") and found[("random", "phantom")] == ("run", "")
     for model in ("needsweights", "broken", "random"):
         assert found[(model, "not_yet")] == ("missing", f"config {suite_dir / 'not_yet.yaml'}")

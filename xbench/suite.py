@@ -208,7 +208,8 @@ def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bo
             return
     takes, root = _argument(data, pair.config["data"], "root")
     if takes and root is ...:
-        pair.status, pair.detail = "missing", f"data.root is not set (add settings: {{data.root: ...}} to {pair.dataset.config})"
+        pair.status = "missing"
+        pair.detail = "data.root is not set (give the dataset settings: {data.root: ...} in the suite)"
         return
     if takes and root is not None and not Path(root).expanduser().exists():
         pair.status, pair.detail = "missing", f"data.root {root}"
@@ -273,12 +274,12 @@ def main(args: list[str] | None = None) -> int:
     if not console.is_terminal:  # a log file or a pipe: keep each pair on one line
         console = Console(width=200)
     pairs = plan(suite, force=options.force)
-    print_table(console, f"Suite {options.config}: {sum(p.status == 'run' for p in pairs)} of {len(pairs)} pairs to run",
+    to_run = [p for p in pairs if p.status == "run"]
+    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run",
                 [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
     if options.dry_run:
         return 0
     outcomes = []
-    to_run = [p for p in pairs if p.status == "run"]
     for n, pair in enumerate(to_run, start=1):
         console.rule(f"[bold][{n}/{len(to_run)}] {pair.name}")
         ok, detail = run_pair(suite, pair)

@@ -3,7 +3,8 @@
 The base owns the run: ``setup`` reads the datamodule's classes and creates the metrics,
 ``test_step`` upsamples and normalises the model's maps and updates the metrics, and the end of
 the epoch checks that every sample was seen exactly once, logs the summary and writes the results
-folder (with the overlays of a fixed subset of positive pairs, see ``xbench.reporting.overlays``). A subclass only says how to turn images into scores and maps:
+folder (with the overlays of a fixed subset of positive pairs, see ``xbench.reporting.overlays``).
+A subclass only says how to turn images into scores and maps:
 
 - ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``).
 - ``forward(image [B,1,S,S]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds

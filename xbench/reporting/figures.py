@@ -70,8 +70,7 @@ def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit | None:
 
 
 def _figure(width: float, height: float) -> Figure:
-    figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    return figure
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
 def _style(ax) -> None:
@@ -94,7 +93,7 @@ def _grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
 
 def _subplots(figure: Figure, panels: int):
     rows, columns = _grid_shape(panels)
-    axes = np.atleast_1d(figure.subplots(rows, columns, squeeze=False).ravel())
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
     for ax in axes[panels:]:
         ax.set_visible(False)
     return axes[:panels]
@@ -301,7 +300,8 @@ def _overlay_grid(bench: Benchmark, dataset: str, saved: dict, pairs: list[tuple
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                ax.set_title(f"{textwrap.fill(display_name(key), 18, break_long_words=False)}\n({c + 1})", fontsize=FONT_SIZE)
+                title = textwrap.fill(display_name(key), 18, break_long_words=False)
+                ax.set_title(f"{title}\n({c + 1})", fontsize=FONT_SIZE)
             if c == 0:
                 label = "Radiograph + region" if model is None else bench.model_label(model)
                 ax.set_ylabel(textwrap.fill(label, 18, break_long_words=False), fontsize=FONT_SIZE)

@@ -102,7 +102,9 @@ class OverlayRecords(RecordsMetric):
         }
 
 
-def overlay_arrays(records: dict[str, Tensor], classes: Sequence[str], image_ids: Sequence[str]) -> dict[str, np.ndarray]:
+def overlay_arrays(
+    records: dict[str, Tensor], classes: Sequence[str], image_ids: Sequence[str]
+) -> dict[str, np.ndarray]:
     """The records as the arrays of ``overlays.npz``: ``image_index``, ``image_id``, ``finding``
     (class key), ``image`` and ``saliency`` uint8 [N,S,S], ``mask`` bool [N,S,S]."""
     index = records["index"].cpu().numpy()

@@ -311,4 +311,3 @@ def write_results(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return final
-

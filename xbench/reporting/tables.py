@@ -125,7 +125,7 @@ def to_markdown(table: Table, number: int | None = None) -> str:
         cells = []
         for cell, mark in zip(row.cells, row_marks):
             text = _cell_text(cell)
-            cells.append(f"**{text}**" if mark == "best" else f"<ins>{text}</ins>" if mark == "second" else text)
+            cells.append({"best": f"**{text}**", "second": f"<ins>{text}</ins>"}.get(mark, text))
         lines.append("| " + " | ".join([row.label] + cells) + " |")
     return "\n".join(lines + ["", table.caption]) + "\n"
 
@@ -208,7 +208,7 @@ def to_latex(table: Table) -> str:
         cells = []
         for cell, mark in zip(row.cells, row_marks):
             text = latex_text(_cell_text(cell))
-            cells.append(rf"\textbf{{{text}}}" if mark == "best" else rf"\underline{{{text}}}" if mark == "second" else text)
+            cells.append({"best": rf"\textbf{{{text}}}", "second": rf"\underline{{{text}}}"}.get(mark, text))
         lines.append(" & ".join([latex_text(row.label)] + cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
@@ -216,7 +216,9 @@ def to_latex(table: Table) -> str:
 
 # -- the paper's tables ------------------------------------------------------------------------
 
-EMPHASIS_NOTE = "Best per column in bold, second underlined; – : no value (no graded pair, or a class with one label value)."
+EMPHASIS_NOTE = (
+    "Best per column in bold, second underlined; – : no value (no graded pair, or a class with one label value)."
+)
 
 
 def _macro(bench: Benchmark, model: str, dataset: str, section: str, name: str) -> Cell:
