@@ -32,7 +32,8 @@ class XBenchWandbLogger(WandbLogger):
 
     Args:
         project: the W&B project.
-        offline: ``None`` (default) follows ``WANDB_MODE``: offline unless it says ``online``.
+        offline: ``None`` (default): offline, unless ``WANDB_MODE`` is set (``online``, ``disabled``,
+            ...), which W&B then follows.
         save_dir: where ``wandb/`` goes; ``None``: ``$WANDB_DIR`` or the working directory.
         kwargs: anything else ``WandbLogger`` / ``wandb.init`` take (``entity``, ``tags``, ...).
     """
@@ -40,7 +41,7 @@ class XBenchWandbLogger(WandbLogger):
     def __init__(self, project: str = "xbench", offline: bool | None = None, save_dir: str | None = None,
                  **kwargs) -> None:
         if offline is None:
-            offline = os.environ.get("WANDB_MODE", "offline") != "online"
+            offline = "WANDB_MODE" not in os.environ
         # The summary table already shows every number; W&B need not print them again at the end. An
         # environment setting, since Lightning re-attaches copies of the logger to the run.
         os.environ.setdefault("WANDB_QUIET", "true")
