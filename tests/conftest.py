@@ -55,6 +55,19 @@ def real_file(root: Path, relative: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_wandb(tmp_path_factory):
+    """Nothing is ever sent to W&B from a test: runs are offline, and every W&B folder (runs,
+    staged table media, caches, settings) is a temporary one."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("WANDB_MODE", "offline")
+    root = tmp_path_factory.mktemp("wandb")
+    for name in ("DIR", "DATA_DIR", "CACHE_DIR", "CONFIG_DIR", "ARTIFACT_DIR"):
+        patch.setenv(f"WANDB_{name}", str(root / name.lower()))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def phantom_root(tmp_path_factory) -> Path:
     """A small phantom (9 images, odd on purpose) shared by the end-to-end tests."""
@@ -76,12 +89,13 @@ def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: s
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Fail any attempt to open a socket to a non-local address."""
+    """Fail any attempt to open a socket to a non-local address (Unix sockets and loopback are local)."""
     real_connect = socket.socket.connect
 
     def guarded(self, address):
         host = address[0] if isinstance(address, tuple) else address
-        if isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1")):
+        local_host = isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1"))
+        if self.family == socket.AF_UNIX or local_host:
             return real_connect(self, address)
         raise AssertionError(f"network access attempted: {address}")
 

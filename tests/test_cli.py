@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -116,3 +117,9 @@ def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
                     assert math.isclose(other, value, rel_tol=0, abs_tol=1e-12), (section, key, name)
     with gzip.open(only_folder(tmp_path / "two") / "pairs.csv.gz", "rt") as handle:
         assert sorted(pd.read_csv(handle)["image_index"].unique()) == list(range(9))
+    # the overlay pairs, recorded on both processes, all reach rank 0 in the same order
+    with np.load(only_folder(tmp_path / "one") / "overlays.npz") as single, \
+            np.load(only_folder(tmp_path / "two") / "overlays.npz") as split:
+        assert len(single["image_id"]) > 0 and sorted(single.files) == sorted(split.files)
+        for name in single.files:
+            np.testing.assert_array_equal(single[name], split[name])

@@ -179,6 +179,19 @@ PAPER_CLASSES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: The paper's name of each dataset (its ``XBenchDataModule.name``), for tables and figures.
+DATASET_NAMES: dict[str, str] = {
+    "rsna": "RSNA Pneumonia",
+    "siim": "SIIM-ACR",
+    "covid_rural": "COVID-Rural",
+    "chestx_det10": "ChestX-Det10",
+    "chexlocalize": "CheXlocalize",
+    "chestxray14": "ChestX-ray14",
+    "vindr": "VinDr-CXR",
+    "phantom": "Phantom",
+}
+
+
 def finding_key(dataset: str, raw: str, *, source: str = "") -> str:
     """Translate ``raw`` as spelled in ``dataset``'s files into the canonical key."""
     spellings = SPELLINGS.get(dataset)
@@ -218,3 +231,8 @@ def display_name(key: str) -> str:
 
 def short_name(key: str) -> str:
     return FINDINGS[key].short
+
+
+def dataset_name(name: str) -> str:
+    """The display name of a dataset (its own ``name`` if the table has none)."""
+    return DATASET_NAMES.get(name, name)

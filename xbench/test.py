@@ -3,7 +3,8 @@
 The model and the dataset are chosen by ``class_path`` in the YAML files (a user's own subclass
 of ``XBenchModel`` or ``XBenchDataModule`` works the same way); any key can be overridden on the
 command line, e.g. ``--data.root /data/ChestX-Det10 --trainer.devices 2``. The run writes a
-results folder and prints the summary table.
+results folder, logs to Weights & Biases offline (``--trainer.logger false`` turns it off; see
+``xbench.reporting.wandb``) and prints the summary table.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from xbench.catalog import load_all
 from xbench.data.base import XBenchDataModule
 from xbench.models.base import XBenchModel
 from xbench.reporting.results import summary_footnotes, summary_tables
+from xbench.reporting.wandb import finish_runs
 
 #: Trainer settings the harness depends on for correct numbers (not preferences).
 TRAINER_INVARIANTS = {
@@ -27,13 +29,12 @@ TRAINER_INVARIANTS = {
     "use_distributed_sampler": False,
     "enable_checkpointing": False,
     "enable_model_summary": False,
-    "logger": False,
 }
 #: User-facing trainer defaults, applied before the user's own configs.
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "lightning_configs" / "trainer" / "default.yaml"
 
 
-def print_summary(results: dict, path: Path | None) -> None:
+def print_summary(results: dict, path: Path | None, offline_runs: list[str]) -> None:
     console = Console()
     console.rule(f"[bold]{results['model']} on {results['dataset']}")
     for title, headers, rows in summary_tables(results):
@@ -48,6 +49,8 @@ def print_summary(results: dict, path: Path | None) -> None:
         console.print(note, style="dim")
     if path is not None:
         console.print(f"Results written to [bold]{path}[/bold]")
+    for run in offline_runs:
+        console.print(f"W&B run saved offline in {run} (upload it with `wandb sync {run}`)")
 
 
 def main(args: list[str] | None = None) -> dict | None:
@@ -68,8 +71,10 @@ def main(args: list[str] | None = None) -> dict | None:
     )
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
-    if cli.trainer.is_global_zero and cli.model.results is not None:
-        print_summary(cli.model.results, cli.model.results_path)
+    if cli.trainer.is_global_zero:
+        offline_runs = finish_runs(cli.trainer.loggers)
+        if cli.model.results is not None:
+            print_summary(cli.model.results, cli.model.results_path, offline_runs)
     return cli.model.results
 
 

@@ -3,7 +3,8 @@
 The base owns the run: ``setup`` reads the datamodule's classes and creates the metrics,
 ``test_step`` upsamples and normalises the model's maps and updates the metrics, and the end of
 the epoch checks that every sample was seen exactly once, logs the summary and writes the results
-folder. A subclass only says how to turn images into scores and maps:
+folder (with the overlays of a fixed subset of positive pairs, see ``xbench.reporting.overlays``).
+A subclass only says how to turn images into scores and maps:
 
 - ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
   ``self.dataset_name`` already set for models whose prompts depend on the dataset).
@@ -26,7 +27,9 @@ from torchmetrics import Metric
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues
 from xbench.models.saliency import Upsample, normalise, upsample
+from xbench.reporting.overlays import OverlayRecords, choose_overlay_pairs, overlay_arrays
 from xbench.reporting.results import build_results, log_keys, write_results
+from xbench.reporting.wandb import log_run
 
 
 class RegionCounts(Metric):
@@ -55,6 +58,8 @@ class XBenchModel(L.LightningModule):
     Args:
         upsample: how maps reach the mask grid: ``bilinear`` (``align_corners=False``) or ``nearest``.
         results_dir: folder that receives ``<model>__<dataset>__<time>/``; ``None`` writes nothing.
+        overlay_pairs: positive pairs per class whose image, map and region are saved for overlays
+            (the report's Fig. 2, the W&B panel); the same images for every model.
     """
 
     #: Name in results folders and tables; default: the class name in lower case.
@@ -63,11 +68,18 @@ class XBenchModel(L.LightningModule):
     #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
     calibrated_logits: ClassVar[bool] = True
 
-    def __init__(self, upsample: Upsample = "bilinear", results_dir: str | None = "results") -> None:
+    def __init__(
+        self, upsample: Upsample = "bilinear", results_dir: str | None = "results", overlay_pairs: int = 2
+    ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        if overlay_pairs < 0:
+            raise ValueError(f"overlay_pairs must be >= 0; got {overlay_pairs}")
+        # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
+        # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
+        self.save_hyperparameters(logger=False)
         self.upsample_mode = upsample
         self.results_dir = results_dir
+        self.overlay_pairs = overlay_pairs
         self.classes: list[str] = []
         #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
         self.dataset_name: str | None = None
@@ -110,9 +122,21 @@ class XBenchModel(L.LightningModule):
             self.classification = ClassificationMetrics(len(classes))
             self.region_counts = RegionCounts(len(classes))
             self.build(classes)
+        self.overlays = OverlayRecords(self._overlay_choice(datamodule), datamodule.image_size)
+
+    def _overlay_choice(self, datamodule) -> dict[str, list[int]]:
+        ids = datamodule.image_ids()
+        if len(set(ids)) != len(ids):
+            warnings.warn(
+                f"{type(datamodule).__name__}: image ids repeat within the split, so overlay pairs cannot be "
+                "identified by id; no overlays are saved for this run",
+                stacklevel=2,
+            )
+            return {}
+        return choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
 
     def on_test_epoch_start(self) -> None:
-        for metric in (self.grounding, self.classification, self.region_counts):
+        for metric in (self.grounding, self.classification, self.region_counts, self.overlays):
             metric.reset()
 
     def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
@@ -133,12 +157,14 @@ class XBenchModel(L.LightningModule):
         self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"])
+        self.overlays.update(batch["image"], saliency, masks, batch["index"], batch["image_id"])
         return {"logits": logits, "saliency": saliency}
 
     def on_test_epoch_end(self) -> None:
         grounding = self.grounding.compute()
         classification = self.classification.compute()
         counts = self.region_counts.compute()
+        overlay_records = self.overlays.compute()
         datamodule = self.trainer.datamodule
         evaluated = classification["records"]["index"]
         if evaluated.numel() != torch.unique(evaluated).numel():
@@ -171,7 +197,12 @@ class XBenchModel(L.LightningModule):
         )
         # Every process holds the same synced values; "max" keeps them bit-exact through the sync.
         self.log_dict(log_keys(self.results), sync_dist=True, reduce_fx="max")
-        if self.trainer.is_global_zero and self.results_dir is not None:
+        if not self.trainer.is_global_zero:
+            return
+        overlays = overlay_arrays(overlay_records, self.classes, datamodule.image_ids())
+        if self.results_dir is not None:
             self.results_path = write_results(
-                Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule
+                Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule,
+                overlays,
             )
+        log_run(self.loggers, self.results, overlays, self.results_path)

@@ -6,7 +6,9 @@
 - ``summary.md``: the table a person reads;
 - ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
   the Pointing Game hit and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
-- ``config.yaml``: the resolved configuration.
+- ``config.yaml``: the resolved configuration;
+- ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
 
 Every file is written to a temporary name and renamed, inside a folder that is itself renamed
 into place at the end: an interrupted run leaves no half file and no half folder.
@@ -31,8 +33,8 @@ import yaml
 
 from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
+from xbench.reporting.folder import METRICS, OVERLAYS, SCHEMA
 
-SCHEMA = "xbench.results/1"
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = (
     "pairs", "hits", "pointing_game",
@@ -270,6 +272,11 @@ def pair_table(results: dict, grounding_records: dict, classification_records: d
     return table
 
 
+def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, **overlays)
+
+
 def _atomic_write(path: Path, write) -> None:
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(descriptor)
@@ -281,7 +288,10 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-def write_results(results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule) -> Path:
+def write_results(
+    results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
+    overlays: dict[str, np.ndarray] | None = None,
+) -> Path:
     """Write the run's folder under ``results_dir`` and return its path."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -292,7 +302,7 @@ def write_results(results_dir: Path, results: dict, grounding_records: dict, cla
         suffix += 1
     staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{final.name}."))
     try:
-        _atomic_write(staging / "metrics.json", lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
+        _atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
             {"class": key, "display": display_name(key),
              **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
@@ -304,6 +314,8 @@ def write_results(results_dir: Path, results: dict, grounding_records: dict, cla
         pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
         _atomic_write(staging / "pairs.csv.gz", lambda p: pairs.to_csv(p, index=False, compression="gzip"))
         _atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        if overlays is not None:
+            _atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
         os.rename(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,305 @@
+"""The report: tables and figures from hand-written results folders with known numbers."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from xbench.report import main as report_main
+from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.figures import (
+    DPI, dice_curves, dice_gap, linear_fit, overlay_grids, overlay_rgb, recognition_vs_grounding,
+)
+from xbench.reporting.tables import (
+    Cell, Column, Row, Table, grounding_fixed_tau_table, grounding_table, pointing_game_tables, recognition_table,
+    to_csv, to_latex, to_markdown,
+)
+
+DET10 = ["atelectasis", "calcification", "nodule"]
+THRESHOLDS = [k / 100 for k in range(101)]
+
+
+def write_run(root: Path, model: str, dataset: str, classes: list[str], *, pointing: list[float | None],
+              dice_fixed: float, dice_best: float, iou_best: float, auroc: float | None,
+              created: str = "2026-01-01T00:00:00+00:00",
+              class_name: str | None = None, curve_peak: float = 0.5, folder: str | None = None) -> Path:
+    """A minimal ``metrics.json`` (only what the report reads), with the given numbers."""
+    graded = [p for p in pointing if p is not None]
+    curve = [max(0.0, dice_best * (1 - abs(t - curve_peak))) for t in THRESHOLDS]
+    payload = {
+        "schema": "xbench.results/1", "model": model, "dataset": dataset, "created": created, "classes": classes,
+        "thresholds": THRESHOLDS,
+        "grounding": {
+            "macro": {"pointing_game": sum(graded) / len(graded) if graded else None, "dice@0.5": dice_fixed,
+                      "dice@best": dice_best, "iou@0.5": dice_fixed / 2, "iou@best": iou_best},
+            "per_class": {key: {"pairs": 0 if p is None else 4, "pointing_game": p}
+                          for key, p in zip(classes, pointing)},
+            "curves": {key: {"dice": curve, "iou": curve} for key in classes},
+        },
+        "classification": {"macro": {"auroc": auroc, "auprc": 0.25, "f1@0.5": 0.5, "accuracy@0.5": 0.75,
+                                     "max_f1": 0.625, "accuracy@max_f1": 0.875}},
+        "data": {"images_evaluated": 10, "images_in_split": 10},
+        "config": {"model": {"class_path": f"somewhere.{class_name or model.title()}"}},
+    }
+    path = root / (folder or f"{model}__{dataset}__1")
+    path.mkdir(parents=True)
+    (path / "metrics.json").write_text(json.dumps(payload))
+    return path
+
+
+@pytest.fixture
+def bench_dir(tmp_path) -> Path:
+    """Three models on ChestX-Det10 (3 classes), two of them on RSNA; c's older run is superseded."""
+    root = tmp_path / "results"
+    write_run(root, "a", "chestx_det10", DET10, pointing=[0.5, 0.25, 0.75], dice_fixed=0.125, dice_best=0.25,
+              iou_best=0.125, auroc=0.625)
+    write_run(root, "b", "chestx_det10", DET10, pointing=[0.75, 0.5, 1.0], dice_fixed=0.25, dice_best=0.375,
+              iou_best=0.25, auroc=0.75, class_name="BModel")
+    write_run(root, "c", "chestx_det10", DET10, pointing=[0.5, 0.5, None], dice_fixed=0.0625, dice_best=0.5,
+              iou_best=0.25, auroc=0.875, created="2026-01-02T00:00:00+00:00", folder="c__chestx_det10__new")
+    write_run(root / "old", "c", "chestx_det10", DET10, pointing=[0.0, 0.0, 0.0], dice_fixed=0.0, dice_best=0.0,
+              iou_best=0.0, auroc=0.5, created="2025-12-01T00:00:00+00:00")
+    write_run(root, "a", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5, iou_best=0.375,
+              auroc=None)
+    write_run(root, "b", "rsna", ["pneumonia"], pointing=[0.625], dice_fixed=0.125, dice_best=0.25, iou_best=0.125,
+              auroc=0.5, class_name="BModel")
+    return root
+
+
+def markdown_grid(text: str) -> list[list[str]]:
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[:1] + rows[2:]]
+
+
+def test_newest_run_per_pair_and_paper_order(bench_dir):
+    bench = Benchmark.from_folders([bench_dir])
+    assert bench.datasets == ["rsna", "chestx_det10"]  # the paper's order, not alphabetical
+    assert bench.models == ["a", "b", "c"]
+    assert bench.get("c", "chestx_det10").folder.name == "c__chestx_det10__new"
+    assert [run.folder.parent.name for run in bench.superseded] == ["old"]
+    assert [bench.model_label(m) for m in bench.models] == ["A", "BModel", "C"]
+
+
+def test_table1_cells_and_emphasis(bench_dir):
+    table = grounding_table(Benchmark.from_folders([bench_dir]))
+    grid = markdown_grid(to_markdown(table, 1))
+    assert grid[0] == ["Model", "RSNA Pneumonia<br>PG", "RSNA Pneumonia<br>Dice@τ*", "RSNA Pneumonia<br>IoU@τ*",
+                       "ChestX-Det10<br>PG", "ChestX-Det10<br>Dice@τ*", "ChestX-Det10<br>IoU@τ*"]
+    # RSNA: only a and b ran -> the best is bold, nobody is underlined; c has no values.
+    # ChestX-Det10 PG: a 50.0, b 75.0, c 50.0 (its class without pairs is left out) -> b bold, a and c tied second.
+    # Dice@τ*: c 50.0 > b 37.5 > a 25.0. IoU@τ*: b and c tie at 25.0 (both bold), a 12.5 second.
+    assert grid[1] == ["A", "50.0", "**50.0**", "**37.5**", "<ins>50.0</ins>", "25.0", "<ins>12.5</ins>"]
+    assert grid[2] == ["BModel", "**62.5**", "25.0", "12.5", "**75.0**", "<ins>37.5</ins>", "**25.0**"]
+    assert grid[3] == ["C", "–", "–", "–", "<ins>50.0</ins>", "**50.0**", "**25.0**"]
+    latex = to_latex(table)
+    assert r"BModel & \textbf{62.5} & 25.0 & 12.5 & \textbf{75.0} & \underline{37.5} & \textbf{25.0} \\" in latex
+    assert r"\multicolumn{3}{c}{RSNA Pneumonia}" in latex and r"Dice@$\tau^*$" in latex
+    rows = list(csv.reader(io.StringIO(to_csv(table))))
+    assert rows[0][:3] == ["Model", "RSNA Pneumonia PG", "RSNA Pneumonia Dice@τ*"]
+    assert [float(v) for v in rows[2][1:]] == [62.5, 25.0, 12.5, 75.0, 37.5, 25.0]
+    assert rows[3][1:4] == ["", "", ""]
+    assert "chosen on the evaluated set" in table.caption.lower()
+
+
+def test_fixed_tau_twin_and_per_class_tables(bench_dir):
+    bench = Benchmark.from_folders([bench_dir])
+    fixed = markdown_grid(to_markdown(grounding_fixed_tau_table(bench)))
+    assert fixed[1] == ["A", "**25.0**", "**12.5**", "<ins>12.5</ins>", "<ins>6.2</ins>"]
+    assert fixed[2] == ["BModel", "12.5", "6.2", "**25.0**", "**12.5**"]
+    (det10,) = pointing_game_tables(bench)  # RSNA has one class: no per-class table
+    grid = markdown_grid(to_markdown(det10))
+    assert grid[0] == ["Model", "ATE", "CAL", "NOD", "Mean"]
+    # a tie for the best leaves the next value second; a column with two values has no second
+    assert grid[1] == ["A", "<ins>50.0</ins>", "<ins>25.0</ins>", "75.0", "<ins>50.0</ins>"]
+    assert grid[2] == ["BModel", "**75.0**", "**50.0**", "**100.0**", "**75.0**"]
+    assert grid[3] == ["C", "<ins>50.0</ins>", "**50.0**", "–", "<ins>50.0</ins>"]
+    assert "ATE = Atelectasis" in det10.caption
+
+
+def test_recognition_table_groups_by_dataset(bench_dir):
+    table = recognition_table(Benchmark.from_folders([bench_dir]))
+    grid = markdown_grid(to_markdown(table))
+    assert grid[0] == ["Model", "AUROC", "AUPRC", "F1@p≥0.5", "Acc@p≥0.5", "max-F1*", "Acc@max-F1*"]
+    assert grid[1][0] == "*RSNA Pneumonia*"
+    assert grid[2][:2] == ["A", "–"] and grid[3][:2] == ["BModel", "50.0"]  # one value: nothing to rank
+    assert grid[4][0] == "*ChestX-Det10*"
+    assert [row[1] for row in grid[5:8]] == ["62.5", "<ins>75.0</ins>", "**87.5**"]
+    assert "max-F1" in table.caption and "chosen on the evaluated set" in table.caption.lower()
+    rows = list(csv.reader(io.StringIO(to_csv(table))))
+    assert rows[0][:3] == ["group", "Model", "AUROC"] and rows[5][:3] == ["ChestX-Det10", "C", "87.5"]
+
+
+def test_a_cell_carries_an_interval_in_every_format():
+    table = Table("t", "T", "caption", "Model", (Column("PG", "Set"), Column("Dice")),
+                  (Row("x", (Cell(0.5, (0.375, 0.625)), Cell(0.25))), Row("y", (Cell(0.75, (0.5, 1.0)), Cell(None)))))
+    grid = markdown_grid(to_markdown(table))
+    assert grid[1] == ["x", "50.0 (37.5–62.5)", "25.0"]
+    assert grid[2] == ["y", "**75.0 (50.0–100.0)**", "–"]
+    rows = list(csv.reader(io.StringIO(to_csv(table))))
+    assert rows[0] == ["Model", "Set PG", "Set PG low", "Set PG high", "Dice"]
+    assert rows[1] == ["x", "50.0", "37.5", "62.5", "25.0"]
+    assert r"\textbf{75.0 (50.0--100.0)}" in to_latex(table)
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+
+def test_linear_fit_matches_numpy():
+    rng = np.random.default_rng(4)
+    x = rng.uniform(50, 90, 23)
+    y = 0.8 * x + rng.normal(0, 6, 23)
+    slope, intercept = np.polyfit(x, y, 1)
+    r2 = 1 - np.sum((y - np.polyval([slope, intercept], x)) ** 2) / np.sum((y - y.mean()) ** 2)
+    fit = linear_fit(x, y)
+    assert fit.slope == pytest.approx(slope, rel=1e-10) and fit.intercept == pytest.approx(intercept, rel=1e-10)
+    assert fit.r2 == pytest.approx(r2, rel=1e-10) and fit.n == 23
+    assert linear_fit(x[:1], y[:1]) is None and linear_fit(np.ones(4), y[:4]) is None
+
+
+def png_size(figure, path: Path) -> tuple[int, int]:
+    figure.savefig(path, dpi=DPI)
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.size
+
+
+def test_recognition_vs_grounding_points_line_and_r2(bench_dir, tmp_path):
+    bench = Benchmark.from_folders([bench_dir])
+    plot = recognition_vs_grounding(bench)
+    ax = plot.figure.axes[0]
+    points = np.concatenate([c.get_offsets() for c in ax.collections])
+    # 5 runs; a on RSNA has no AUROC and is left out
+    expected = np.array([[62.5, 50.0], [75.0, 75.0], [87.5, 50.0], [50.0, 62.5]])
+    assert sorted(map(tuple, points)) == sorted(map(tuple, expected))
+    slope, intercept = np.polyfit(expected[:, 0], expected[:, 1], 1)
+    r2 = np.corrcoef(expected[:, 0], expected[:, 1])[0, 1] ** 2
+    (line,) = ax.lines
+    np.testing.assert_allclose(line.get_ydata(), slope * line.get_xdata() + intercept)
+    assert np.array_equal(line.get_xdata(), [50.0, 87.5])
+    assert any(f"R² = {r2:.2f}  (n = 4)" in text.get_text() for text in ax.texts)
+    assert "A on RSNA Pneumonia" in plot.caption
+    assert png_size(plot.figure, tmp_path / "f.png") == (7 * DPI, round(4.2 * DPI))
+
+
+def test_dice_gap_and_curves(bench_dir, tmp_path):
+    bench = Benchmark.from_folders([bench_dir])
+    gap = dice_gap(bench)
+    rsna, det10 = [ax for ax in gap.figure.axes if ax.get_visible()]
+    assert rsna.get_title() == "RSNA Pneumonia" and det10.get_title() == "ChestX-Det10"
+    heights = [round(p.get_height(), 6) for p in det10.patches]
+    assert heights == [12.5, 25.0, 6.25, 25.0, 37.5, 50.0]  # fixed bars of a, b, c, then best-τ bars
+    assert sorted(t.get_text() for t in det10.texts) == ["Δ +12.5", "Δ +12.5", "Δ +43.8"]
+    assert "chosen on the evaluated set" in gap.caption
+    width, height = png_size(gap.figure, tmp_path / "gap.png")
+    assert (width, height) == tuple(round(v * DPI) for v in gap.figure.get_size_inches())
+
+    curves = dice_curves(bench)
+    rsna, det10 = [ax for ax in curves.figure.axes if ax.get_visible()]
+    model_lines = [line for line in det10.lines if len(line.get_xdata()) == 101]
+    assert len(model_lines) == 3
+    # model c: its class without pairs is left out of the mean curve
+    expected = 100 * np.array([max(0.0, 0.5 * (1 - abs(t - 0.5))) for t in THRESHOLDS])
+    np.testing.assert_allclose(model_lines[2].get_ydata(), expected)
+    assert len([line for line in rsna.lines if len(line.get_xdata()) == 101]) == 2
+
+
+def test_overlay_rgb_outlines_the_region_in_white():
+    image = np.full((12, 12), 100, dtype=np.uint8)
+    saliency = np.zeros((12, 12), dtype=np.uint8)
+    saliency[0, 0] = 255
+    mask = np.zeros((12, 12), dtype=bool)
+    mask[3:9, 4:10] = True
+    rgb = overlay_rgb(image, saliency, mask)
+    # border: mask pixels with a 4-neighbour outside; then grown by one pixel (4-neighbourhood)
+    border = {(y, x) for y in range(12) for x in range(12) if mask[y, x]
+              and not all(mask[y + dy, x + dx] for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1)))}
+    grown = border | {(y + dy, x + dx) for y, x in border for dy, dx in ((-1, 0), (1, 0), (0, -1), (0, 1))}
+    white = {(y, x) for y in range(12) for x in range(12) if (rgb[y, x] == 255).all()}
+    assert white == grown
+    assert not (rgb[0, 0] == rgb[11, 11]).all()  # the heat map changes the colour where saliency is high
+    plain = overlay_rgb(image, None, np.zeros((12, 12), dtype=bool))
+    assert (plain == 100).all()
+
+
+def write_overlays(folder: Path, pairs: list[tuple[str, str]], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = len(pairs)
+    images = np.stack([np.full((8, 8), 10 * (i + 1), dtype=np.uint8) for i, _ in enumerate(pairs)])
+    np.savez_compressed(
+        folder / "overlays.npz", image_index=np.arange(n), image_id=np.array([i for _, i in pairs]),
+        finding=np.array([f for f, _ in pairs]), image=images,
+        saliency=rng.integers(0, 256, (n, 8, 8), dtype=np.uint8), mask=np.ones((n, 8, 8), dtype=bool),
+    )
+
+
+def test_overlay_grid_shows_the_same_images_for_every_model(tmp_path):
+    root = tmp_path / "results"
+    a = write_run(root, "a", "chestx_det10", DET10, pointing=[0.5, 0.5, 0.5], dice_fixed=0.1, dice_best=0.2,
+                  iou_best=0.1, auroc=0.5)
+    b = write_run(root, "b", "chestx_det10", DET10, pointing=[0.5, 0.5, 0.5], dice_fixed=0.1, dice_best=0.2,
+                  iou_best=0.1, auroc=0.5)
+    write_overlays(a, [("atelectasis", "2.png"), ("atelectasis", "5.png"), ("nodule", "3.png")], seed=1)
+    # b saved them in another order, and one pair a lacks (left out: not the same images)
+    write_overlays(b, [("nodule", "3.png"), ("calcification", "1.png"), ("atelectasis", "5.png"),
+                       ("atelectasis", "2.png")], seed=2)
+    (plot,) = overlay_grids(Benchmark.from_folders([root]), max_columns=6)
+    # rows: radiograph + 2 models; columns: the common pairs, up to 6 // 2 classes = 3 per class
+    axes = np.array(plot.figure.axes[:-1]).reshape(3, -1)  # the last axes is the colour bar
+    assert axes.shape == (3, 3)
+    assert [ax.get_title().split("\n")[0] for ax in axes[0]] == ["Atelectasis", "Atelectasis", "Nodule"]
+    overlays_a, overlays_b = (np.load(f / "overlays.npz") for f in (a, b))
+    for c, (key, image_id) in enumerate([("atelectasis", "2.png"), ("atelectasis", "5.png"), ("nodule", "3.png")]):
+        i = int(np.flatnonzero((overlays_a["finding"] == key) & (overlays_a["image_id"] == image_id))[0])
+        j = int(np.flatnonzero((overlays_b["finding"] == key) & (overlays_b["image_id"] == image_id))[0])
+        shown = [ax.images[0].get_array() for ax in axes[:, c]]
+        np.testing.assert_array_equal(shown[0], overlay_rgb(overlays_a["image"][i], None, overlays_a["mask"][i]))
+        np.testing.assert_array_equal(shown[1], overlay_rgb(overlays_a["image"][i], overlays_a["saliency"][i],
+                                                            overlays_a["mask"][i]))
+        np.testing.assert_array_equal(shown[2], overlay_rgb(overlays_b["image"][j], overlays_b["saliency"][j],
+                                                            overlays_b["mask"][j]))
+    assert "(1) ATE: 2.png; (2) ATE: 5.png; (3) NOD: 3.png" in plot.caption
+
+
+def test_report_cli_writes_every_table_and_figure(bench_dir, tmp_path, capsys):
+    write_overlays(bench_dir / "a__chestx_det10__1", [("nodule", "9.png")], seed=0)
+    write_overlays(bench_dir / "b__chestx_det10__1", [("nodule", "9.png")], seed=1)
+    out = tmp_path / "report"
+    files = report_main([str(bench_dir), "--out", str(out)])
+    names = sorted(str(p.relative_to(out)) for p in files)
+    tables = ["grounding", "grounding_fixed_tau", "pointing_game_chestx_det10", "recognition"]
+    figures = ["dice_vs_tau", "fig2_overlays_chestx_det10", "fig3_auroc_vs_pointing_game",
+               "fig4_dice_fixed_vs_best_tau"]
+    assert names == sorted(["report.md", *(f"tables/{t}.{s}" for t in tables for s in ("md", "csv", "tex")),
+                            *(f"figures/{f}.png" for f in figures)])
+    for name in figures:
+        with Image.open(out / "figures" / f"{name}.png") as image:
+            assert image.format == "PNG"
+    report = (out / "report.md").read_text()
+    assert "**Table 1: Grounding per model and dataset" in report and "**Table 4: Zero-shot recognition" in report
+    assert "![Figure 4](figures/fig2_overlays_chestx_det10.png)" in report
+    assert "Superseded" in report and "old" in report
+    assert str(out / "report.md") in capsys.readouterr().out
+
+
+def test_report_without_results_says_what_to_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="python -m xbench.suite"):
+        report_main([str(tmp_path / "empty"), "--out", str(tmp_path / "r")])
+
+
+def test_report_rejects_another_schema(tmp_path):
+    folder = write_run(tmp_path, "a", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.1, dice_best=0.2,
+                       iou_best=0.1, auroc=0.5)
+    payload = json.loads((folder / "metrics.json").read_text())
+    payload["schema"] = "xbench.results/0"
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=r"metrics.json: schema 'xbench.results/0'"):
+        Benchmark.from_folders([tmp_path])

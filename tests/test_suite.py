@@ -1,0 +1,115 @@
+"""The suite: skips what is missing or done, goes on after a pair that fails."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from xbench.suite import load_suite, main, plan
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "lightning_configs"
+
+USER_MODELS = '''
+from xbench.models.baselines import CentrePrior
+from xbench.models.base import XBenchModel
+
+
+class NeedsWeights(XBenchModel):
+    """Reads its weights from checkpoint_dir (never reached in these tests)."""
+
+    def __init__(self, checkpoint_dir: str = "checkpoints/needsweights", **kwargs):
+        super().__init__(**kwargs)
+        self.checkpoint_dir = checkpoint_dir
+
+
+class Broken(CentrePrior):
+    def forward(self, image):
+        raise RuntimeError("boom: this model always fails")
+'''
+
+
+@pytest.fixture
+def suite_dir(tmp_path, phantom_root, monkeypatch) -> Path:
+    """A suite of three models (one without weights, one that raises, one baseline) on the phantom
+    and on a dataset whose folder is missing; user models importable here and in the runs."""
+    (tmp_path / "user_models.py").write_text(textwrap.dedent(USER_MODELS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
+    monkeypatch.chdir(tmp_path)
+    for name in ("NeedsWeights", "Broken"):
+        (tmp_path / f"{name.lower()}.yaml").write_text(yaml.safe_dump({"model": {"class_path": f"user_models.{name}"}}))
+    suite = {
+        "results_dir": "results",
+        "settings": {"data.image_size": 32, "data.batch_size": 4, "data.num_workers": 0,
+                     "trainer.enable_progress_bar": False, "trainer.logger": False},
+        "models": ["needsweights.yaml", "broken.yaml", str(CONFIGS / "models" / "random.yaml")],
+        "datasets": [
+            {"config": str(CONFIGS / "data" / "phantom.yaml"), "settings": {"data.root": str(phantom_root)}},
+            {"config": str(CONFIGS / "data" / "chestx_det10.yaml"), "settings": {"data.root": "nowhere/det10"}},
+            str(tmp_path / "not_yet.yaml"),
+        ],
+    }
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    return tmp_path
+
+
+def statuses(suite_file: Path, force: bool = False) -> dict[tuple[str, str], tuple[str, str]]:
+    return {(p.model.label, p.dataset.label): (p.status, p.detail) for p in plan(load_suite(suite_file), force)}
+
+
+def test_dry_run_lists_every_pair_with_the_missing_path(suite_dir, capsys):
+    assert main(["--config", "suite.yaml", "--dry-run"]) == 0
+    found = statuses(suite_dir / "suite.yaml")
+    assert found[("needsweights", "phantom")] == (
+        "missing", "checkpoint_dir checkpoints/needsweights (see checkpoints/README.md)")
+    assert found[("broken", "phantom")] == ("run", "") and found[("random", "phantom")] == ("run", "")
+    for model in ("needsweights", "broken", "random"):
+        assert found[(model, "not_yet")] == ("missing", f"config {suite_dir / 'not_yet.yaml'}")
+    assert found[("broken", "chestx_det10")] == ("missing", "data.root nowhere/det10")
+    out = capsys.readouterr().out
+    assert "2 of 9 pairs to run" in out and "checkpoints/needsweights" in out and "nowhere/det10" in out
+    assert not (suite_dir / "results").exists()
+
+    (suite_dir / "checkpoints" / "needsweights").mkdir(parents=True)
+    (suite_dir / "checkpoints" / "needsweights" / "weights.pt").touch()
+    assert statuses(suite_dir / "suite.yaml")[("needsweights", "phantom")] == ("run", "")
+
+
+def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
+    assert main(["--config", "suite.yaml"]) == 1  # one pair failed
+    out = capsys.readouterr()
+    assert "boom: this model always fails" in out.out  # in the summary table
+    (folder,) = [p for p in (suite_dir / "results").iterdir() if not p.name.startswith(".")]
+    assert folder.name.startswith("randomsaliency__phantom__")
+    config = json.loads((folder / "metrics.json").read_text())["config"]
+    assert config["data"]["init_args"]["image_size"] == 32 and config["model"]["init_args"]["results_dir"] == "results"
+
+    # a re-run skips the pair that has results, unless forced or its settings differ
+    found = statuses(suite_dir / "suite.yaml")
+    assert found[("random", "phantom")] == ("done", str(Path("results") / folder.name))
+    assert found[("broken", "phantom")] == ("run", "")
+    assert statuses(suite_dir / "suite.yaml", force=True)[("random", "phantom")] == ("run", "")
+    changed = yaml.safe_load((suite_dir / "suite.yaml").read_text())
+    changed["models"][2] = {"config": changed["models"][2], "settings": {"model.seed": 7}}
+    (suite_dir / "other.yaml").write_text(yaml.safe_dump(changed))
+    assert statuses(suite_dir / "other.yaml")[("random", "phantom")] == ("run", "")
+
+
+def test_bad_suite_file_is_a_clear_error(tmp_path):
+    (tmp_path / "s.yaml").write_text("model: [a.yaml]\ndatasets: [b.yaml]\n")
+    with pytest.raises(ValueError, match=r"unknown keys \['model'\]"):
+        load_suite(tmp_path / "s.yaml")
+
+
+def test_paper_suite_names_the_7x7_benchmark_at_the_paper_settings():
+    suite = load_suite(CONFIGS / "suites" / "paper.yaml")
+    assert [m.label for m in suite.models] == ["clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero"]
+    assert [d.label for d in suite.datasets] == [
+        "rsna", "siim", "covid_rural", "chestx_det10", "chexlocalize", "chestxray14", "vindr"]
+    assert suite.settings == {"data.image_size": 224, "data.batch_size": 8}
+    assert all("data.root" in d.settings for d in suite.datasets)

@@ -1,0 +1,53 @@
+"""The layout of a results folder (file names, schema) and reading it back.
+
+Kept apart from the writer (``results.py``) and free of torch, so that the report and the suite
+start quickly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = "xbench.results/1"
+METRICS = "metrics.json"
+OVERLAYS = "overlays.npz"
+
+
+def find_result_folders(paths: list[Path]) -> list[Path]:
+    """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted.
+
+    Hidden folders (a run still being written is staged under a ``.name``) are not looked into.
+    """
+    found = set()
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise FileNotFoundError(f"no results folder at {path}")
+        for metrics in path.rglob(METRICS):
+            relative = metrics.parent.relative_to(path).parts
+            if not any(part.startswith(".") for part in relative):
+                found.add(metrics.parent)
+    return sorted(found)
+
+
+def read_results(folder: Path) -> dict:
+    """The ``metrics.json`` payload of a results folder, checked for its schema."""
+    path = Path(folder) / METRICS
+    payload = json.loads(path.read_text())
+    if payload.get("schema") != SCHEMA:
+        raise ValueError(
+            f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
+            "XBench version -- re-run that model or read it with the version that wrote it"
+        )
+    return payload
+
+
+def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
+    """The saved overlay pairs of a results folder (``None`` if it has none)."""
+    path = Path(folder) / OVERLAYS
+    if not path.is_file():
+        return None
+    with np.load(path, allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
