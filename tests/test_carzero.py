@@ -268,7 +268,7 @@ def test_old_transformers_position_ids_is_the_one_declared_drop(checkpoint_folde
         (lambda s: s.update({"module.CARZero.fusion_module.logit_scale": torch.zeros(())}), ValueError,
          r"keys without the expected prefix 'CARZero\.': module\.CARZero"),
         (lambda s: s["CARZero.fusion_module.decoder.norm.bias"].add_(1), ValueError,
-         r"decoder_norm\.bias and fusion_module\.decoder\.norm\.bias differ"),
+         r"different values in the file: fusion_module\.decoder_norm\.bias vs fusion_module\.decoder\.norm\.bias"),
     ],
     ids=["missing", "extra", "reshaped", "prefix", "split-norm"],
 )

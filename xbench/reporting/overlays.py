@@ -21,7 +21,7 @@ from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
 from xbench.data.base import Sample
-from xbench.metrics.common import RecordsMetric
+from xbench.metrics.common import MetricValues, RecordsMetric
 
 
 def choose_overlay_pairs(samples: Sequence[Sample], classes: Sequence[str], per_class: int) -> dict[str, list[int]]:
@@ -88,22 +88,22 @@ class OverlayRecords(RecordsMetric):
         self.ov_saliency.append(to_uint8(saliency[b, c]))
         self.ov_mask.append(masks[b, c].to(torch.uint8))
 
-    def compute(self) -> dict[str, Tensor]:
+    def compute(self) -> MetricValues:
         """The records of every process, ordered by (class, image index)."""
         index, cls = dim_zero_cat(self.ov_index), dim_zero_cat(self.ov_class)
         by_index = torch.argsort(index, stable=True)
         order = by_index[torch.argsort(cls[by_index], stable=True)]
-        return {
+        return MetricValues({
             "index": index[order],
             "class": cls[order],
             "image": dim_zero_cat(self.ov_image)[order],
             "saliency": dim_zero_cat(self.ov_saliency)[order],
             "mask": dim_zero_cat(self.ov_mask)[order],
-        }
+        })
 
 
 def overlay_arrays(
-    records: dict[str, Tensor], classes: Sequence[str], image_ids: Sequence[str]
+    records: MetricValues, classes: Sequence[str], image_ids: Sequence[str]
 ) -> dict[str, np.ndarray]:
     """The records as the arrays of ``overlays.npz``: ``image_index``, ``image_id``, ``finding``
     (class key), ``image`` and ``saliency`` uint8 [N,S,S], ``mask`` bool [N,S,S]."""
