@@ -18,7 +18,10 @@ from xbench.reporting.results import _atomic_write
 
 def parse_args(args: list[str] | None) -> argparse.Namespace:
     defaults = Settings()
-    parser = argparse.ArgumentParser(prog="python -m xbench.analyze", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m xbench.analyze",
+        description="Paired bootstrap intervals, paired differences, calibrated thresholds, lesion-size strata "
+                    "and the recognition-vs-grounding R², from results folders (no model is re-run).")
     parser.add_argument("results", nargs="+", metavar="RESULTS_DIR",
                         help="results folders of test-split runs, or folders holding them")
     parser.add_argument("--out", default="analysis", help="output folder (default: analysis/)")

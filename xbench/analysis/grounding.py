@@ -2,8 +2,8 @@
 
 Each graded pair contributes a feature row: its Dice curve (101 values), its IoU curve, its
 Pointing Game hit, a 1 (to count pairs) and, per lesion-size stratum, the same count, hit and
-Dice at 0.5 when the pair is in that stratum. A class's replicate sums are ``features.T @
-weights[images]`` -- one matrix product for all replicates -- taken per cross-fitting fold, so the
+Dice at 0.5 when the pair is in that stratum. A class's replicate sums are ``weights[:, images]
+@ features`` -- one matrix product for all replicates -- taken per cross-fitting fold, so the
 fold sums, their complements and the totals all come from it. From the sums, per replicate:
 
 - Pointing Game, Dice and IoU at tau = 0.5;
@@ -90,15 +90,15 @@ def size_strata(region: Tensor, image_size: int, boundaries: Sequence[float]) ->
     return torch.bucketize(fraction, torch.tensor(list(boundaries), dtype=torch.float64), right=True)
 
 
-def _best(curve: Tensor, defined: Tensor, dim: int) -> Tensor:
-    """Index of the first maximum along ``dim``; -1 where not ``defined`` (where a curve without
-    pairs is 0/0 = NaN, whatever argmax makes of it is masked)."""
-    return torch.where(defined, curve.argmax(dim), -1)
+def _best(curve: Tensor, defined: Tensor) -> Tensor:
+    """Index of the first maximum along the last dim; -1 where not ``defined`` (where a curve
+    without pairs is 0/0 = NaN, whatever argmax makes of it is masked)."""
+    return torch.where(defined, curve.argmax(-1), -1)
 
 
 def _at(values: Tensor, index: Tensor) -> Tensor:
-    """``values`` [..., T, R + 1] at ``index`` [..., R + 1] along T (index -1 reads T = 0; callers mask)."""
-    return values.gather(-2, index.clamp(min=0).unsqueeze(-2)).squeeze(-2)
+    """``values[..., index]`` per leading position (index -1 reads 0; callers mask)."""
+    return values.gather(-1, index.clamp(min=0).unsqueeze(-1)).squeeze(-1)
 
 
 def grounding_statistics(
@@ -146,54 +146,54 @@ def grounding_statistics(
     block = pairs.cls * num_folds + fold
     order = torch.argsort(block, stable=True)
     bounds = [0, *torch.bincount(block, minlength=num_classes * num_folds).cumsum(0).tolist()]
+    stratum_columns = {name: slice(_STRATA + i * num_strata, _STRATA + (i + 1) * num_strata)
+                       for i, name in enumerate(("pairs", "hits", "dice@0.5"))}
     for c in range(num_classes):
         lo, hi = bounds[c * num_folds], bounds[(c + 1) * num_folds]
         members = order[lo:hi]
         drawn = image_weights[pairs.image[members]]  # [n, R + 1]
         x = features[members]
-        by_fold = weights.new_empty(num_folds, features.shape[1], rows)
+        by_fold = weights.new_empty(num_folds, rows, features.shape[1])
         for f in range(num_folds):
             a, b = bounds[c * num_folds + f] - lo, bounds[c * num_folds + f + 1] - lo
-            torch.matmul(x[a:b].T, drawn[a:b], out=by_fold[f])  # [F, R + 1]
+            by_fold[f] = (x[a:b].T @ drawn[a:b]).T  # [R + 1, F]; this operand order copies least
         total = by_fold.sum(0)
-        count = total[_COUNT]
+        count = total[:, _COUNT]
         present = count > 0
         per_class["pairs"][:, c] = count
-        per_class["pointing_game"][:, c] = torch.where(present, total[_HIT] / count, float("nan"))
+        per_class["pointing_game"][:, c] = torch.where(present, total[:, _HIT] / count, float("nan"))
         for curve_name, where in _SLICES.items():
-            means = total[where] / count  # [101, R + 1]
-            best = _best(means, present, 0)
+            means = total[:, where] / count.unsqueeze(1)  # [R + 1, 101]
+            best = _best(means, present)
             best_index[curve_name][:, c] = best
-            per_class[f"{curve_name}@0.5"][:, c] = means[FIXED_TAU_INDEX]
+            per_class[f"{curve_name}@0.5"][:, c] = means[:, FIXED_TAU_INDEX]
             per_class[f"{curve_name}@best"][:, c] = torch.where(present, _at(means, best), float("nan"))
             per_class[f"{curve_name}@best_tau"][:, c] = torch.where(present, _TAUS[best.clamp(min=0)], float("nan"))
-        stratum_sums["pairs"][:, c] = total[_STRATA:_STRATA + num_strata].T
-        stratum_sums["hits"][:, c] = total[_STRATA + num_strata:_STRATA + 2 * num_strata].T
-        stratum_sums["dice@0.5"][:, c] = total[_STRATA + 2 * num_strata:_STRATA + 3 * num_strata].T
+        for name, columns in stratum_columns.items():
+            stratum_sums[name][:, c] = total[:, columns]
         pair_dice = x[:, _SLICES["dice"]]  # [n, 101]
         member_strata = in_stratum[members].T  # [S, n]
 
         def stratum_sum_at(tau_of_pair: Tensor) -> Tensor:
-            """[R + 1, S]: per stratum, the weighted sum of each pair's Dice at its tau index [n, R + 1]
-            (an index of -1, an undefined tau, reads tau = 0; callers mask)."""
+            """[R + 1, S]: per stratum, the weighted sum of each pair's Dice at its tau index [n, R + 1]."""
             return (member_strata @ pair_dice.gather(1, tau_of_pair).mul_(drawn)).T
 
         best_dice = best_index["dice"][:, c].clamp(min=0)
         stratum_sums["dice@best"][:, c] = stratum_sum_at(best_dice.expand(len(members), -1))
         if calibration is None:
             continue
-        held_count = by_fold[:, _COUNT]  # [K, R + 1]
+        held_count = by_fold[:, :, _COUNT]  # [K, R + 1]
         if isinstance(calibration, CrossFitting):
             # Each fold's complement: its sums rank the taus as its means do (one positive count).
-            others = total[:_HIT] - by_fold[:, :_HIT]  # [K, 202, R + 1]
+            others = total[:, :_HIT] - by_fold[:, :, :_HIT]  # [K, R + 1, 202]
             others_count = count - held_count
         for curve_name, where in _SLICES.items():
             if isinstance(calibration, CrossFitting):
-                chosen = _best(others[:, where], others_count > 0, 1)  # [K, R + 1]
+                chosen = _best(others[:, :, where], others_count > 0)  # [K, R + 1]
             else:
                 chosen = calibration.best_index[curve_name][:, c].unsqueeze(0)  # [1, R + 1]
             undefined = ((held_count > 0) & (chosen < 0)).any(0) | ~present
-            held = _at(by_fold[:, where], chosen).sum(0)
+            held = _at(by_fold[:, :, where], chosen).sum(0)
             per_class[f"{curve_name}@calibrated"][:, c] = torch.where(undefined, float("nan"), held / count)
             calibrated_tau[curve_name][:, c] = torch.where(chosen >= 0, _TAUS[chosen.clamp(min=0)], float("nan")).T
             if curve_name == "dice":

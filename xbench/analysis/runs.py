@@ -58,7 +58,6 @@ class Run:
     labels: Tensor  # int64 [N, C]: 1, 0, -1 unknown
     logits: Tensor  # float64 [N, C]
     pairs: GradedPairs
-    metrics: dict  # the metrics.json payload
 
     @property
     def name(self) -> str:
@@ -166,7 +165,6 @@ def load_run(folder: str | Path) -> Run:
             predicted=predicted,
             inter=inter,
         ),
-        metrics=metrics,
     )
 
 

@@ -189,8 +189,9 @@ def analysis_json(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> dict:
     }
 
 
-def _markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|",
+def _markdown_table(headers: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    align = ["---"] * text_columns + ["---:"] * (len(headers) - text_columns)
+    return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
             *("| " + " | ".join(row) + " |" for row in rows), ""]
 
 
@@ -222,12 +223,12 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
 
     calibration = pick(tables["calibration"], dataset=data.dataset, curve="dice", **{"class": MACRO})
     lines += ["Threshold calibration, macro Dice (percent): gap = value − Dice at τ = 0.5.", ""]
-    rows = [[r.model, r.method, f"{100 * r['at_0.5']:.1f}", f"{100 * r.at_best:.1f}", f"{100 * r.gap_best:+.1f}",
+    rows = [[r.model, r.method, f"{100 * r['at_0.5']:.1f}", f"{100 * r.at_best:.1f}", f"{100 * r.gap_best:.1f}",
              format_interval(r.at_calibrated, r.calibrated_lower, r.calibrated_upper),
              format_interval(r.gap_calibrated, r.gap_calibrated_lower, r.gap_calibrated_upper)]
             for _, r in calibration.iterrows()]
     lines += _markdown_table(["Model", "τ chosen by", "τ=.5", "best*", "gap best*", "calibrated", "gap calibrated"],
-                             rows)
+                             rows, text_columns=2)
 
     strata = pick(tables["strata"], dataset=data.dataset, **{"class": ALL})
     lines += ["Lesion-size strata, all pairs pooled (percent; lesion area as a share of the image).", ""]
@@ -238,7 +239,7 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
             rows.append([run.label, metric, *(
                 f"{format_interval(*cells.loc[s, ['estimate', 'lower', 'upper']])} (n={cells.loc[s, 'pairs']})"
                 for s in data.strata)])
-    lines += _markdown_table(["Model", "Metric", *data.strata], rows)
+    lines += _markdown_table(["Model", "Metric", *data.strata], rows, text_columns=2)
     return lines
 
 
@@ -254,5 +255,5 @@ def summary_markdown(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> str
               "R² of macro AUROC against macro grounding over (model, dataset) points.", ""]
     rows = [[r.scope, r.grounding, str(r.points), format_interval(r.r2, r.lower, r.upper, scale=1, digits=2)]
             for _, r in correlation.iterrows()]
-    lines += _markdown_table(["Scope", "Grounding", "Points", "R²"], rows)
+    lines += _markdown_table(["Scope", "Grounding", "Points", "R²"], rows, text_columns=2)
     return "\n".join(lines) + "\n"
