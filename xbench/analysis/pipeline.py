@@ -86,6 +86,10 @@ class RunAnalysis:
         """float64 [R + 1]: mean over the classes where the metric is defined in each row."""
         return torch.nanmean(self.values[metric], dim=1)
 
+    def series(self, metric: str, c: int | None) -> Tensor:
+        """float64 [R + 1]: class ``c``'s values, or the macro mean where ``c`` is None."""
+        return self.macro(metric) if c is None else self.values[metric][:, c]
+
 
 @dataclass(frozen=True)
 class DatasetAnalysis:

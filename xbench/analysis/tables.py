@@ -85,23 +85,22 @@ def calibration_table(analysis: Analysis) -> pd.DataFrame:
     for data in analysis.datasets:
         for run in data.runs:
             for curve in ("dice", "iou"):
-                fixed, best, calibrated = (f"{curve}@{s}" for s in ("0.5", "best", "calibrated"))
                 taus = run.calibrated_tau[curve][0]
-                for c, key in enumerate([*data.classes, MACRO]):
-                    pick = (lambda m: run.values[m][:, c]) if key != MACRO else run.macro  # noqa: E731
-                    interval = percentile_interval(pick(calibrated), confidence)
-                    gap = paired_difference(pick(calibrated), pick(fixed), confidence)
+                for c, key in [*enumerate(data.classes), (None, MACRO)]:
+                    at = {s: run.series(f"{curve}@{s}", c) for s in ("0.5", "best", "calibrated")}
+                    interval = percentile_interval(at["calibrated"], confidence)
+                    gap = paired_difference(at["calibrated"], at["0.5"], confidence)
                     rows.append({
                         "dataset": data.dataset, "model": run.label, "class": key, "curve": curve,
                         "method": run.calibration,
-                        "at_0.5": pick(fixed)[0].item(),
-                        "at_best": pick(best)[0].item(),
-                        "best_tau": run.values[f"{curve}@best_tau"][0, c].item() if key != MACRO else math.nan,
+                        "at_0.5": at["0.5"][0].item(),
+                        "at_best": at["best"][0].item(),
+                        "best_tau": math.nan if c is None else run.values[f"{curve}@best_tau"][0, c].item(),
                         "at_calibrated": interval["estimate"].item(),
                         "calibrated_lower": interval["lower"].item(),
                         "calibrated_upper": interval["upper"].item(),
-                        "calibrated_tau": " ".join(f"{t:.2f}" for t in taus[c].tolist()) if key != MACRO else "",
-                        "gap_best": (pick(best)[0] - pick(fixed)[0]).item(),
+                        "calibrated_tau": "" if c is None else " ".join(f"{t:.2f}" for t in taus[c].tolist()),
+                        "gap_best": (at["best"][0] - at["0.5"][0]).item(),
                         "gap_calibrated": gap["estimate"].item(),
                         "gap_calibrated_lower": gap["lower"].item(),
                         "gap_calibrated_upper": gap["upper"].item(),
