@@ -1,0 +1,107 @@
+"""Time the whole analysis of 7 models x 5,000 images x 20 classes (target: under a minute on 2 cores).
+
+    python bench/analysis.py [--workdir DIR] [--graded-share 0.18] [--replicates 1000] [--threads 2]
+
+Writes seven synthetic results folders (the real pairs-table writer; the 101-point counts random
+but consistent; a share of the (image, class) pairs graded and positive, by default ChestX-Det10's
+966 of 542 x 10 = 18 %, the other labels negative or, 5 %, unknown; logits noisy labels) once into
+``--workdir``, then times what
+``python -m xbench.analyze`` does after Python has started: read the folders, resample
+(1,000 replicates), compute every statistic, build the tables and write them. Prints each phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xbench.analysis.pipeline import Settings, analyze
+from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
+from xbench.findings import PAPER_CLASSES
+from xbench.metrics.grounding import NUM_THRESHOLDS
+from xbench.reporting.results import SCHEMA, pair_table
+
+MODELS, IMAGES, CLASSES, IMAGE_SIZE = 7, 5000, 20, 224
+
+
+def write_folders(workdir: Path, graded_share: float) -> list[Path]:
+    """Seven results folders on one dataset's images (reused when already written)."""
+    classes = sorted({key for keys in PAPER_CLASSES.values() for key in keys})[:CLASSES]
+    image_ids = [f"img{i:05d}.png" for i in range(IMAGES)]
+    area = IMAGE_SIZE**2
+    rng = np.random.default_rng(0)
+    graded = rng.random((IMAGES, CLASSES)) < graded_share
+    image, cls = np.nonzero(graded)
+    region = np.minimum(rng.lognormal(np.log(0.03 * area), 1.0, size=len(image)).astype(np.int64) + 1, area // 2)
+    # As in ChestX-Det10: a finding is positive where it has a region; a few labels unknown.
+    labels = np.where(graded, 1, np.where(rng.random((IMAGES, CLASSES)) < 0.05, -1, 0))
+    folders = []
+    for m in range(MODELS):
+        folder = workdir / f"model{m}__bench__{graded_share:g}"
+        folders.append(folder)
+        if (folder / "pairs.csv.gz").is_file():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        inside = -np.sort(-rng.integers(0, region[:, None] + 1, size=(len(region), NUM_THRESHOLDS)), axis=1)
+        outside = -np.sort(-rng.integers(0, (area - region)[:, None] + 1, size=(len(region), NUM_THRESHOLDS)), axis=1)
+        inside[:, 0], outside[:, 0] = region, area - region
+        payload = {"schema": SCHEMA, "model": f"model{m}", "dataset": "bench", "classes": classes,
+                   "data": {"image_size": IMAGE_SIZE},
+                   "config": {"model": {"class_path": f"bench.Model{m}", "init_args": {}}}}
+        table = pair_table(
+            payload,
+            {"index": torch.from_numpy(image), "class": torch.from_numpy(cls), "region": torch.from_numpy(region),
+             "hit": torch.from_numpy(inside[:, -1] > 0), "predicted": torch.from_numpy(inside + outside),
+             "inter": torch.from_numpy(inside)},
+            {"index": torch.arange(IMAGES), "labels": torch.from_numpy(labels).to(torch.int8),
+             "logits": torch.from_numpy(labels + rng.normal(0, 1.5, size=labels.shape)).float()},
+            image_ids,
+        )
+        table.to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
+        (folder / "metrics.json").write_text(json.dumps(payload))
+    return folders
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "xbench-bench-analysis")
+    parser.add_argument("--graded-share", type=float, default=966 / 5420)
+    parser.add_argument("--replicates", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    folders = write_folders(options.workdir, options.graded_share)
+    load_before = os.getloadavg()[0]
+
+    start, start_cpu = time.perf_counter(), time.process_time()
+    analysis = analyze(folders, settings=Settings(replicates=options.replicates))
+    computed, computed_cpu = time.perf_counter(), time.process_time()
+    tables = analysis_tables(analysis)
+    out = options.workdir / "out"
+    out.mkdir(exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+    (out / "analysis.json").write_text(json.dumps(analysis_json(analysis, tables), allow_nan=False))
+    (out / "summary.md").write_text(summary_markdown(analysis, tables))
+    done, done_cpu = time.perf_counter(), time.process_time()
+
+    pairs = sum(len(run.run.pairs.cls) for run in analysis.datasets[0].runs)
+    print(f"{MODELS} models x {IMAGES} images x {CLASSES} classes, {pairs} graded pairs in all "
+          f"({options.graded_share:.0%} of pairs), {options.replicates} replicates, {options.threads} threads, "
+          f"load average before {load_before:.1f}")
+    print("                              wall      CPU (all threads)")
+    print(f"read + resample + statistics: {computed - start:6.1f} s  {computed_cpu - start_cpu:6.1f} s")
+    print(f"tables + files:               {done - computed:6.1f} s  {done_cpu - computed_cpu:6.1f} s")
+    print(f"total:                        {done - start:6.1f} s  {done_cpu - start_cpu:6.1f} s  (target: under 60 s wall)")
+    print(f"load average after: {os.getloadavg()[0]:.1f} (other processes share these cores)")
+
+
+if __name__ == "__main__":
+    main()
