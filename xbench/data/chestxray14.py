@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import warnings
 from collections import defaultdict
 from pathlib import Path
 
 from xbench.data.base import Sample, XBenchDataModule
+from xbench.data.io import files_by_stem
 from xbench.data.regions import Boxes, GridBoxes
 from xbench.findings import finding_key
 
@@ -46,7 +46,8 @@ class ChestXray14Boxes(XBenchDataModule):
     def index(self) -> list[Sample]:
         box_file = self.require(self.root / BOX_FILE, f"the box file {BOX_FILE}")
         boxes = self._read_boxes(box_file)
-        paths = self._find_images(set(boxes))
+        by_stem = files_by_stem(self.root, (".png",))
+        paths = {name: by_stem[Path(name).stem] for name in boxes if Path(name).stem in by_stem}
         missing = [(name, line) for name, (line, _) in boxes.items() if name not in paths]
         if missing:
             name, line = missing[0]
@@ -107,19 +108,6 @@ class ChestXray14Boxes(XBenchDataModule):
                     raise ValueError(f"{where}: box x={x}, y={y}, w={w}, h={h} needs finite values and w, h > 0")
                 boxes.setdefault(name, (line, defaultdict(list)))[1][key].append((x, y, w, h))
         return boxes
-
-    def _find_images(self, names: set[str]) -> dict[str, Path]:
-        """One walk of the tree: each wanted file name -> its path; a name found twice is an error."""
-        paths: dict[str, Path] = {}
-        for folder, _, files in os.walk(self.root):
-            for name in names.intersection(files):
-                if name in paths:
-                    raise ValueError(
-                        f"image {name} found twice under {self.root}: {paths[name]} and {Path(folder, name)}; "
-                        "keep one copy."
-                    )
-                paths[name] = Path(folder, name)
-        return paths
 
     def _read_entries(self, label_file: Path, names: set[str], box_file: Path) -> dict[str, set[str]]:
         """file name -> its Data_Entry findings among the box classes, for the box images."""
