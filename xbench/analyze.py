@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xbench.analysis.pipeline import DEFAULT_SIZE_BINS, Settings, analyze
 from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
-from xbench.reporting.results import _atomic_write
+from xbench.reporting.folder import atomic_write
 
 
 def parse_args(args: list[str] | None) -> argparse.Namespace:
@@ -47,11 +47,11 @@ def main(args: list[str] | None = None) -> Path:
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
-        _atomic_write(out / f"{name}.csv", lambda p, frame=frame: frame.to_csv(p, index=False))
+        atomic_write(out / f"{name}.csv", lambda p, frame=frame: frame.to_csv(p, index=False))
     payload = analysis_json(analysis, tables)
-    _atomic_write(out / "analysis.json", lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
+    atomic_write(out / "analysis.json", lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
     summary = summary_markdown(analysis, tables)
-    _atomic_write(out / "summary.md", lambda p: p.write_text(summary))
+    atomic_write(out / "summary.md", lambda p: p.write_text(summary))
     print(summary)
     print(f"Analysis written to {out}/: {', '.join(f'{n}.csv' for n in tables)}, analysis.json, summary.md")
     return out
