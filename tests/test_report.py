@@ -241,7 +241,7 @@ def test_robustness_figure_places_every_run(robustness_dir, tmp_path):
     # a's reference value as a vertical dotted line; d has no reference run, so no line
     verticals = [line for line in dice.lines if line.get_linestyle() == ":"]
     assert [line.get_xdata()[0] for line in verticals] == [12.5]
-    assert auroc.get_xlim() == (0, 100)
+    assert auroc.get_xlim() == (-3, 100)
     assert "2 under Rotate(limit=10, border_mode=0)" in plot.caption
     png_size(plot.figure, tmp_path / "robustness.png")
 

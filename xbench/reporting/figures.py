@@ -298,7 +298,7 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
                     capsize=2.5, elinewidth=0.9, label=bench.model_label(model))
             ax.set_xticks(positions, [f"{s}\n(n = {counts[s]})" for s in strata])
             ax.set_xlim(-0.5, len(strata) - 0.5)
-            ax.set_ylim(bottom=0)
+            ax.set_ylim(bottom=-3)  # a point at 0 stays whole
             title, unit = STRATA_LABELS[metric]
             ax.set_ylabel(unit, fontsize=FONT_SIZE)
             ax.set_title(f"{bench.dataset_label(dataset)}: {title}", fontsize=FONT_SIZE + 1)
@@ -377,14 +377,17 @@ def robustness(bench: Benchmark) -> Plot | None:
             ax.set_ylim(len(labels[dataset]) - 0.5, -0.5)  # the reference on top
             ax.axhline(0.5, color="0.6", linewidth=0.6)
             # from 0, so that small changes look small; AUROC on its whole range (chance: 50)
-            ax.set_xlim(0, 100 if metric == "auroc" else min(100, max(10.0, 1.15 * largest)))
+            right = 100 if metric == "auroc" else min(100, max(10.0, 1.15 * largest))
+            ax.set_xlim(-0.03 * right, right)
             ax.set_xlabel(f"{ROBUSTNESS_LABELS[metric]} (%)", fontsize=FONT_SIZE)
             ax.set_title(f"{bench.dataset_label(dataset)}: {ROBUSTNESS_LABELS[metric]}", fontsize=FONT_SIZE + 1)
             _style(ax)
             ax.grid(axis="y", visible=False)
-    ordered = [m for m in sorted(handles)]
-    figure.legend([handles[m] for m in ordered], [bench.model_label(m) for m in ordered], loc="outside lower center",
-                  ncols=min(len(ordered), 4), fontsize=FONT_SIZE, frameon=False)
+    ordered = sorted(handles)
+    reference_line = Line2D([], [], color="0.3", linestyle=":", linewidth=1)
+    figure.legend([*(handles[m] for m in ordered), reference_line],
+                  [*(bench.model_label(m) for m in ordered), "its unperturbed value"], loc="outside lower center",
+                  ncols=min(len(ordered) + 1, 5), fontsize=FONT_SIZE, frameon=False)
     lost = [f"{lost_regions(run)} under {p}" for m, d in pairs for p, run in bench.robustness_runs(m, d)
             if p and lost_regions(run)]
     caption = (
