@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from xbench.analysis.pipeline import Settings, analyze
+from xbench.analysis.pipeline import analyze
+from xbench.analysis.settings import Settings
 from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
 from xbench.findings import PAPER_CLASSES
 from xbench.metrics.grounding import NUM_THRESHOLDS

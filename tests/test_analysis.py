@@ -438,3 +438,11 @@ def test_cli_without_validation_cross_fits_and_accepts_a_parent_folder(baseline_
     assert pooled.pairs.sum() == int(pairs.graded.sum())
     small = (pairs.region_px[pairs.graded] < 0.02 * 64 * 64).sum()
     assert pooled.set_index("stratum").loc["< 2%", "pairs"] == small
+
+
+def test_one_model_has_an_empty_differences_table_with_its_header(tmp_path, capsys):
+    write_random_run(tmp_path / "runs" / "a", "a", [f"{i:02d}" for i in range(10)], 1)
+    analyze_main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--replicates", "5", "--folds", "2"])
+    assert (tmp_path / "out" / "differences.csv").read_text().splitlines() == [
+        "dataset,model_a,model_b,class,metric,difference,lower,upper,replicates,a_better"]
+    assert "## synthetic (10 images, 1 models)" in capsys.readouterr().out

@@ -12,13 +12,13 @@ import pytest
 from PIL import Image
 
 from xbench.report import main as report_main
-from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.benchmark import Benchmark, perturbation_label
 from xbench.reporting.figures import (
-    DPI, dice_curves, dice_gap, linear_fit, overlay_grids, overlay_rgb, recognition_vs_grounding,
+    DPI, dice_curves, dice_gap, linear_fit, overlay_grids, overlay_rgb, recognition_vs_grounding, robustness,
 )
 from xbench.reporting.tables import (
     Cell, Column, Row, Table, grounding_fixed_tau_table, grounding_table, pointing_game_tables, recognition_table,
-    to_csv, to_latex, to_markdown,
+    robustness_table, to_csv, to_latex, to_markdown,
 )
 
 DET10 = ["atelectasis", "calcification", "nodule"]
@@ -139,12 +139,111 @@ def test_a_cell_carries_an_interval_in_every_format():
     table = Table("t", "T", "caption", "Model", (Column("PG", "Set"), Column("Dice")),
                   (Row("x", (Cell(0.5, (0.375, 0.625)), Cell(0.25))), Row("y", (Cell(0.75, (0.5, 1.0)), Cell(None)))))
     grid = markdown_grid(to_markdown(table))
-    assert grid[1] == ["x", "50.0 (37.5–62.5)", "25.0"]
-    assert grid[2] == ["y", "**75.0 (50.0–100.0)**", "–"]
+    assert grid[1] == ["x", "50.0 [37.5, 62.5]", "25.0"]
+    assert grid[2] == ["y", "**75.0 [50.0, 100.0]**", "–"]
     rows = list(csv.reader(io.StringIO(to_csv(table))))
     assert rows[0] == ["Model", "Set PG", "Set PG low", "Set PG high", "Dice"]
     assert rows[1] == ["x", "50.0", "37.5", "62.5", "25.0"]
-    assert r"\textbf{75.0 (50.0--100.0)}" in to_latex(table)
+    assert r"\textbf{75.0 [50.0, 100.0]}" in to_latex(table)
+
+
+def test_unranked_and_ratio_columns():
+    """Differences are not ranked; a ratio column (R²) prints two decimals and is not scaled in CSV."""
+    table = Table("t", "T", "caption", "A − B", (Column("Δ", ranked=False), Column("R²", percent=False)),
+                  (Row("a − b", (Cell(-0.125, (-0.25, 0.0)), Cell(0.5, (0.25, 0.75)))),
+                   Row("a − c", (Cell(0.25), Cell(float("nan"))))))
+    grid = markdown_grid(to_markdown(table))
+    assert grid[1] == ["a − b", "-12.5 [-25.0, 0.0]", "0.50 [0.25, 0.75]"]  # one value in R²: nothing to rank
+    assert grid[2] == ["a − c", "25.0", "–"]
+    rows = list(csv.reader(io.StringIO(to_csv(table))))
+    assert rows[1] == ["a − b", "-12.5", "-25.0", "0.0", "0.5", "0.25", "0.75"] and rows[2][4:] == ["", "", ""]
+    assert r"a $-$ b & -12.5 [-25.0, 0.0] & 0.50 [0.25, 0.75] \\" in to_latex(table)
+
+
+# -- robustness ----------------------------------------------------------------------------------
+
+ROTATE = [{"class_path": "albumentations.Rotate", "init_args": {"limit": 10, "p": 1.0, "border_mode": 0}}]
+NOISE = [{"class_path": "albumentations.GaussNoise", "init_args": {"std_range": [0.02, 0.05], "p": 0.5}}]
+
+
+def write_perturbed(root: Path, model: str, augment, *, pointing: float, dice: float, auroc: float, lost: int = 0,
+                    created: str = "2026-02-01T00:00:00+00:00") -> Path:
+    """A robustness run: the metrics.json of ``write_run`` with the augment pipeline in its config."""
+    name = f"{model}__chestx_det10__{len(list(root.glob('*')))}" if root.exists() else f"{model}__chestx_det10__0"
+    path = write_run(root, model, "chestx_det10", DET10, pointing=[pointing] * 3, dice_fixed=dice, dice_best=dice,
+                     iou_best=dice / 2, auroc=auroc, created=created, folder=name)
+    payload = json.loads((path / "metrics.json").read_text())
+    payload["config"]["data"] = {"class_path": "x.Data", "init_args": {"augment": augment, "augment_seed": 0}}
+    payload["data"]["lost_regions"] = {"nodule": lost, "mass": 0}
+    (path / "metrics.json").write_text(json.dumps(payload))
+    return path
+
+
+@pytest.fixture
+def robustness_dir(bench_dir) -> Path:
+    """bench_dir, plus model a under a rotation (2 regions lost) and under noise (p = 0.5); model d only perturbed."""
+    write_perturbed(bench_dir, "a", ROTATE, pointing=0.25, dice=0.0625, auroc=0.5, lost=2)
+    write_perturbed(bench_dir, "a", NOISE, pointing=0.375, dice=0.125, auroc=0.75)
+    write_perturbed(bench_dir, "d", NOISE, pointing=0.5, dice=0.25, auroc=0.625)
+    return bench_dir
+
+
+def test_perturbation_labels_name_the_pipeline():
+    assert perturbation_label(None) is None
+    assert perturbation_label(ROTATE) == "Rotate(limit=10, border_mode=0)"  # p = 1: always applied, left out
+    assert perturbation_label(NOISE + ROTATE, seed=3) == (
+        "GaussNoise(std_range=[0.02, 0.05], p=0.5) + Rotate(limit=10, border_mode=0), seed 3")
+    serialised = {"transform": {"__class_fullname__": "Compose", "p": 1.0, "transforms": [
+        {"__class_fullname__": "Rotate", "limit": [-10, 10], "p": 1.0}]}}
+    assert perturbation_label(serialised) == "Rotate(limit=[-10, 10])"
+
+
+def test_robustness_runs_stay_apart_from_the_benchmark(robustness_dir):
+    bench = Benchmark.from_folders([robustness_dir])
+    # the newer perturbed runs of a do not supersede its benchmark run; d has no benchmark run
+    assert bench.get("a", "chestx_det10").folder.name == "a__chestx_det10__1"
+    assert bench.models == ["a", "b", "c"] and len(bench.perturbed) == 3
+    assert [run.folder.parent.name for run in bench.superseded] == ["old"]
+    assert bench.robustness_pairs() == [("a", "chestx_det10"), ("d", "chestx_det10")]
+    assert [p for p, _ in bench.robustness_runs("a", "chestx_det10")] == [
+        None, "GaussNoise(std_range=[0.02, 0.05], p=0.5)", "Rotate(limit=10, border_mode=0)"]
+    table = grounding_table(bench)
+    assert markdown_grid(to_markdown(table))[1][4] == "<ins>50.0</ins>"  # a's PG on ChestX-Det10: the reference
+
+
+def test_robustness_table_lists_each_perturbation_under_its_reference(robustness_dir):
+    table = robustness_table(Benchmark.from_folders([robustness_dir]))
+    grid = markdown_grid(to_markdown(table))
+    assert grid[0] == ["Perturbation", "PG", "Dice@0.5", "Dice@τ*", "AUROC", "AUPRC"]
+    assert grid[1:] == [
+        ["*A on ChestX-Det10*", "", "", "", "", ""],
+        ["unperturbed (reference)", "50.0", "12.5", "25.0", "62.5", "25.0"],
+        ["GaussNoise(std_range=[0.02, 0.05], p=0.5)", "37.5", "12.5", "12.5", "75.0", "25.0"],
+        ["Rotate(limit=10, border_mode=0)", "25.0", "6.2", "6.2", "50.0", "25.0"],
+        ["*D on ChestX-Det10*", "", "", "", "", ""],
+        ["GaussNoise(std_range=[0.02, 0.05], p=0.5)", "50.0", "25.0", "25.0", "62.5", "25.0"],
+    ]  # nothing bold: perturbations are not ranked
+    assert "2 under Rotate(limit=10, border_mode=0) (A on ChestX-Det10)" in table.caption
+    assert robustness_table(Benchmark.from_folders([robustness_dir / "old"])) is None
+
+
+def test_robustness_figure_places_every_run(robustness_dir, tmp_path):
+    plot = robustness(Benchmark.from_folders([robustness_dir]))
+    pg, dice, auroc = plot.figure.axes[:3]
+    assert [t.get_text() for t in pg.get_yticklabels()] == [
+        "unperturbed (reference)", "GaussNoise\nstd_range=[0.02, 0.05],\np=0.5", "Rotate\nlimit=10, border_mode=0"]
+    assert pg.get_ylim()[0] > pg.get_ylim()[1]  # the reference on top
+    (a, d) = pg.collections
+    # a: the reference on row 0, noise on row 1, rotation on row 2; the two models drawn 0.075 apart of each row
+    np.testing.assert_allclose(a.get_offsets(), [[50.0, -0.075], [37.5, 0.925], [25.0, 1.925]])
+    np.testing.assert_allclose(d.get_offsets(), [[50.0, 1.075]])
+    np.testing.assert_allclose(auroc.collections[0].get_offsets()[:, 0], [62.5, 75.0, 50.0])
+    # a's reference value as a vertical dotted line; d has no reference run, so no line
+    verticals = [line for line in dice.lines if line.get_linestyle() == ":"]
+    assert [line.get_xdata()[0] for line in verticals] == [12.5]
+    assert auroc.get_xlim() == (-3, 100)
+    assert "2 under Rotate(limit=10, border_mode=0)" in plot.caption
+    png_size(plot.figure, tmp_path / "robustness.png")
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -268,15 +367,16 @@ def test_overlay_grid_shows_the_same_images_for_every_model(tmp_path):
     assert "(1) ATE: 2.png; (2) ATE: 5.png; (3) NOD: 3.png" in plot.caption
 
 
-def test_report_cli_writes_every_table_and_figure(bench_dir, tmp_path, capsys):
+def test_report_cli_writes_every_table_and_figure(robustness_dir, tmp_path, capsys):
+    bench_dir = robustness_dir
     write_overlays(bench_dir / "a__chestx_det10__1", [("nodule", "9.png")], seed=0)
     write_overlays(bench_dir / "b__chestx_det10__1", [("nodule", "9.png")], seed=1)
     out = tmp_path / "report"
-    files = report_main([str(bench_dir), "--out", str(out)])
+    files = report_main([str(bench_dir), "--out", str(out), "--no-analysis"])  # metrics.json only: no pairs
     names = sorted(str(p.relative_to(out)) for p in files)
-    tables = ["grounding", "grounding_fixed_tau", "pointing_game_chestx_det10", "recognition"]
+    tables = ["grounding", "grounding_fixed_tau", "pointing_game_chestx_det10", "recognition", "robustness"]
     figures = ["dice_vs_tau", "fig2_overlays_chestx_det10", "fig3_auroc_vs_pointing_game",
-               "fig4_dice_fixed_vs_best_tau"]
+               "fig4_dice_fixed_vs_best_tau", "robustness"]
     assert names == sorted(["report.md", *(f"tables/{t}.{s}" for t in tables for s in ("md", "csv", "tex")),
                             *(f"figures/{f}.png" for f in figures)])
     for name in figures:
@@ -285,8 +385,17 @@ def test_report_cli_writes_every_table_and_figure(bench_dir, tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "**Table 1: Grounding per model and dataset" in report and "**Table 4: Zero-shot recognition" in report
     assert "![Figure 4](figures/fig2_overlays_chestx_det10.png)" in report
+    assert "**Table 5: Grounding and recognition under perturbation" in report
+    assert "| A | ChestX-Det10 | Rotate(limit=10, border_mode=0) |" in report  # the runs, with their perturbation
     assert "Superseded" in report and "old" in report
     assert str(out / "report.md") in capsys.readouterr().out
+
+
+def test_report_of_robustness_runs_alone(tmp_path):
+    write_perturbed(tmp_path / "results", "d", NOISE, pointing=0.5, dice=0.25, auroc=0.625)
+    files = report_main([str(tmp_path / "results"), "--out", str(tmp_path / "r")])  # nothing to analyse
+    assert sorted(p.name for p in files) == ["report.md", "robustness.csv", "robustness.md", "robustness.png",
+                                            "robustness.tex"]
 
 
 def test_report_without_results_says_what_to_run(tmp_path):

@@ -113,3 +113,42 @@ def test_paper_suite_names_the_7x7_benchmark_at_the_paper_settings():
         "rsna", "siim", "covid_rural", "chestx_det10", "chexlocalize", "chestxray14", "vindr"]
     assert suite.settings == {"data.image_size": 224, "data.batch_size": 8}
     assert all("data.root" in d.settings for d in suite.datasets)
+
+
+def test_a_pair_with_an_augment_config_runs_and_is_told_apart_from_its_reference(tmp_path, phantom_root, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    phantom = str(CONFIGS / "data" / "phantom.yaml")
+    rotate = str(CONFIGS / "augment" / "rotate10.yaml")
+    suite = {
+        "results_dir": "results",
+        "settings": {"data.image_size": 32, "data.batch_size": 4, "data.num_workers": 0, "data.root": str(phantom_root),
+                     "trainer.enable_progress_bar": False, "trainer.logger": False},
+        "models": [str(CONFIGS / "models" / "random.yaml")],
+        "datasets": [{"config": [phantom, rotate]}],
+    }
+    (tmp_path / "rotated.yaml").write_text(yaml.safe_dump(suite))
+    (pair,) = plan(load_suite(tmp_path / "rotated.yaml"))
+    assert pair.dataset.label == "phantom+rotate10" and pair.status == "run"
+    assert main(["--config", "rotated.yaml"]) == 0
+    (folder,) = [p for p in (tmp_path / "results").iterdir() if not p.name.startswith(".")]
+    config = json.loads((folder / "metrics.json").read_text())["config"]
+    assert config["data"]["init_args"]["augment"] == yaml.safe_load(Path(rotate).read_text())["data"]["init_args"]["augment"]
+
+    # the rotated pair is done; the same model on the unperturbed phantom is not (its results would differ)
+    suite["datasets"] = [{"config": [phantom, rotate]}, phantom]
+    (tmp_path / "both.yaml").write_text(yaml.safe_dump(suite))
+    assert statuses(tmp_path / "both.yaml") == {
+        ("random", "phantom+rotate10"): ("done", str(Path("results") / folder.name)),
+        ("random", "phantom"): ("run", ""),
+    }
+
+
+def test_robustness_suite_runs_one_model_with_each_ready_pipeline():
+    suite = load_suite(CONFIGS / "suites" / "robustness.yaml")
+    assert suite.results_dir == Path("results-robustness")
+    assert [d.label for d in suite.datasets] == [
+        "phantom", "phantom+rotate10", "phantom+brightness_contrast", "phantom+gaussian_noise", "phantom+downscale"]
+    pipelines = {p.stem for p in (CONFIGS / "augment").glob("*.yaml")}
+    assert {d.configs[-1].stem for d in suite.datasets[1:]} == pipelines
+    assert all(path.is_file() for d in suite.datasets for path in d.configs)

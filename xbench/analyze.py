@@ -11,13 +11,15 @@ import argparse
 import json
 from pathlib import Path
 
-from xbench.analysis.pipeline import DEFAULT_SIZE_BINS, Settings, analyze
+import pandas as pd
+
+from xbench.analysis.pipeline import Analysis, analyze
+from xbench.analysis.settings import add_arguments, from_arguments
 from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
-from xbench.reporting.results import _atomic_write
+from xbench.reporting.folder import atomic_write
 
 
 def parse_args(args: list[str] | None) -> argparse.Namespace:
-    defaults = Settings()
     parser = argparse.ArgumentParser(
         prog="python -m xbench.analyze",
         description="Paired bootstrap intervals, paired differences, calibrated thresholds, lesion-size strata "
@@ -25,35 +27,36 @@ def parse_args(args: list[str] | None) -> argparse.Namespace:
     parser.add_argument("results", nargs="+", metavar="RESULTS_DIR",
                         help="results folders of test-split runs, or folders holding them")
     parser.add_argument("--out", default="analysis", help="output folder (default: analysis/)")
-    parser.add_argument("--validation", nargs="+", default=[], metavar="VAL_DIR",
-                        help="results folders of the same models on the dataset's validation split: each sets "
-                             "its model's calibrated τ. Without them τ is cross-fitted over the test images.")
-    parser.add_argument("--replicates", type=int, default=defaults.replicates, help="bootstrap replicates")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of resampling and folds")
-    parser.add_argument("--confidence", type=float, default=defaults.confidence, help="interval level")
-    parser.add_argument("--folds", type=int, default=defaults.folds, help="K of the cross-fitted τ")
-    parser.add_argument("--size-bins", type=float, nargs="*", default=list(DEFAULT_SIZE_BINS), metavar="FRACTION",
-                        help="lesion-area boundaries as fractions of the image (default: 0.01 0.1)")
+    add_arguments(parser)
     return parser.parse_args(args)
+
+
+def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFrame], list[Path]]:
+    """Write every table as ``<name>.csv``, all of them in ``analysis.json``, and ``summary.md``
+    under ``out``; return the tables and the files written."""
+    tables = analysis_tables(analysis)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, frame in tables.items():
+        written.append(out / f"{name}.csv")
+        atomic_write(written[-1], lambda p, frame=frame: frame.to_csv(p, index=False))
+    payload = analysis_json(analysis, tables)
+    written.append(out / "analysis.json")
+    atomic_write(written[-1], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
+    summary = summary_markdown(analysis, tables)
+    written.append(out / "summary.md")
+    atomic_write(written[-1], lambda p: p.write_text(summary))
+    return tables, written
 
 
 def main(args: list[str] | None = None) -> Path:
     """Run the analysis and write its files; return the output folder."""
     options = parse_args(args)
-    settings = Settings(replicates=options.replicates, seed=options.seed, confidence=options.confidence,
-                        folds=options.folds, size_bins=tuple(options.size_bins))
-    analysis = analyze(options.results, options.validation, settings)
-    tables = analysis_tables(analysis)
+    analysis = analyze(options.results, options.validation, from_arguments(options))
     out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.items():
-        _atomic_write(out / f"{name}.csv", lambda p, frame=frame: frame.to_csv(p, index=False))
-    payload = analysis_json(analysis, tables)
-    _atomic_write(out / "analysis.json", lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
-    summary = summary_markdown(analysis, tables)
-    _atomic_write(out / "summary.md", lambda p: p.write_text(summary))
-    print(summary)
-    print(f"Analysis written to {out}/: {', '.join(f'{n}.csv' for n in tables)}, analysis.json, summary.md")
+    _, written = write_analysis(analysis, out)
+    print((out / "summary.md").read_text())
+    print(f"Analysis written to {out}/: {', '.join(path.name for path in written)}")
     return out
 
 

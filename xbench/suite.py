@@ -10,6 +10,12 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
       - {config: lightning_configs/models/kad.yaml, settings: {model.checkpoint_dir: /weights/kad}}
     datasets:
       - {config: lightning_configs/data/rsna.yaml, settings: {data.root: datasets/rsna}}
+      - {config: [lightning_configs/data/rsna.yaml, lightning_configs/augment/rotate10.yaml],
+         settings: {data.root: datasets/rsna}}
+
+An entry's ``config`` may list several files, composed in order (``--config`` repeated): a
+dataset with an augment pipeline, a model with ``gradcam.yaml``. Its label joins their names
+(``rsna+rotate10``).
 
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
@@ -44,14 +50,14 @@ SUITE_KEYS = {"results_dir", "settings", "models", "datasets"}
 
 @dataclass(frozen=True)
 class Entry:
-    """A model or dataset of the suite: its config file and its own settings."""
+    """A model or dataset of the suite: its config files (composed in order) and its own settings."""
 
-    config: Path
+    configs: tuple[Path, ...]
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        return self.config.stem
+        return "+".join(config.stem for config in self.configs)
 
 
 @dataclass(frozen=True)
@@ -77,12 +83,23 @@ class Pair:
         return f"{self.model.label} on {self.dataset.label}"
 
 
+def _configs(value: Any) -> tuple[Path, ...] | None:
+    if isinstance(value, str):
+        return (Path(value),)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(map(Path, value))
+    return None
+
+
 def _entry(item: Any, where: str) -> Entry:
-    if isinstance(item, str):
-        return Entry(Path(item))
-    if isinstance(item, dict) and set(item) <= {"config", "settings"} and "config" in item:
-        return Entry(Path(item["config"]), dict(item.get("settings") or {}))
-    raise ValueError(f"{where}: expected a config path or {{config: PATH, settings: {{...}}}}; got {item!r}")
+    if isinstance(item, dict) and set(item) <= {"config", "settings"}:
+        configs, settings = _configs(item.get("config")), dict(item.get("settings") or {})
+    else:
+        configs, settings = (_configs(item) if isinstance(item, str) else None), {}
+    if configs is None:
+        raise ValueError(
+            f"{where}: expected a config path or {{config: PATH or [PATH, ...], settings: {{...}}}}; got {item!r}")
+    return Entry(configs, settings)
 
 
 def load_suite(path: Path) -> Suite:
@@ -132,14 +149,15 @@ def composed_config(suite: Suite, pair: Pair) -> dict:
     """The pair's config as the run will compose it: model file, data file, then the settings."""
     config: dict = {}
     for entry in (pair.model, pair.dataset):
-        _merge(config, yaml.safe_load(entry.config.read_text()) or {})
+        for path in entry.configs:
+            _merge(config, yaml.safe_load(path.read_text()) or {})
     for key, value in _settings(suite, pair).items():
         _merge(config, _nested(key, value))
     return config
 
 
 def run_arguments(suite: Suite, pair: Pair) -> list[str]:
-    args = ["--config", str(pair.model.config), "--config", str(pair.dataset.config)]
+    args = [arg for entry in (pair.model, pair.dataset) for path in entry.configs for arg in ("--config", str(path))]
     for key, value in _settings(suite, pair).items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
     return args + ["--model.results_dir", str(suite.results_dir)]
@@ -180,6 +198,13 @@ def identity(config: dict) -> dict:
     return {"model": model, "data": config.get("data", {})}
 
 
+def perturbation(config: dict) -> tuple[Any, int]:
+    """The data's augment pipeline and its seed (none, 0 where unset): a pair that names no
+    pipeline is not done by a robustness run of the same model and data, nor the other way."""
+    data = (config.get("data") or {}).get("init_args") or {}
+    return data.get("augment"), data.get("augment_seed") or 0
+
+
 def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """Every results folder under ``results_dir`` with its resolved config."""
     if not results_dir.is_dir():
@@ -189,14 +214,14 @@ def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
 
 def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bool) -> None:
     """Set the pair's status: a missing file or folder, results that exist, or ready to run."""
-    for entry in (pair.model, pair.dataset):
-        if not entry.config.is_file():
-            pair.status, pair.detail = "missing", f"config {entry.config}"
+    for path in (*pair.model.configs, *pair.dataset.configs):
+        if not path.is_file():
+            pair.status, pair.detail = "missing", f"config {path}"
             return
     pair.config = composed_config(suite, pair)
     try:
-        model = _class(pair.config.get("model", {}), f"{pair.model.config}: model")
-        data = _class(pair.config.get("data", {}), f"{pair.dataset.config}: data")
+        model = _class(pair.config.get("model", {}), f"{pair.model.label}: model")
+        data = _class(pair.config.get("data", {}), f"{pair.dataset.label}: data")
     except LookupError as error:
         pair.status, pair.detail = "missing", str(error)
         return
@@ -214,7 +239,8 @@ def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bo
     if takes and root is not None and not Path(root).expanduser().exists():
         pair.status, pair.detail = "missing", f"data.root {root}"
         return
-    done = [folder for folder, config in existing if _subset(identity(pair.config), config)]
+    done = [folder for folder, config in existing
+            if _subset(identity(pair.config), config) and perturbation(config) == perturbation(pair.config)]
     if done and not force:
         pair.status, pair.detail = "done", str(done[-1])
 

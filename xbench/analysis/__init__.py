@@ -8,22 +8,25 @@
 ``analyze(folders, validation=..., settings=Settings(...))`` returns an :class:`Analysis`; the
 functions in :mod:`xbench.analysis.tables` turn it into plain tables. ``python -m
 xbench.analyze`` writes them to disk.
+
+The names below load on first use, so that ``xbench.analysis.settings`` (the CLIs' options)
+imports without torch.
 """
 
-from xbench.analysis.pipeline import Analysis, DatasetAnalysis, RunAnalysis, Settings, analyze
-from xbench.analysis.runs import Run, load_run
-from xbench.analysis.tables import (
-    analysis_tables,
-    calibration_table,
-    correlation_table,
-    difference_table,
-    format_interval,
-    interval_table,
-    strata_table,
-)
+from importlib import import_module
 
-__all__ = [
-    "Analysis", "DatasetAnalysis", "Run", "RunAnalysis", "Settings", "analysis_tables", "analyze",
-    "calibration_table", "correlation_table", "difference_table", "format_interval", "interval_table",
-    "load_run", "strata_table",
-]
+_HOMES = {
+    "Analysis": "pipeline", "DatasetAnalysis": "pipeline", "RunAnalysis": "pipeline", "analyze": "pipeline",
+    "Settings": "settings",
+    "Run": "runs", "load_run": "runs",
+    "analysis_tables": "tables", "calibration_table": "tables", "correlation_table": "tables",
+    "difference_table": "tables", "format_interval": "tables", "interval_table": "tables", "strata_table": "tables",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -71,5 +71,5 @@ def paired_difference(a: Tensor, b: Tensor, confidence: float) -> dict[str, Tens
     difference = a.double() - b.double()
     out = percentile_interval(difference, confidence)
     defined = ~difference[1:].isnan()
-    out["a_better"] = ((difference[1:] > 0) & defined).sum(0) / defined.sum(0)
+    out["a_better"] = ((difference[1:] > 0) & defined).sum(0).double() / defined.sum(0)
     return out

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,33 +23,7 @@ from xbench.analysis.grounding import (
 )
 from xbench.analysis.recognition import recognition_statistics
 from xbench.analysis.runs import DatasetRuns, Run, find_run_folders, group_runs, load_run
-
-#: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
-DEFAULT_SIZE_BINS = (0.01, 0.1)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """replicates: bootstrap replicates; seed: of every random stream; confidence: interval level;
-    folds: K of the cross-fitted threshold; size_bins: ascending area-fraction boundaries."""
-
-    replicates: int = 1000
-    seed: int = 0
-    confidence: float = 0.95
-    folds: int = 5
-    size_bins: tuple[float, ...] = field(default=DEFAULT_SIZE_BINS)
-
-    def __post_init__(self) -> None:
-        if self.replicates < 1:
-            raise ValueError(f"replicates must be at least 1; got {self.replicates}")
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence must lie in (0, 1); got {self.confidence}")
-        if self.folds < 2:
-            raise ValueError(f"folds must be at least 2; got {self.folds}")
-        bins = tuple(float(b) for b in self.size_bins)
-        if not all(0 < b < 1 for b in bins) or list(bins) != sorted(set(bins)):
-            raise ValueError(f"size_bins must be strictly increasing fractions in (0, 1); got {list(self.size_bins)}")
-        object.__setattr__(self, "size_bins", bins)
+from xbench.analysis.settings import Settings
 
 
 def stratum_labels(size_bins: Sequence[float]) -> list[str]:

@@ -21,9 +21,8 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.results import SCHEMA
+from xbench.reporting.folder import METRICS as METRICS_FILE, SCHEMA
 
-METRICS_FILE = "metrics.json"
 PAIRS_FILE = "pairs.csv.gz"
 PREDICTED_COLUMNS = [f"pred_{k:03d}" for k in range(NUM_THRESHOLDS)]
 INTER_COLUMNS = [f"inter_{k:03d}" for k in range(NUM_THRESHOLDS)]

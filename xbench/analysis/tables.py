@@ -14,6 +14,7 @@ from xbench.analysis.bootstrap import paired_difference, percentile_interval
 from xbench.analysis.correlation import r_squared
 from xbench.analysis.pipeline import Analysis, DatasetAnalysis
 from xbench.analysis.recognition import RECOGNITION
+from xbench.reporting.tables import ALL, MACRO, format_interval
 
 GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "dice@calibrated",
              "iou@0.5", "iou@best", "iou@best_tau", "iou@calibrated")
@@ -23,16 +24,6 @@ MACRO_METRICS = tuple(m for m in METRICS if not m.endswith("_tau"))
 STRATA_METRICS = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated")
 #: Grounding metrics set against macro AUROC in the recognition-vs-grounding correlation.
 CORRELATED = ("pointing_game", "dice@0.5", "dice@best")
-MACRO = "macro"
-ALL = "all"
-
-
-def format_interval(estimate: float, lower: float, upper: float, scale: float = 100, digits: int = 1) -> str:
-    """``61.6 [58.9, 64.2]`` (values scaled by ``scale``); ``–`` for an undefined estimate."""
-    if estimate is None or math.isnan(estimate):
-        return "–"
-    text = lambda v: "–" if v is None or math.isnan(v) else f"{scale * v:.{digits}f}"  # noqa: E731
-    return f"{text(estimate)} [{text(lower)}, {text(upper)}]"
 
 
 def _scalars(interval: dict[str, torch.Tensor], index: int | tuple = ()) -> dict[str, float]:
@@ -72,7 +63,9 @@ def difference_table(analysis: Analysis) -> pd.DataFrame:
                         rows.append({**head, "class": key, "metric": metric, **_scalars(difference, c)})
                     difference = paired_difference(a.macro(metric), b.macro(metric), confidence)
                     rows.append({**head, "class": MACRO, "metric": metric, **_scalars(difference)})
-    return pd.DataFrame(rows).rename(columns={"estimate": "difference"})
+    columns = ["dataset", "model_a", "model_b", "class", "metric", "estimate", "lower", "upper", "replicates",
+               "a_better"]  # named, so that a dataset with one model gives an empty table with its header
+    return pd.DataFrame(rows, columns=columns).rename(columns={"estimate": "difference"})
 
 
 def calibration_table(analysis: Analysis) -> pd.DataFrame:

@@ -4,7 +4,10 @@
 - Fig. 3: recognition (macro AUROC) against grounding (macro Pointing Game) with a least-squares
   line and its R² (:func:`recognition_vs_grounding`);
 - Fig. 4: Dice at the fixed tau = 0.5 against Dice at the best tau*, with the gap (:func:`dice_gap`);
-- Dice against tau per model (:func:`dice_curves`).
+- Dice against tau per model (:func:`dice_curves`);
+- with the analysis (``xbench.analysis``): Pointing Game and Dice by lesion size, one line per
+  model with bootstrap intervals (:func:`lesion_size`), and the R² of Fig. 3 with its interval;
+- with robustness runs: grounding and recognition under each perturbation (:func:`robustness`).
 
 Each function returns :class:`Plot`: the figure and the caption that explains it. Figures use
 matplotlib's object API (no pyplot state), so they can be built in any process. A model keeps
@@ -27,6 +30,9 @@ from matplotlib.lines import Line2D
 from xbench.findings import display_name, short_name
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.folder import read_overlays
+from xbench.reporting.tables import (
+    ALL, REFERENCE, ROBUSTNESS_METRICS, STRATA_METRICS, ReportAnalysis, format_interval, lost_regions,
+)
 
 DPI = 200
 FONT_SIZE = 9
@@ -81,9 +87,12 @@ def _style(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
-def model_colours(bench: Benchmark) -> dict[str, tuple]:
+def model_colours(bench: Benchmark, extra: list[str] = ()) -> dict[str, tuple]:
+    """A colour per model: the benchmark's models first (the same colour in every figure), then
+    any model seen only in ``extra`` (one with robustness runs only)."""
     palette = colormaps["tab10"]
-    return {model: palette(i % 10) for i, model in enumerate(bench.models)}
+    models = list(dict.fromkeys([*bench.models, *extra]))
+    return {model: palette(i % 10) for i, model in enumerate(models)}
 
 
 def _grid_shape(panels: int, max_columns: int = 3) -> tuple[int, int]:
@@ -102,8 +111,18 @@ def _subplots(figure: Figure, panels: int):
 # -- Fig. 3 ------------------------------------------------------------------------------------
 
 
-def recognition_vs_grounding(bench: Benchmark) -> Plot:
-    """One point per (model, dataset): macro AUROC against macro Pointing Game; one fitted line."""
+def _r2_interval(bench: Benchmark, analysis: ReportAnalysis | None) -> tuple[float, float] | None:
+    """The bootstrap interval of Fig. 3's R² (AUROC vs Pointing Game over every point)."""
+    if analysis is None:
+        return None
+    scope = ALL if len(bench.datasets) > 1 else bench.datasets[0]
+    (row,) = analysis.rows("correlation", scope=scope, grounding="pointing_game")
+    return row["lower"], row["upper"]
+
+
+def recognition_vs_grounding(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Plot:
+    """One point per (model, dataset): macro AUROC against macro Pointing Game; one fitted line
+    (with the analysis: its R² with a bootstrap interval)."""
     colours = model_colours(bench)
     figure = _figure(7.0, 4.2)
     ax = figure.subplots()
@@ -120,10 +139,16 @@ def recognition_vs_grounding(bench: Benchmark) -> Plot:
         ax.scatter(100 * auroc, 100 * pointing, s=36, color=colours[model], marker=markers[dataset],
                    edgecolors="black", linewidths=0.4, zorder=3)
     fit = linear_fit(np.array(xs), np.array(ys))
+    interval = _r2_interval(bench, analysis) if fit is not None else None
+    r2_text = ""
     if fit is not None:
+        r2_text = f"{fit.r2:.2f}"
+        if interval is not None:
+            level = f"{100 * analysis.settings.confidence:g}%"
+            r2_text = format_interval(fit.r2, *interval, scale=1, digits=2).replace(" [", f", {level} CI [", 1)
         line_x = np.array([min(xs), max(xs)])
         ax.plot(line_x, fit.slope * line_x + fit.intercept, color="black", linewidth=1, linestyle="--", zorder=2)
-        ax.text(0.03, 0.95, f"R² = {fit.r2:.2f}  (n = {fit.n})", transform=ax.transAxes, fontsize=FONT_SIZE + 1,
+        ax.text(0.03, 0.95, f"R² = {r2_text}  (n = {fit.n})", transform=ax.transAxes, fontsize=FONT_SIZE + 1,
                 va="top", bbox={"facecolor": "white", "edgecolor": "0.7", "boxstyle": "round,pad=0.3"})
     ax.set_xlabel("Recognition: macro AUROC (%)", fontsize=FONT_SIZE + 1)
     ax.set_ylabel("Grounding: macro Pointing Game (%)", fontsize=FONT_SIZE + 1)
@@ -139,8 +164,10 @@ def recognition_vs_grounding(bench: Benchmark) -> Plot:
     caption = (
         "Recognition against grounding: each point is one model on one dataset (colour: model, shape: dataset), "
         "both macro means over classes. "
-        + (f"Dashed: least-squares line, R² = {fit.r2:.2f} over n = {fit.n} points. " if fit is not None
+        + (f"Dashed: least-squares line, R² = {r2_text} over n = {fit.n} points. " if fit is not None
            else "No line: fewer than two points or no spread. ")
+        + ("CI: bootstrap percentile interval of R² (each dataset's images resampled, both macro means and R² "
+           "recomputed in every replicate). " if interval is not None else "")
         + (f"Left out (no AUROC or no graded pair): {', '.join(left_out)}." if left_out else "")
     )
     return Plot("fig3_auroc_vs_pointing_game", figure, caption.strip())
@@ -236,6 +263,143 @@ def dice_curves(bench: Benchmark) -> Plot:
     return Plot("dice_vs_tau", figure, caption)
 
 
+# -- lesion size -------------------------------------------------------------------------------
+
+STRATA_LABELS = {"pointing_game": ("Pointing Game", "hits (% of pairs)"),
+                 "dice@0.5": ("Dice at τ = 0.5", "mean Dice (%)")}
+
+
+def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
+    """Per dataset (rows), Pointing Game and Dice at tau = 0.5 (columns) per lesion-size bin, every
+    class's pairs pooled: one line per model, bootstrap intervals as error bars."""
+    datasets = [d for d in bench.datasets if analysis.rows("strata", dataset=d, **{"class": ALL})]
+    if not datasets:
+        return None
+    colours = model_colours(bench)
+    figure = _figure(7.0, 2.9 * len(datasets) + 0.6)
+    axes = figure.subplots(len(datasets), len(STRATA_METRICS), squeeze=False)
+    handles = {}
+    for row_axes, dataset in zip(axes, datasets):
+        found = analysis.rows("strata", dataset=dataset, **{"class": ALL})
+        strata = list(dict.fromkeys(row["stratum"] for row in found))
+        counts = {s: max(row["pairs"] for row in found if row["stratum"] == s) for s in strata}
+        models = [m for m in bench.models_on(dataset) if any(row["model"] == m for row in found)]
+        positions = np.arange(len(strata), dtype=float)
+        for ax, (_, metric) in zip(row_axes, STRATA_METRICS):
+            for i, model in enumerate(models):
+                rows = {row["stratum"]: row for row in found if row["model"] == model and row["metric"] == metric}
+                values = np.array([rows[s]["estimate"] for s in strata], dtype=float) * 100
+                lower = np.array([rows[s]["lower"] for s in strata], dtype=float) * 100
+                upper = np.array([rows[s]["upper"] for s in strata], dtype=float) * 100
+                offset = (i - (len(models) - 1) / 2) * min(0.08, 0.4 / max(len(models), 1))
+                handles[model] = ax.errorbar(
+                    positions + offset, values, yerr=np.nan_to_num(np.stack([values - lower, upper - values])),
+                    color=colours[model], marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.4,
+                    capsize=2.5, elinewidth=0.9, label=bench.model_label(model))
+            ax.set_xticks(positions, [f"{s}\n(n = {counts[s]})" for s in strata])
+            ax.set_xlim(-0.5, len(strata) - 0.5)
+            ax.set_ylim(bottom=-3)  # a point at 0 stays whole
+            title, unit = STRATA_LABELS[metric]
+            ax.set_ylabel(unit, fontsize=FONT_SIZE)
+            ax.set_title(f"{bench.dataset_label(dataset)}: {title}", fontsize=FONT_SIZE + 1)
+            _style(ax)
+            ax.grid(axis="x", visible=False)
+        for ax in row_axes:
+            ax.set_xlabel("lesion area as a share of the image", fontsize=FONT_SIZE)
+    ordered = [m for m in bench.models if m in handles]
+    figure.legend([handles[m] for m in ordered], [bench.model_label(m) for m in ordered], loc="outside lower center",
+                  ncols=min(len(ordered), 4) or 1, fontsize=FONT_SIZE, frameon=False)
+    level = f"{100 * analysis.settings.confidence:g}%"
+    caption = (
+        "Grounding by lesion size: Pointing Game (left) and Dice at the fixed τ = 0.5 (right) per size bin of the "
+        "region's area as a share of the image (in the batch geometry), the pairs of every class pooled; n = graded "
+        f"(image, class) pairs in the bin. One line per model; error bars: {level} bootstrap intervals "
+        f"({analysis.settings.replicates} replicates, images resampled). Models are drawn slightly apart along x "
+        "so that their bars do not overlap. A bin without pairs has no point."
+    )
+    return Plot("lesion_size", figure, caption)
+
+
+# -- robustness --------------------------------------------------------------------------------
+
+#: The robustness figure's panels: Pointing Game, Dice at tau = 0.5, AUROC
+ROBUSTNESS_PANELS = tuple(m for m in ROBUSTNESS_METRICS if m[2] in ("pointing_game", "dice@0.5", "auroc"))
+ROBUSTNESS_LABELS = {"pointing_game": "Pointing Game", "dice@0.5": "Dice at τ = 0.5", "auroc": "AUROC"}
+
+
+def perturbation_tick(label: str, width: int = 26) -> str:
+    """A perturbation label over several lines: each transform's name, then its arguments."""
+    lines = []
+    for part in label.split(" + "):
+        name, _, rest = part.partition("(")
+        arguments, _, tail = rest.rpartition(")")
+        lines.append(name if not lines else f"+ {name}")
+        lines += textwrap.wrap(arguments, width, break_long_words=False)
+        lines += [tail.strip(", ")] if tail.strip(", ") else []  # the seed
+    return "\n".join(lines)
+
+
+def robustness(bench: Benchmark) -> Plot | None:
+    """Per dataset (rows) and metric (columns): each model's value under every perturbation (one
+    row of the panel each, the unperturbed reference on top), its reference value as a dotted line."""
+    pairs = bench.robustness_pairs()
+    if not pairs:
+        return None
+    datasets = list(dict.fromkeys(d for _, d in pairs))
+    colours = model_colours(bench, sorted({m for m, _ in pairs}))
+    labels = {d: [REFERENCE] + sorted({p for m, e in pairs if e == d for p, _ in bench.robustness_runs(m, d) if p})
+              for d in datasets}
+    wrapped = {label: label if label == REFERENCE else perturbation_tick(label) for d in datasets for label in labels[d]}
+    height = sum(0.3 * sum(wrapped[label].count("\n") + 1 for label in labels[d]) + 1.0 for d in datasets) + 0.7
+    figure = _figure(9.0, height)
+    axes = figure.subplots(len(datasets), len(ROBUSTNESS_PANELS), squeeze=False, sharey="row",
+                           gridspec_kw={"height_ratios": [len(labels[d]) for d in datasets]})
+    handles = {}
+    for row_axes, dataset in zip(axes, datasets):
+        models = [m for m, d in pairs if d == dataset]
+        positions = {label: i for i, label in enumerate(labels[dataset])}
+        for ax, (_, section, metric) in zip(row_axes, ROBUSTNESS_PANELS):
+            largest = 0.0
+            for i, model in enumerate(models):
+                offset = (i - (len(models) - 1) / 2) * min(0.15, 0.6 / len(models))
+                points = [(positions[p or REFERENCE] + offset, run.results[section]["macro"][metric])
+                          for p, run in bench.robustness_runs(model, dataset)]
+                ys = [y for y, v in points if v is not None]
+                xs = [100 * v for _, v in points if v is not None]
+                largest = max([largest, *xs])
+                handles[model] = ax.scatter(xs, ys, s=30, color=colours[model], marker=MARKERS[i % len(MARKERS)],
+                                            edgecolors="black", linewidths=0.4, zorder=3)
+                reference = bench.get(model, dataset)
+                if reference is not None and reference.results[section]["macro"][metric] is not None:
+                    ax.axvline(100 * reference.results[section]["macro"][metric], color=colours[model],
+                               linestyle=":", linewidth=1, zorder=2)
+            ax.set_yticks(range(len(labels[dataset])), [wrapped[label] for label in labels[dataset]])
+            ax.set_ylim(len(labels[dataset]) - 0.5, -0.5)  # the reference on top
+            ax.axhline(0.5, color="0.6", linewidth=0.6)
+            # from 0, so that small changes look small; AUROC on its whole range (chance: 50)
+            right = 100 if metric == "auroc" else min(100, max(10.0, 1.15 * largest))
+            ax.set_xlim(-0.03 * right, right)
+            ax.set_xlabel(f"{ROBUSTNESS_LABELS[metric]} (%)", fontsize=FONT_SIZE)
+            ax.set_title(f"{bench.dataset_label(dataset)}: {ROBUSTNESS_LABELS[metric]}", fontsize=FONT_SIZE + 1)
+            _style(ax)
+            ax.grid(axis="y", visible=False)
+    ordered = sorted(handles)
+    reference_line = Line2D([], [], color="0.3", linestyle=":", linewidth=1)
+    figure.legend([*(handles[m] for m in ordered), reference_line],
+                  [*(bench.model_label(m) for m in ordered), "its unperturbed value"], loc="outside lower center",
+                  ncols=min(len(ordered) + 1, 5), fontsize=FONT_SIZE, frameon=False)
+    lost = [f"{lost_regions(run)} under {p}" for m, d in pairs for p, run in bench.robustness_runs(m, d)
+            if p and lost_regions(run)]
+    caption = (
+        "Grounding and recognition under perturbation: each row one augment pipeline (applied to image and masks "
+        "together, the same perturbed images for every model), the unperturbed run on top; one marker per model "
+        "(models drawn slightly apart vertically), its unperturbed value as a dotted line of its colour. "
+        "Pointing Game, Dice at the fixed τ = 0.5 and AUROC are macro means over classes."
+        + (f" Regions pushed out of the frame (left out of grounding): {'; '.join(lost)}." if lost else "")
+    )
+    return Plot("robustness", figure, caption)
+
+
 # -- Fig. 2 ------------------------------------------------------------------------------------
 
 
@@ -321,6 +485,8 @@ def _overlay_grid(bench: Benchmark, dataset: str, saved: dict, pairs: list[tuple
     return Plot(name, figure, caption)
 
 
-def paper_figures(bench: Benchmark) -> list[Plot]:
-    """Every figure of the report, in order."""
-    return [recognition_vs_grounding(bench), dice_gap(bench), dice_curves(bench), *overlay_grids(bench)]
+def paper_figures(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Plot]:
+    """Every figure of the report, in order (the lesion-size figure with the analysis)."""
+    plots = [recognition_vs_grounding(bench, analysis), dice_gap(bench), dice_curves(bench)]
+    strata = lesion_size(bench, analysis) if analysis is not None else None
+    return plots + ([strata] if strata is not None else []) + overlay_grids(bench)

@@ -1,4 +1,5 @@
-"""The layout of a results folder (file names, schema) and reading it back.
+"""The layout of a results folder (file names, schema), reading it back, and the atomic write
+every output file of XBench goes through.
 
 Kept apart from the writer (``results.py``) and free of torch, so that the report and the suite
 start quickly.
@@ -7,6 +8,9 @@ start quickly.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,3 +55,19 @@ def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
         return None
     with np.load(path, allow_pickle=False) as arrays:
         return {name: arrays[name] for name in arrays.files}
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, then rename it to ``path``.
+
+    A reader never sees a half-written file: an interrupted write leaves the old file (or none).
+    """
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(descriptor)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -33,7 +33,7 @@ import yaml
 
 from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
-from xbench.reporting.folder import METRICS, OVERLAYS, SCHEMA
+from xbench.reporting.folder import METRICS, OVERLAYS, SCHEMA, atomic_write
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = (
@@ -277,17 +277,6 @@ def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
         np.savez_compressed(handle, **overlays)
 
 
-def _atomic_write(path: Path, write) -> None:
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(descriptor)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_results(
     results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
     overlays: dict[str, np.ndarray] | None = None,
@@ -302,20 +291,20 @@ def write_results(
         suffix += 1
     staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{final.name}."))
     try:
-        _atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
+        atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
             {"class": key, "display": display_name(key),
              **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
              **{f"classification/{k}": v for k, v in results["classification"]["per_class"][key].items()}}
             for key in results["classes"]
         ])
-        _atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
-        _atomic_write(staging / "summary.md", lambda p: p.write_text(summary_markdown(results)))
+        atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
+        atomic_write(staging / "summary.md", lambda p: p.write_text(summary_markdown(results)))
         pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
-        _atomic_write(staging / "pairs.csv.gz", lambda p: pairs.to_csv(p, index=False, compression="gzip"))
-        _atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        atomic_write(staging / "pairs.csv.gz", lambda p: pairs.to_csv(p, index=False, compression="gzip"))
+        atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
-            _atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
+            atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
         os.rename(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
