@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
+from xbench.models.random_weights import clip_state
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,17 +41,10 @@ def tiny_arch(tmp_path_factory):
     return "xbench-tiny-clip"
 
 
-def random_state(arch: str, seed: int) -> dict:
-    torch.manual_seed(seed)
-    state = open_clip.create_model(arch).state_dict()
-    state["logit_scale"] = torch.tensor(math.log(50.0))
-    return state
-
-
 @pytest.fixture(scope="module")
 def tiny_folder(tiny_arch, tmp_path_factory):
     folder = tmp_path_factory.mktemp("clip")
-    save_file(random_state(tiny_arch, 0), folder / "open_clip_model.safetensors")
+    save_file(clip_state(tiny_arch, 0), folder / "open_clip_model.safetensors")
     return folder
 
 
@@ -98,7 +92,7 @@ def test_full_size_checkpoint_equals_manifest_offline(tmp_path_factory, no_netwo
 
 
 def test_bin_format_and_preference(tiny_arch, tmp_path, no_network):
-    bin_state, safetensors_state = random_state(tiny_arch, 1), random_state(tiny_arch, 2)
+    bin_state, safetensors_state = clip_state(tiny_arch, 1), clip_state(tiny_arch, 2)
     torch.save(bin_state, tmp_path / "open_clip_pytorch_model.bin")
     loaded = load(tmp_path).model.state_dict()
     assert all(torch.equal(loaded[key], value) for key, value in bin_state.items())
@@ -117,7 +111,7 @@ def test_bin_format_and_preference(tiny_arch, tmp_path, no_network):
     ids=["missing", "extra", "reshaped"],
 )
 def test_checkpoint_mismatch_names_the_key(tiny_arch, tmp_path, edit, pattern):
-    state = random_state(tiny_arch, 0)
+    state = clip_state(tiny_arch, 0)
     edit(state)
     save_file(state, tmp_path / "open_clip_model.safetensors")
     with pytest.raises(CheckpointMismatchError, match=pattern):

@@ -9,106 +9,33 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
-from xbench.models.mavl import ASPECTS, MAVL, AttentionPool2d, MAVLNet
+from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
 from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, MedKLIPNet, entity_book
 from xbench.models.preprocess import equalize_histogram
+from xbench.models.random_weights import (
+    aspect_sentences,
+    description,
+    write_aspects,
+    write_bert,
+    write_descriptions,
+    write_mavl,
+    write_medklip,
+)
 from xbench.test import main
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS = TESTS.parent / "lightning_configs"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PNEUMONIA = 20  # the authors' index of "pneumonia" in the 75-entity book
-
-
-# -- files in the authors' formats -----------------------------------------------------------------
-
-def description(entity: str) -> str:
-    return f"The {entity.replace('_', ' ')} finding, seen as a Shadow on the chest radiograph."
-
-
-def aspect_sentence(entity: str, aspect: str) -> str:
-    return f"{aspect}: the {aspect} of {entity.replace('_', ' ')} on the radiograph."
-
-
-def write_descriptions(path: Path, entities, medklip_spelling: bool) -> dict[str, str]:
-    """``observation explanation.json``: MedKLIP's copy keys pneumonia as ``eumonia``."""
-    book = {("eumonia" if medklip_spelling and e == "pneumonia" else e): description(e) for e in entities}
-    path.write_text(json.dumps(book, indent=4))
-    return book
-
-
-def aspect_sentences(entity: str) -> list[str]:
-    """The 8 sentences of ``entity``; three entities spell "others", as in the authors' file."""
-    spelled = "others" if entity in ("sharply", "lead", "aerate") else "other"
-    return [aspect_sentence(entity, spelled if aspect == "other" else aspect) for aspect in ASPECTS]
-
-
-def write_aspects(path: Path, entities) -> None:
-    """``gpt4_mimic.json``: entity -> 8 sentences ``"<aspect>: ..."``."""
-    path.write_text(json.dumps({entity: aspect_sentences(entity) for entity in entities}, indent=4))
-
-
-def write_bert(folder: Path, seed: int = 0) -> None:
-    """A 1-layer BERT with hidden size 768, saved as Bio_ClinicalBERT is: ``bert.`` keys plus MLM heads."""
-    folder.mkdir(parents=True, exist_ok=True)
-    words = set()
-    for entity in (*ENTITIES, COVID_ENTITY):
-        for aspect in ("", *ASPECTS, "others"):
-            text = aspect_sentence(entity, aspect) + " " + description(entity)
-            words.update(text.lower().replace(",", " ").replace(".", " ").replace(":", " ").replace("_", " ").split())
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", ":", "_", *sorted(words)]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    config = BertConfig(vocab_size=len(vocab), hidden_size=768, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
-    torch.manual_seed(seed)
-    model = BertModel(config)
-    config.save_pretrained(folder)
-    weights = {f"bert.{key}": value for key, value in model.state_dict().items()}
-    weights["cls.predictions.bias"] = torch.zeros(len(vocab))
-    torch.save(weights, folder / "pytorch_model.bin")
-
-
-def training_extras() -> dict:
-    """What the authors' training scripts save beside ``model``."""
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-4)
-    return {"optimizer": optimizer.state_dict(), "lr_scheduler": {"last_epoch": 59},
-            "config": {"d_model": 256, "N": 4, "H": 4, "text_encoder": "emilyalsentzer/Bio_ClinicalBERT"}, "epoch": 59}
-
-
-def write_medklip_folder(folder: Path, bert: Path) -> dict[str, torch.Tensor]:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(1)
-    state = MedKLIPNet().state_dict()
-    state["cl_fc.weight"], state["cl_fc.bias"] = torch.randn(768, 256), torch.randn(768)
-    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **training_extras()},
-               folder / "checkpoint_final.pth")
-    write_descriptions(folder / "observation explanation.json", ENTITIES, medklip_spelling=True)
-    shutil.copytree(bert, folder / "Bio_ClinicalBERT")
-    return state
-
-
-def write_mavl_folder(folder: Path, bert: Path) -> dict[str, torch.Tensor]:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(2)
-    state = MAVLNet().state_dict()
-    state["temp"] = torch.full((9,), math.log(1 / 0.07))
-    state["location_emb.weight"], state["location_emb.bias"] = torch.randn(768, 256, 9), torch.randn(768)
-    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **training_extras()},
-               folder / "checkpoint_full_40.pth")
-    write_descriptions(folder / "observation explanation.json", (*ENTITIES, COVID_ENTITY), medklip_spelling=False)
-    write_aspects(folder / "gpt4_mimic.json", (*ENTITIES, COVID_ENTITY))
-    shutil.copytree(bert, folder / "Bio_ClinicalBERT")
-    return state
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,13 +57,13 @@ def bert_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def medklip_files(tmp_path_factory, bert_dir):
     folder = tmp_path_factory.mktemp("medklip")
-    return folder, write_medklip_folder(folder, bert_dir)
+    return folder, write_medklip(folder, bert_dir)
 
 
 @pytest.fixture(scope="module")
 def mavl_files(tmp_path_factory, bert_dir):
     folder = tmp_path_factory.mktemp("mavl")
-    return folder, write_mavl_folder(folder, bert_dir)
+    return folder, write_mavl(folder, bert_dir)
 
 
 def reference_embeddings(bert: Path, texts: list[str]) -> torch.Tensor:

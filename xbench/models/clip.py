@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from xbench.findings import FINDINGS
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
+from xbench.models.gpu import float32
 from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Interpolation, model_input
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
 
@@ -129,9 +130,11 @@ class OpenClipDualEncoder(XBenchModel):
         return F.normalize(self.model.encode_text(tokens).float(), dim=-1)
 
     def pair_logits(self, image_embedding: Tensor) -> Tensor:
-        """log p(pos) - log p(neg) of the 2-way softmax over each finding's prompt pair: [B, C]."""
+        """log p(pos) - log p(neg) of the 2-way softmax over each finding's prompt pair: [B, C],
+        in float32 also under mixed precision (a difference of two cosines, scaled by up to 100)."""
         image = F.normalize(image_embedding.float(), dim=-1)
-        return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
+        with float32(image):
+            return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
         x = model_input(image, self.input_size, self.input_mean, self.input_std, self.interpolation)
