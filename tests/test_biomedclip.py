@@ -8,8 +8,10 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from transformers import BertConfig, BertTokenizer
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.models.biomedclip import BiomedCLIP
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.random_weights import (
@@ -168,6 +170,20 @@ def test_gradcam_reads_the_last_block_attention_input(tiny_folder):
         weights = gradient[:, 1:].mean(dim=1, keepdim=True)
         cam = torch.relu((weights * activation[:, 1:]).sum(-1)).detach().view(2, 10, 10)
         torch.testing.assert_close(maps[:, c], cam, rtol=1e-4, atol=1e-7)
+
+
+def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
+    image = torch.rand(2, 1, 160, 160, generator=torch.Generator().manual_seed(0))
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+
+
+def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
+    model, image = load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 160, 160)
+    with torch.no_grad():
+        expected = model(image)
+        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
+            outputs = model(image)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):

@@ -9,8 +9,10 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from safetensors.torch import load_file, save_file
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
@@ -221,6 +223,20 @@ def test_gradcam_under_inference_mode_says_what_to_do(tiny_folder):
         model(torch.rand(1, 1, 32, 32))
 
 
+def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
+    image = torch.rand(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+
+
+def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
+    model, image = load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 32, 32)
+    with torch.no_grad():
+        expected = model(image)
+        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
+            outputs = model(image)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
+
+
 def test_every_paper_class_has_prompt_text():
     pairs = [(dataset, key) for dataset, keys in PAPER_CLASSES.items() for key in keys]
     assert len(pairs) == 55
@@ -234,8 +250,9 @@ def test_every_paper_class_has_prompt_text():
         CLIP(pos_template="a photo")
 
 
-@pytest.mark.parametrize("extra", [[], ["--config", str(REPO / "lightning_configs" / "models" / "gradcam.yaml")]],
-                         ids=["similarity", "gradcam"])
+@pytest.mark.parametrize("extra", [[], ["--config", str(REPO / "lightning_configs" / "models" / "gradcam.yaml")],
+                                   ["--trainer.precision", "bf16-mixed"]],
+                         ids=["similarity", "gradcam", "similarity-bf16"])
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
     results = main([
         "--config", str(REPO / "lightning_configs" / "models" / "clip.yaml"),
@@ -251,7 +268,9 @@ def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
         "--trainer.enable_progress_bar", "false",
     ])
     assert results["model"] == "clip" and results["data"]["images_evaluated"] == 9
-    assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if extra else "patch_text_similarity")
+    gradcam = "--config" in extra
+    assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if gradcam else "patch_text_similarity")
+    assert results["config"]["trainer"]["precision"] == ("bf16-mixed" if "--trainer.precision" in extra else "32-true")
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())

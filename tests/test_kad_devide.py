@@ -7,6 +7,7 @@ text tower is a one-layer BERT of the real width, so the files stay small enough
 session; the full-size key sets are checked on the meta device.
 """
 
+import copy
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, load_state_dict_strict
 from xbench.models import random_weights
@@ -257,6 +259,24 @@ def cli_args(model: str, checkpoint_dir: Path, data_root: Path, results: Path) -
     ]
 
 
+def test_kad_bf16_mixed_stays_close_to_fp32(kad224):
+    """With a one-convolution trunk in place of the ResNet-50 (bf16 is emulated on this CPU, seconds per
+    image); the projections, the prompt queries and the decoder stay full size."""
+    model = copy.deepcopy(kad224)
+    model.build(["nodule", "mass", "pneumothorax"])
+    model.image_encoder.res_features = nn.Conv2d(3, 1024, kernel_size=16, stride=16)
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
+
+
+def test_kad_channels_last_converts_its_whole_trunk(kad224):
+    model = copy.deepcopy(kad224)
+    model.on_test_start()  # on a CPU the option changes nothing
+    convolutions = [w for w in model.parameters() if w.ndim == 4]
+    assert len(convolutions) == 53 and all(w.is_contiguous() for w in convolutions)
+    model.use_channels_last()  # what on_test_start does on CUDA (outputs: test_medklip_mavl.py)
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
+
+
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
     with pytest.warns(UserWarning, match="--data.image_size 224"):
         results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
@@ -363,6 +383,18 @@ def test_devide_names_the_difference_of_a_foreign_file(kad_files, tmp_path):
     assert "image_encoder/resnet.layer1.{0.bn1.bias" in message
     assert "devide.keys.json" in message and "python -m xbench.inspect_checkpoint" in message
     assert len(caught.value.unexpected) == 582 and not caught.value.reshaped
+
+
+def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
+    """With a one-block ViT in place of the twelve-block one (bf16 is emulated on this CPU)."""
+    model = DeViDe(checkpoint_dir=str(devide_dir[0])).eval()
+    with pytest.warns(UserWarning, match="provisional"):
+        model.build(["nodule", "mass", "consolidation"])
+    torch.manual_seed(0)
+    model.image_encoder = ViTTokens(depth=1)
+    for parameter in model.image_encoder.parameters():
+        parameter.data.normal_(0, 0.05)
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):

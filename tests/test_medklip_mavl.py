@@ -7,6 +7,7 @@ whose vocabulary is generated from the description files the tests write.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch
 from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
 from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
@@ -412,3 +414,36 @@ def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path,
     assert results["config"]["model"]["class_path"] == class_path
     graded = [values for values in results["grounding"]["per_class"].values() if values["pairs"]]
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
+
+
+# -- the GPU path: bf16 and channels-last -------------------------------------------------------------
+
+def with_small_trunk(model):
+    """A copy of ``model`` whose ResNet is one stride-16 convolution to 1024 channels: the rest
+    (projections, the decoder over the whole query book, heads) stays full size. bf16 on a CPU
+    without bf16 instructions is emulated, and a ResNet-50 in it takes seconds per image."""
+    model = copy.deepcopy(model)
+    trunk = "res_features" if hasattr(model.net, "res_features") else "backbone"
+    setattr(model.net, trunk, torch.nn.Conv2d(3, 1024, kernel_size=16, stride=16))
+    return model
+
+
+@pytest.mark.parametrize("model", ["medklip_model", "mavl_model"])
+def test_bf16_mixed_stays_close_to_fp32(model, request):
+    assert_bf16_mixed_close_to_fp32(with_small_trunk(request.getfixturevalue(model)), images())
+
+
+def test_channels_last_leaves_the_outputs_unchanged(medklip_model):
+    model = copy.deepcopy(medklip_model)
+    stem = next(m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert stem.weight.shape == (64, 3, 7, 7)
+    model.on_test_start()  # what a run does first: on a CPU the option changes nothing
+    assert stem.weight.is_contiguous()
+    with torch.no_grad():
+        expected = model(images())
+        model.use_channels_last()  # what on_test_start does on CUDA, forced here
+        assert all(w.is_contiguous(memory_format=torch.channels_last) for w in model.parameters() if w.ndim == 4)
+        assert not stem.weight.is_contiguous()
+        outputs = model(images())
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -15,7 +15,8 @@
   (through the same final norm and projection as the image embedding) and the positive prompt;
   or ``gradcam``, Grad-CAM of each finding's logit on the tokens entering the last block's
   attention (after its first norm). Grad-CAM needs gradients, so the trainer must run with
-  ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``).
+  ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``); it always runs in float32
+  (under ``bf16-mixed`` too, with a warning: bf16 gradients leave errors larger than the map).
 
 A subclass loads its model from local files and says where its patch tokens come from.
 """
@@ -150,7 +151,13 @@ class OpenClipDualEncoder(XBenchModel):
                 "add --config lightning_configs/models/gradcam.yaml (it sets trainer.inference_mode: false), "
                 "or use Trainer(inference_mode=False) from a script"
             )
-        with torch.enable_grad(), ActivationCapture(self.gradcam_layer()) as capture:
+        if torch.is_autocast_enabled(x.device.type):
+            warnings.warn(
+                f"{type(self).__name__}(saliency='gradcam') runs in float32 under mixed precision: a Grad-CAM map "
+                "sums gradient x activation terms that cancel, and bf16 gradients leave errors larger than the map",
+                stacklevel=2,
+            )
+        with torch.enable_grad(), float32(x), ActivationCapture(self.gradcam_layer()) as capture:
             image_embedding, _ = self.embed_image(x)
             logits = self.pair_logits(image_embedding)
             maps = grad_cam(capture.activation, logits, self.grid, self.prefix_tokens)
