@@ -100,14 +100,15 @@ def test_unknown_config_key_is_a_clear_error(phantom_root, tmp_path, capsys):
 
 
 def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
-    """9 images over 2 processes (gloo): the same pairs and metrics as one process, also with a
-    seeded augmentation (every process draws the same perturbation for the same image)."""
+    """9 images over 2 processes (trainer/ddp.yaml on CPUs: gloo), the decoded-image cache on: the same
+    pairs and metrics as one process, also with a seeded augmentation (every process draws the same
+    perturbation for the same image)."""
     rotate = ("--config", str(CONFIGS / "augment" / "rotate10.yaml"))
     one = main(cli_args("random", phantom_root, tmp_path / "one", *rotate))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "xbench.test",
+    command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
                *cli_args("random", phantom_root, tmp_path / "two", *rotate),
-               "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+               "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())

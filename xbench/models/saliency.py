@@ -85,10 +85,10 @@ def normalise(maps: Tensor) -> Tensor:
     both ends); a constant map becomes all zeros, never NaN.
     """
     flat = maps.flatten(2)
-    low, high = torch.aminmax(flat, dim=-1)
-    spread = (high - low).unsqueeze(-1)
-    scaled = torch.where(spread > 0, (flat - low.unsqueeze(-1)) / spread, torch.zeros_like(flat))
-    return scaled.view_as(maps)
+    low, high = torch.aminmax(flat, dim=-1, keepdim=True)
+    spread = high - low
+    # A constant map has x - low == 0 everywhere, and 0 / 1 keeps it 0: no full-size select needed.
+    return ((flat - low) / torch.where(spread > 0, spread, 1.0)).view_as(maps)
 
 
 def patch_grid(scores: Tensor, grid: tuple[int, int]) -> Tensor:
