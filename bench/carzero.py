@@ -19,47 +19,11 @@ import warnings
 from pathlib import Path
 
 import torch
-from transformers import BertConfig, BertModel
 
 from xbench.findings import PAPER_CLASSES
-from xbench.models.carzero import (
-    CHECKPOINT_FILE,
-    TEXT_FOLDER,
-    Architecture,
-    CARZero,
-    GRID,
-    CARZeroNetwork,
-    clean_text,
-    expected_hyper_parameters,
-    letterbox_input,
-    prompt_for,
-)
+from xbench.models.carzero import GRID, CARZero, letterbox_input
+from xbench.models.random_weights import write_carzero
 from xbench.models.saliency import place_in_frame
-
-BERT_VOCAB_SIZE = 28996  # cased BERT/BioBERT vocabulary, as BioClinicalMPBERT's
-
-
-def write_random_carzero(folder: Path, classes: list[str]) -> None:
-    """A random full-size CARZero as the authors publish it: Lightning ``state_dict`` under
-    ``CARZero.``, its training config, and a vocabulary that knows the prompts' words."""
-    text = folder / TEXT_FOLDER
-    text.mkdir(parents=True)
-    config = BertConfig(vocab_size=BERT_VOCAB_SIZE)
-    config.save_pretrained(text)
-    words = sorted({word for key in classes for word in clean_text(prompt_for(key)).split()})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]
-    vocab += [f"[unused{i}]" for i in range(BERT_VOCAB_SIZE - len(vocab))]
-    (text / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    network = CARZeroNetwork(BertModel(config), Architecture())
-    hyper_parameters: dict = {}
-    for dotted, value in expected_hyper_parameters(Architecture()).items():
-        *parents, leaf = dotted.split(".")
-        node = hyper_parameters
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    state = {f"CARZero.{key}": value for key, value in network.state_dict().items()}
-    torch.save({"state_dict": state, "hyper_parameters": hyper_parameters}, folder / CHECKPOINT_FILE)
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
@@ -89,7 +53,7 @@ def main() -> None:
     classes = list(PAPER_CLASSES["chestx_det10"][: args.classes])
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        write_random_carzero(Path(folder), classes)
+        write_carzero(Path(folder), classes)
         written = time.perf_counter() - start
         start = time.perf_counter()
         model = CARZero(checkpoint_dir=folder, results_dir=None)

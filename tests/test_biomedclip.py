@@ -8,66 +8,38 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from transformers import BertConfig, BertTokenizer
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.models.biomedclip import BiomedCLIP
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
+from xbench.models.random_weights import (
+    BIOMEDCLIP_CONFIG,
+    BIOMEDCLIP_POSITION_IDS,
+    biomedclip_state,
+    write_biomedclip_files,
+)
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = json.loads((Path(__file__).parent / "biomedclip.keys.json").read_text())
-POSITION_IDS = "text.transformer.embeddings.position_ids"
-HUB_BERT = "microsoft/BiomedNLP-BiomedBERT-base-uncased-abstract"
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
-# The current official open_clip_config.json (specs/models/biomedclip.md), model_cfg first.
-OFFICIAL_CONFIG = {
-    "model_cfg": {
-        "embed_dim": 512,
-        "vision_cfg": {"timm_model_name": "vit_base_patch16_224", "timm_model_pretrained": False, "timm_pool": "",
-                       "timm_proj": "linear", "image_size": 224},
-        "text_cfg": {"hf_model_name": HUB_BERT, "hf_tokenizer_name": HUB_BERT, "hf_proj_type": "mlp",
-                     "hf_pooler_type": "cls_last_hidden_state_pooler", "context_length": 256},
-    },
-    "preprocess_cfg": {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711]},
-}
-WORDS = ["this", "is", "a", "photo", "of", "no", "pneumonia", "pleural", "effusion", "nodule", "mass", "consolidation"]
 CLASSES = ["pneumonia", "pleural_effusion", "nodule"]
 
 
-def write_folder(folder: Path, config: dict, bert: BertConfig, vocab_size: int) -> Path:
-    """The official file set: CLIP config, BiomedBERT's config.json and a WordPiece vocab.txt."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "open_clip_config.json").write_text(json.dumps(config, indent=2))
-    bert.save_pretrained(folder)
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    filler = [f"tok{i}" for i in range(vocab_size - len(specials) - len(WORDS) - 1)]
-    (folder / "vocab.txt").write_text("\n".join([*specials, *WORDS, "##s", *filler]) + "\n")
-    return folder
-
-
 def tiny_config() -> dict:
-    model_cfg = OFFICIAL_CONFIG["model_cfg"]
-    return {**OFFICIAL_CONFIG, "model_cfg": {**model_cfg, "embed_dim": 16,
-                                             "vision_cfg": {**model_cfg["vision_cfg"], "timm_model_name": "test_vit"}}}
-
-
-def random_state(folder: Path, seed: int) -> dict:
-    """Random weights of the folder's architecture as the authors saved them: with ``position_ids``."""
-    torch.manual_seed(seed)
-    model_cfg = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]
-    text_cfg = {**model_cfg["text_cfg"], "hf_model_name": str(folder), "hf_model_pretrained": False}
-    state = open_clip.CustomTextCLIP(**{**model_cfg, "text_cfg": text_cfg}).state_dict()
-    state["logit_scale"] = torch.tensor(math.log(50.0))
-    state[POSITION_IDS] = torch.arange(512).unsqueeze(0)
-    return state
+    model_cfg = BIOMEDCLIP_CONFIG["model_cfg"]
+    vision_cfg = {**model_cfg["vision_cfg"], "timm_model_name": "test_vit"}
+    return {**BIOMEDCLIP_CONFIG, "model_cfg": {**model_cfg, "embed_dim": 16, "vision_cfg": vision_cfg}}
 
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
     bert = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
-    folder = write_folder(tmp_path_factory.mktemp("biomedclip"), tiny_config(), bert, vocab_size=64)
-    torch.save(random_state(folder, 0), folder / "open_clip_pytorch_model.bin")
+    folder = write_biomedclip_files(tmp_path_factory.mktemp("biomedclip"), tiny_config(), bert, vocab_size=64)
+    torch.save(biomedclip_state(folder, 0), folder / "open_clip_pytorch_model.bin")
     return folder
 
 
@@ -83,11 +55,14 @@ def to_input(image: torch.Tensor) -> torch.Tensor:
 
 def test_full_size_checkpoint_equals_manifest_offline(tmp_path_factory, no_network):
     """Random weights in the official format (with ``position_ids``), the official json, no network."""
-    folder = write_folder(tmp_path_factory.mktemp("biomedclip_full"), OFFICIAL_CONFIG, BertConfig(), vocab_size=30522)
+    folder = write_biomedclip_files(
+        tmp_path_factory.mktemp("biomedclip_full"), BIOMEDCLIP_CONFIG, BertConfig(), vocab_size=30522
+    )
     # Each tensor a different window of one random vector: cheap to make, no two alike.
     base = torch.randn(max(math.prod(shape) for shape in MANIFEST.values()) + len(MANIFEST)) * 0.02
     state = {key: base[i : i + math.prod(shape)].view(shape) for i, (key, shape) in enumerate(MANIFEST.items())}
-    torch.save({**state, POSITION_IDS: torch.arange(512).unsqueeze(0)}, folder / "open_clip_pytorch_model.bin")
+    position_ids = torch.arange(512).unsqueeze(0)
+    torch.save({**state, BIOMEDCLIP_POSITION_IDS: position_ids}, folder / "open_clip_pytorch_model.bin")
     network, tokenizer = BiomedCLIP(checkpoint_dir=str(folder)).load_model()
     loaded = network.state_dict()
     assert manifest(loaded) == MANIFEST
@@ -104,7 +79,7 @@ def test_full_size_checkpoint_equals_manifest_offline(tmp_path_factory, no_netwo
          r"unexpected in the file \(1\): text\.transformer\.\{pooler\.dense\.weight\}"),
         (lambda s: s.update({"text.proj.0.weight": torch.zeros(24, 30)}), CheckpointMismatchError,
          r"shape of text\.proj\.0\.weight: file \[24, 30\] vs model \[24, 32\]"),
-        (lambda s: s.update({POSITION_IDS: torch.zeros(1, 512, dtype=torch.long)}), ValueError,
+        (lambda s: s.update({BIOMEDCLIP_POSITION_IDS: torch.zeros(1, 512, dtype=torch.long)}), ValueError,
          r"declared drop text\.transformer\.embeddings\.position_ids .* failed its check"),
     ],
     ids=["missing", "extra", "reshaped", "position_ids-not-arange"],
@@ -114,7 +89,7 @@ def test_checkpoint_mismatch_names_the_key(tiny_folder, tmp_path, edit, error, p
     folder.mkdir()
     for name in ("open_clip_config.json", "config.json", "vocab.txt"):
         (folder / name).write_bytes((tiny_folder / name).read_bytes())
-    state = random_state(folder, 1)
+    state = biomedclip_state(folder, 1)
     edit(state)
     torch.save(state, folder / "open_clip_pytorch_model.bin")
     with pytest.raises(error, match=pattern):
@@ -195,6 +170,20 @@ def test_gradcam_reads_the_last_block_attention_input(tiny_folder):
         weights = gradient[:, 1:].mean(dim=1, keepdim=True)
         cam = torch.relu((weights * activation[:, 1:]).sum(-1)).detach().view(2, 10, 10)
         torch.testing.assert_close(maps[:, c], cam, rtol=1e-4, atol=1e-7)
+
+
+def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
+    image = torch.rand(2, 1, 160, 160, generator=torch.Generator().manual_seed(0))
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+
+
+def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
+    model, image = load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 160, 160)
+    with torch.no_grad():
+        expected = model(image)
+        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
+            outputs = model(image)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):

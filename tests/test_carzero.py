@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.data.phantom import Phantom
 from xbench.findings import PAPER_CLASSES
 from xbench.models.carzero import (
@@ -572,6 +573,11 @@ def test_a_lesion_near_the_border_comes_back_where_it_was():
     assert placed[70:90, 25:45].all(), "the lesion lies under the lit cells"
     assert not placed[20:30, 2:12].any(), "the cut-away lesion is in the unseen border"
     assert placed.sum() < placed.numel() / 20, "and little else"
+
+
+def test_bf16_mixed_stays_close_to_fp32(checkpoint_folder, tiny):
+    model = built(checkpoint_folder, ("nodule", "mass", "consolidation")).eval()
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(2, 1, 256, 256, generator=torch.Generator().manual_seed(0)))
 
 
 # -- end to end ---------------------------------------------------------------------------------

@@ -8,10 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pandas as pd
 import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
 
+from xbench.data.phantom import Phantom
+from xbench.models.baselines import RandomSaliency
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,14 +100,15 @@ def test_unknown_config_key_is_a_clear_error(phantom_root, tmp_path, capsys):
 
 
 def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
-    """9 images over 2 processes (gloo): the same pairs and metrics as one process, also with a
-    seeded augmentation (every process draws the same perturbation for the same image)."""
+    """9 images over 2 processes (trainer/ddp.yaml on CPUs: gloo), the decoded-image cache on: the same
+    pairs and metrics as one process, also with a seeded augmentation (every process draws the same
+    perturbation for the same image)."""
     rotate = ("--config", str(CONFIGS / "augment" / "rotate10.yaml"))
     one = main(cli_args("random", phantom_root, tmp_path / "one", *rotate))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "xbench.test",
+    command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
                *cli_args("random", phantom_root, tmp_path / "two", *rotate),
-               "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+               "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
@@ -123,3 +129,39 @@ def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
         assert len(single["image_id"]) > 0 and sorted(single.files) == sorted(split.files)
         for name in single.files:
             np.testing.assert_array_equal(single[name], split[name])
+
+
+class Bf16Random(RandomSaliency):
+    """Random maps and logits rounded to bf16, returned as bf16 (as a network under autocast returns
+    them) or as their exact float32 values."""
+
+    def __init__(self, as_bf16: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.as_bf16 = as_bf16
+
+    def infer(self, batch: dict):
+        logits, maps = (values.bfloat16() for values in super().infer(batch))
+        return (logits, maps) if self.as_bf16 else (logits.float(), maps.float())
+
+
+class SaliencyDtypes(Callback):
+    def __init__(self) -> None:
+        self.seen = set()
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.seen.add(outputs["saliency"].dtype)
+
+
+def test_bf16_mixed_harness_works_on_the_float32_values_of_bf16_outputs(phantom_root):
+    """Under bf16-mixed, a model's bf16 maps and logits reach upsampling, normalisation and the metrics
+    as float32: every number equals a float32 run on the same values."""
+    results = {}
+    for precision, as_bf16 in (("bf16-mixed", True), ("32-true", False)):
+        model, dtypes = Bf16Random(as_bf16=as_bf16, results_dir=None), SaliencyDtypes()
+        trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, use_distributed_sampler=False,
+                            logger=False, callbacks=[dtypes], enable_progress_bar=False, enable_model_summary=False)
+        trainer.test(model, datamodule=Phantom(root=str(phantom_root), image_size=64, batch_size=4, num_workers=0),
+                     verbose=False)
+        assert dtypes.seen == {torch.float32}
+        results[precision] = numbers(model.results)
+    assert results["bf16-mixed"] == results["32-true"]

@@ -9,11 +9,14 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision
 from safetensors.torch import load_file, save_file
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
+from xbench.models.random_weights import clip_state
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,17 +43,10 @@ def tiny_arch(tmp_path_factory):
     return "xbench-tiny-clip"
 
 
-def random_state(arch: str, seed: int) -> dict:
-    torch.manual_seed(seed)
-    state = open_clip.create_model(arch).state_dict()
-    state["logit_scale"] = torch.tensor(math.log(50.0))
-    return state
-
-
 @pytest.fixture(scope="module")
 def tiny_folder(tiny_arch, tmp_path_factory):
     folder = tmp_path_factory.mktemp("clip")
-    save_file(random_state(tiny_arch, 0), folder / "open_clip_model.safetensors")
+    save_file(clip_state(tiny_arch, 0), folder / "open_clip_model.safetensors")
     return folder
 
 
@@ -98,7 +94,7 @@ def test_full_size_checkpoint_equals_manifest_offline(tmp_path_factory, no_netwo
 
 
 def test_bin_format_and_preference(tiny_arch, tmp_path, no_network):
-    bin_state, safetensors_state = random_state(tiny_arch, 1), random_state(tiny_arch, 2)
+    bin_state, safetensors_state = clip_state(tiny_arch, 1), clip_state(tiny_arch, 2)
     torch.save(bin_state, tmp_path / "open_clip_pytorch_model.bin")
     loaded = load(tmp_path).model.state_dict()
     assert all(torch.equal(loaded[key], value) for key, value in bin_state.items())
@@ -117,7 +113,7 @@ def test_bin_format_and_preference(tiny_arch, tmp_path, no_network):
     ids=["missing", "extra", "reshaped"],
 )
 def test_checkpoint_mismatch_names_the_key(tiny_arch, tmp_path, edit, pattern):
-    state = random_state(tiny_arch, 0)
+    state = clip_state(tiny_arch, 0)
     edit(state)
     save_file(state, tmp_path / "open_clip_model.safetensors")
     with pytest.raises(CheckpointMismatchError, match=pattern):
@@ -227,6 +223,20 @@ def test_gradcam_under_inference_mode_says_what_to_do(tiny_folder):
         model(torch.rand(1, 1, 32, 32))
 
 
+def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
+    image = torch.rand(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+
+
+def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
+    model, image = load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 32, 32)
+    with torch.no_grad():
+        expected = model(image)
+        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
+            outputs = model(image)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
+
+
 def test_every_paper_class_has_prompt_text():
     pairs = [(dataset, key) for dataset, keys in PAPER_CLASSES.items() for key in keys]
     assert len(pairs) == 55
@@ -240,8 +250,9 @@ def test_every_paper_class_has_prompt_text():
         CLIP(pos_template="a photo")
 
 
-@pytest.mark.parametrize("extra", [[], ["--config", str(REPO / "lightning_configs" / "models" / "gradcam.yaml")]],
-                         ids=["similarity", "gradcam"])
+@pytest.mark.parametrize("extra", [[], ["--config", str(REPO / "lightning_configs" / "models" / "gradcam.yaml")],
+                                   ["--trainer.precision", "bf16-mixed"]],
+                         ids=["similarity", "gradcam", "similarity-bf16"])
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
     results = main([
         "--config", str(REPO / "lightning_configs" / "models" / "clip.yaml"),
@@ -257,7 +268,9 @@ def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
         "--trainer.enable_progress_bar", "false",
     ])
     assert results["model"] == "clip" and results["data"]["images_evaluated"] == 9
-    assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if extra else "patch_text_similarity")
+    gradcam = "--config" in extra
+    assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if gradcam else "patch_text_similarity")
+    assert results["config"]["trainer"]["precision"] == ("bf16-mixed" if "--trainer.precision" in extra else "32-true")
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())

@@ -1,24 +1,28 @@
 """KAD and DeViDe: files in the authors' (or the provisional) layout, query sets, cross-attention maps.
 
-The checkpoint files are written here from the key manifests and the specs' description of the
-authors' modules (which tensors are one tensor under two names), not from XBench's modules. The
+The checkpoint files are written (``xbench.models.random_weights``) from the key manifests and the
+specs' description of the authors' modules (which tensors are one tensor under two names), not from
+XBench's modules. The
 text tower is a one-layer BERT of the real width, so the files stay small enough to write per
 session; the full-size key sets are checked on the meta device.
 """
 
+import copy
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-from transformers import BertConfig, BertModel
+from transformers import BertConfig
 
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, load_state_dict_strict
+from xbench.models import random_weights
 from xbench.models.devide import DeViDe, ViTTokens
 from xbench.models.kad import KAD, PROPOSED_PROMPTS, query_set
+from xbench.models.random_weights import write_med_kebert
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,11 +30,6 @@ MANIFESTS = REPO / "xbench" / "models" / "manifests"
 CONFIGS = REPO / "lightning_configs"
 POSITION_IDS = "text_encoder/bert_model.embeddings.position_ids"
 MARKER = Path("/tmp/xbench-test-kad-unpickle-marker")
-
-# ModelRes / ModelRes512 register resnet50's children again as res_features.<index>.
-RESNET_CHILDREN = {"0": "conv1", "1": "bn1", "4": "layer1", "5": "layer2", "6": "layer3", "7": "layer4"}
-WORDS = ("lung mass nodule consolidation atelectasis cardiomegaly pleural effusion infiltration pneumonia "
-         "pneumothorax edema emphysema fibrosis thicken hernia calcification fracture").split()
 
 
 def _explode(payload):  # what a malicious pickle would call without the weights_only unpickler
@@ -43,71 +42,10 @@ class Explosive:
         return (_explode, ("ran code from a pickle",))
 
 
-def write_med_kebert(folder: Path, **sizes) -> BertConfig:
-    """Med-KEBERT's tokenizer and config files; the width is the real one (768), the depth not."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "-"]) + "\n")
-    config = BertConfig(**sizes)
-    config.save_pretrained(folder)
-    return config
-
-
-def random_tensor(key: str, shape: list[int], generator: torch.Generator) -> torch.Tensor:
-    """Random values at scales that keep the image's signal alive through the ResNet or ViT, so
-    scores and maps depend on the image (weights ~ 1/sqrt(fan-in), norm gains ~ 1)."""
-    noise = torch.randn(shape, generator=generator)
-    if key.endswith("num_batches_tracked"):
-        return torch.tensor(7)
-    if key.endswith("running_var"):
-        return torch.rand(shape, generator=generator) + 0.5
-    if len(shape) >= 2:
-        return noise / math.prod(shape[1:]) ** 0.5
-    if len(shape) == 1 and key.endswith("weight"):
-        return 1 + 0.1 * noise
-    return 0.1 * noise
-
-
-def section_from_manifest(manifest: dict, section: str, generator: torch.Generator) -> dict:
-    state = {
-        name.split("/", 1)[1]: random_tensor(name, shape, generator)
-        for name, shape in manifest.items()
-        if name.startswith(section + "/")
-    }
-    for key in state:  # the authors' modules hold these tensors under two names
-        index, _, rest = key.removeprefix("res_features.").partition(".")
-        if key.startswith("res_features."):
-            state[key] = state[f"resnet.{RESNET_CHILDREN[index]}.{rest}"]
-        if key.startswith("decoder.norm."):
-            state[key] = state["decoder_norm." + key.removeprefix("decoder.norm.")]
-    return state
-
-
-def text_section(config: BertConfig, generator: torch.Generator) -> dict:
-    state = {f"bert_model.{key}": value for key, value in BertModel(config).state_dict().items()}
-    state["bert_model.embeddings.position_ids"] = torch.arange(config.max_position_embeddings).unsqueeze(0)
-    for key, shape in {"mlp_embed.0.weight": [768, 768], "mlp_embed.0.bias": [768],
-                       "mlp_embed.2.weight": [768, 768], "mlp_embed.2.bias": [768], "logit_scale": []}.items():
-        state[key] = random_tensor(key, shape, generator)
-    return state
-
-
 def authors_file(manifest: dict, config: BertConfig, seed: int, img_res: int | None) -> dict:
-    """``best_valid.pt`` as ``A3_CLIP/main.py`` writes it: three state dicts and training state."""
-    generator = torch.Generator().manual_seed(seed)
-    parameter = nn.Parameter(torch.ones(3))
-    optimizer = torch.optim.AdamW([parameter])
-    parameter.sum().backward()
-    optimizer.step()
-    saved = {
-        "model": section_from_manifest(manifest, "model", generator),
-        "image_encoder": section_from_manifest(manifest, "image_encoder", generator),
-        "text_encoder": text_section(config, generator),
-        "optimizer": optimizer.state_dict(),
-        "lr_scheduler": {"t_initial": 100, "base_values": [5e-5], "hook": Explosive()},
-        "epoch": 42,
-    }
-    if img_res is not None:
-        saved["config"] = {"img_res": img_res, "batch_size": 64, "optimizer": {"opt": "adamW", "lr": 5e-5}}
+    """The authors' file with a trap in its training state: an object whose unpickling runs code."""
+    saved = random_weights.authors_file(manifest, config, seed, img_res)
+    saved["lr_scheduler"]["hook"] = Explosive()
     return saved
 
 
@@ -321,6 +259,24 @@ def cli_args(model: str, checkpoint_dir: Path, data_root: Path, results: Path) -
     ]
 
 
+def test_kad_bf16_mixed_stays_close_to_fp32(kad224):
+    """With a one-convolution trunk in place of the ResNet-50 (bf16 is emulated on this CPU, seconds per
+    image); the projections, the prompt queries and the decoder stay full size."""
+    model = copy.deepcopy(kad224)
+    model.build(["nodule", "mass", "pneumothorax"])
+    model.image_encoder.res_features = nn.Conv2d(3, 1024, kernel_size=16, stride=16)
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
+
+
+def test_kad_channels_last_converts_its_whole_trunk(kad224):
+    model = copy.deepcopy(kad224)
+    model.on_test_start()  # on a CPU the option changes nothing
+    convolutions = [w for w in model.parameters() if w.ndim == 4]
+    assert len(convolutions) == 53 and all(w.is_contiguous() for w in convolutions)
+    model.use_channels_last()  # what on_test_start does on CUDA (outputs: test_medklip_mavl.py)
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
+
+
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
     with pytest.warns(UserWarning, match="--data.image_size 224"):
         results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
@@ -427,6 +383,18 @@ def test_devide_names_the_difference_of_a_foreign_file(kad_files, tmp_path):
     assert "image_encoder/resnet.layer1.{0.bn1.bias" in message
     assert "devide.keys.json" in message and "python -m xbench.inspect_checkpoint" in message
     assert len(caught.value.unexpected) == 582 and not caught.value.reshaped
+
+
+def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
+    """With a one-block ViT in place of the twelve-block one (bf16 is emulated on this CPU)."""
+    model = DeViDe(checkpoint_dir=str(devide_dir[0])).eval()
+    with pytest.warns(UserWarning, match="provisional"):
+        model.build(["nodule", "mass", "consolidation"])
+    torch.manual_seed(0)
+    model.image_encoder = ViTTokens(depth=1)
+    for parameter in model.image_encoder.parameters():
+        parameter.data.normal_(0, 0.05)
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):

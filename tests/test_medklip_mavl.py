@@ -7,108 +7,37 @@ whose vocabulary is generated from the description files the tests write.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel, BertTokenizer
+from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
-from xbench.models.mavl import ASPECTS, MAVL, AttentionPool2d, MAVLNet
+from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
 from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, MedKLIPNet, entity_book
 from xbench.models.preprocess import equalize_histogram
+from xbench.models.random_weights import (
+    aspect_sentences,
+    description,
+    write_aspects,
+    write_bert,
+    write_descriptions,
+    write_mavl,
+    write_medklip,
+)
 from xbench.test import main
 
 TESTS = Path(__file__).resolve().parent
 CONFIGS = TESTS.parent / "lightning_configs"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PNEUMONIA = 20  # the authors' index of "pneumonia" in the 75-entity book
-
-
-# -- files in the authors' formats -----------------------------------------------------------------
-
-def description(entity: str) -> str:
-    return f"The {entity.replace('_', ' ')} finding, seen as a Shadow on the chest radiograph."
-
-
-def aspect_sentence(entity: str, aspect: str) -> str:
-    return f"{aspect}: the {aspect} of {entity.replace('_', ' ')} on the radiograph."
-
-
-def write_descriptions(path: Path, entities, medklip_spelling: bool) -> dict[str, str]:
-    """``observation explanation.json``: MedKLIP's copy keys pneumonia as ``eumonia``."""
-    book = {("eumonia" if medklip_spelling and e == "pneumonia" else e): description(e) for e in entities}
-    path.write_text(json.dumps(book, indent=4))
-    return book
-
-
-def aspect_sentences(entity: str) -> list[str]:
-    """The 8 sentences of ``entity``; three entities spell "others", as in the authors' file."""
-    spelled = "others" if entity in ("sharply", "lead", "aerate") else "other"
-    return [aspect_sentence(entity, spelled if aspect == "other" else aspect) for aspect in ASPECTS]
-
-
-def write_aspects(path: Path, entities) -> None:
-    """``gpt4_mimic.json``: entity -> 8 sentences ``"<aspect>: ..."``."""
-    path.write_text(json.dumps({entity: aspect_sentences(entity) for entity in entities}, indent=4))
-
-
-def write_bert(folder: Path, seed: int = 0) -> None:
-    """A 1-layer BERT with hidden size 768, saved as Bio_ClinicalBERT is: ``bert.`` keys plus MLM heads."""
-    folder.mkdir(parents=True, exist_ok=True)
-    words = set()
-    for entity in (*ENTITIES, COVID_ENTITY):
-        for aspect in ("", *ASPECTS, "others"):
-            text = aspect_sentence(entity, aspect) + " " + description(entity)
-            words.update(text.lower().replace(",", " ").replace(".", " ").replace(":", " ").replace("_", " ").split())
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", ":", "_", *sorted(words)]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    config = BertConfig(vocab_size=len(vocab), hidden_size=768, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, max_position_embeddings=64)
-    torch.manual_seed(seed)
-    model = BertModel(config)
-    config.save_pretrained(folder)
-    weights = {f"bert.{key}": value for key, value in model.state_dict().items()}
-    weights["cls.predictions.bias"] = torch.zeros(len(vocab))
-    torch.save(weights, folder / "pytorch_model.bin")
-
-
-def training_extras() -> dict:
-    """What the authors' training scripts save beside ``model``."""
-    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=1e-4)
-    return {"optimizer": optimizer.state_dict(), "lr_scheduler": {"last_epoch": 59},
-            "config": {"d_model": 256, "N": 4, "H": 4, "text_encoder": "emilyalsentzer/Bio_ClinicalBERT"}, "epoch": 59}
-
-
-def write_medklip_folder(folder: Path, bert: Path) -> dict[str, torch.Tensor]:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(1)
-    state = MedKLIPNet().state_dict()
-    state["cl_fc.weight"], state["cl_fc.bias"] = torch.randn(768, 256), torch.randn(768)
-    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **training_extras()},
-               folder / "checkpoint_final.pth")
-    write_descriptions(folder / "observation explanation.json", ENTITIES, medklip_spelling=True)
-    shutil.copytree(bert, folder / "Bio_ClinicalBERT")
-    return state
-
-
-def write_mavl_folder(folder: Path, bert: Path) -> dict[str, torch.Tensor]:
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(2)
-    state = MAVLNet().state_dict()
-    state["temp"] = torch.full((9,), math.log(1 / 0.07))
-    state["location_emb.weight"], state["location_emb.bias"] = torch.randn(768, 256, 9), torch.randn(768)
-    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, **training_extras()},
-               folder / "checkpoint_full_40.pth")
-    write_descriptions(folder / "observation explanation.json", (*ENTITIES, COVID_ENTITY), medklip_spelling=False)
-    write_aspects(folder / "gpt4_mimic.json", (*ENTITIES, COVID_ENTITY))
-    shutil.copytree(bert, folder / "Bio_ClinicalBERT")
-    return state
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,13 +59,13 @@ def bert_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def medklip_files(tmp_path_factory, bert_dir):
     folder = tmp_path_factory.mktemp("medklip")
-    return folder, write_medklip_folder(folder, bert_dir)
+    return folder, write_medklip(folder, bert_dir)
 
 
 @pytest.fixture(scope="module")
 def mavl_files(tmp_path_factory, bert_dir):
     folder = tmp_path_factory.mktemp("mavl")
-    return folder, write_mavl_folder(folder, bert_dir)
+    return folder, write_mavl(folder, bert_dir)
 
 
 def reference_embeddings(bert: Path, texts: list[str]) -> torch.Tensor:
@@ -485,3 +414,36 @@ def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path,
     assert results["config"]["model"]["class_path"] == class_path
     graded = [values for values in results["grounding"]["per_class"].values() if values["pairs"]]
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
+
+
+# -- the GPU path: bf16 and channels-last -------------------------------------------------------------
+
+def with_small_trunk(model):
+    """A copy of ``model`` whose ResNet is one stride-16 convolution to 1024 channels: the rest
+    (projections, the decoder over the whole query book, heads) stays full size. bf16 on a CPU
+    without bf16 instructions is emulated, and a ResNet-50 in it takes seconds per image."""
+    model = copy.deepcopy(model)
+    trunk = "res_features" if hasattr(model.net, "res_features") else "backbone"
+    setattr(model.net, trunk, torch.nn.Conv2d(3, 1024, kernel_size=16, stride=16))
+    return model
+
+
+@pytest.mark.parametrize("model", ["medklip_model", "mavl_model"])
+def test_bf16_mixed_stays_close_to_fp32(model, request):
+    assert_bf16_mixed_close_to_fp32(with_small_trunk(request.getfixturevalue(model)), images())
+
+
+def test_channels_last_leaves_the_outputs_unchanged(medklip_model):
+    model = copy.deepcopy(medklip_model)
+    stem = next(m for m in model.net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert stem.weight.shape == (64, 3, 7, 7)
+    model.on_test_start()  # what a run does first: on a CPU the option changes nothing
+    assert stem.weight.is_contiguous()
+    with torch.no_grad():
+        expected = model(images())
+        model.use_channels_last()  # what on_test_start does on CUDA, forced here
+        assert all(w.is_contiguous(memory_format=torch.channels_last) for w in model.parameters() if w.ndim == 4)
+        assert not stem.weight.is_contiguous()
+        outputs = model(images())
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -60,5 +60,11 @@ def main(args: list[str] | None = None) -> Path:
     return out
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line, ``xbench-analyze`` or ``python -m xbench.analyze``. Not ``main``: it returns
+    the output folder, which a console script's ``sys.exit`` would take for an error."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -137,5 +137,11 @@ def main(args: list[str] | None = None) -> list[Path]:
     return files
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line, ``xbench-report`` or ``python -m xbench.report``. Not ``main``: it returns
+    the files written, which a console script's ``sys.exit`` would take for an error."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

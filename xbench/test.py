@@ -78,5 +78,11 @@ def main(args: list[str] | None = None) -> dict | None:
     return cli.model.results
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line, ``xbench-test`` or ``python -m xbench.test``. Not ``main``: it returns
+    the results payload, which a console script's ``sys.exit`` would take for an error."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -201,7 +201,9 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
         rows.append([run.label, *(format_interval(*cells.loc[m, ["estimate", "lower", "upper"]]) for m in shown)])
     lines += _markdown_table(["Model", "PG", "Dice τ=.5", "Dice best*", "Dice calibrated", "AUROC", "AUPRC"], rows)
 
-    differences = pick(tables["differences"], dataset=data.dataset, **{"class": MACRO})
+    differences = tables["differences"]  # without rows (one model per dataset) it has no columns either
+    if len(differences):
+        differences = pick(differences, dataset=data.dataset, **{"class": MACRO})
     if len(differences):
         lines += ["Paired differences A − B (same resampled images), percentage points; "
                   "P(A>B) = share of replicates where A is ahead.", ""]

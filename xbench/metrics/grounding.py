@@ -43,8 +43,9 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
     The bin of each pixel is ``r - 1 + (s >= r / 100)`` with ``r = round(100 s)``: ``100 s`` is
     within half a bin of the true bin edge, and the comparison against the float32 threshold
     ``r / 100`` (bitwise equal to ``THRESHOLDS[r]``) settles the pixels that rounding puts on the
-    wrong side. Inside-mask and outside pixels of every pair get distinct codes, so one
-    ``bincount`` over the whole batch yields both histograms.
+    wrong side. Inside-mask and outside pixels of every pair get distinct codes, so one histogram
+    over the whole batch yields both. It is an ``index_add_`` of ones, not ``torch.bincount``: on CUDA
+    bincount reads the codes' minimum and maximum back to the host, which stalls every step.
     """
     if saliency.shape != masks.shape or saliency.ndim != 4:
         raise ValueError(
@@ -76,7 +77,9 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
         torch.ge(s, torch.div(y, 100, out=edge[:n]), out=above[:n])
         y.add_(above[:n]).add_(flat_masks[start:stop], alpha=NUM_THRESHOLDS).add_(offsets[start:stop])
         codes[start:stop].copy_(y)
-    hist = torch.bincount(codes.view(-1), minlength=pairs * _CODES_PER_PAIR)
+    codes = codes.view(-1)
+    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
+    hist.index_add_(0, codes, torch.ones((), dtype=torch.int64, device=device).expand(codes.numel()))
     hist = hist.view(batch, classes, 2, NUM_THRESHOLDS)
     inside = hist[:, :, 1]
     predicted = _suffix_sum(hist[:, :, 0] + inside)

@@ -15,7 +15,8 @@
   (through the same final norm and projection as the image embedding) and the positive prompt;
   or ``gradcam``, Grad-CAM of each finding's logit on the tokens entering the last block's
   attention (after its first norm). Grad-CAM needs gradients, so the trainer must run with
-  ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``).
+  ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``); it always runs in float32
+  (under ``bf16-mixed`` too, with a warning: bf16 gradients leave errors larger than the map).
 
 A subclass loads its model from local files and says where its patch tokens come from.
 """
@@ -34,6 +35,7 @@ from torch import Tensor, nn
 from xbench.findings import FINDINGS
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
+from xbench.models.gpu import float32
 from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Interpolation, model_input
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
 
@@ -129,9 +131,11 @@ class OpenClipDualEncoder(XBenchModel):
         return F.normalize(self.model.encode_text(tokens).float(), dim=-1)
 
     def pair_logits(self, image_embedding: Tensor) -> Tensor:
-        """log p(pos) - log p(neg) of the 2-way softmax over each finding's prompt pair: [B, C]."""
+        """log p(pos) - log p(neg) of the 2-way softmax over each finding's prompt pair: [B, C],
+        in float32 also under mixed precision (a difference of two cosines, scaled by up to 100)."""
         image = F.normalize(image_embedding.float(), dim=-1)
-        return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
+        with float32(image):
+            return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
         x = model_input(image, self.input_size, self.input_mean, self.input_std, self.interpolation)
@@ -147,7 +151,13 @@ class OpenClipDualEncoder(XBenchModel):
                 "add --config lightning_configs/models/gradcam.yaml (it sets trainer.inference_mode: false), "
                 "or use Trainer(inference_mode=False) from a script"
             )
-        with torch.enable_grad(), ActivationCapture(self.gradcam_layer()) as capture:
+        if torch.is_autocast_enabled(x.device.type):
+            warnings.warn(
+                f"{type(self).__name__}(saliency='gradcam') runs in float32 under mixed precision: a Grad-CAM map "
+                "sums gradient x activation terms that cancel, and bf16 gradients leave errors larger than the map",
+                stacklevel=2,
+            )
+        with torch.enable_grad(), float32(x), ActivationCapture(self.gradcam_layer()) as capture:
             image_embedding, _ = self.embed_image(x)
             logits = self.pair_logits(image_embedding)
             maps = grad_cam(capture.activation, logits, self.grid, self.prefix_tokens)

@@ -32,6 +32,7 @@ from torchvision.models import resnet50
 from xbench.findings import display_name
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
+from xbench.models.gpu import ChannelsLast
 from xbench.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, model_input
 from xbench.models.text import bert_from_config, load_tokenizer
 
@@ -354,7 +355,7 @@ class QueryDecoderModel(XBenchModel):
         return logits[:, self.query_index], maps[:, self.query_index]
 
 
-class KAD(QueryDecoderModel):
+class KAD(ChannelsLast, QueryDecoderModel):
     """KAD at one of its three released resolutions.
 
     Args:
@@ -363,20 +364,27 @@ class KAD(QueryDecoderModel):
         variant: the checkpoint's input size: 224 (ResNet-50 through layer3, 14x14 maps), 512
             (through layer4, 16x16) or 1024 (32x32). Images are resized to it (bicubic,
             antialiased); above ``data.image_size`` that is an upsampling, with a warning.
+        channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
     VARIANTS: ClassVar[tuple[int, ...]] = (224, 512, 1024)
 
-    def __init__(self, checkpoint_dir: str = "checkpoints/kad", variant: int = 224, **kwargs) -> None:
+    def __init__(
+        self, checkpoint_dir: str = "checkpoints/kad", variant: int = 224, channels_last: bool = True, **kwargs
+    ) -> None:
         if variant not in self.VARIANTS:
             raise ValueError(f"KAD variant must be one of {self.VARIANTS}; got {variant}")
         super().__init__(checkpoint_dir, **kwargs)
+        self.channels_last = channels_last
         self.variant = variant
         self.input_size = variant
         self.image_encoder = ResNetTokens(through_layer4=variant != 224)
 
     def checkpoint_file(self) -> Path:
         return self.checkpoint_dir / f"KAD_{self.variant}" / "best_valid.pt"
+
+    def convolutional_trunk(self) -> nn.Module:
+        return self.image_encoder
 
     def check_file(self, loaded: Any, file: Path) -> None:
         """Name a variant mismatch, which the key match would only report as reshaped keys

@@ -158,6 +158,7 @@ class MAVL(MedKLIP):
         self.checkpoint_file = checkpoint
         self.aspects_file = aspects_file
         self.scoring = scoring
+        self.register_buffer("grounding_slots", torch.tensor(GROUNDING_SLOTS), persistent=False)
 
     def make_network(self) -> nn.Module:
         return MAVLNet()
@@ -172,7 +173,7 @@ class MAVL(MedKLIP):
 
     def entity_outputs(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         logits, attention, cosines = self.net(pixels, self.query_text)
-        maps = attention.mean(0).unflatten(1, (-1, SLOTS))[:, :, list(GROUNDING_SLOTS)].mean(2)
+        maps = attention.mean(0).unflatten(1, (-1, SLOTS))[:, :, self.grounding_slots].mean(2)
         if self.scoring == "feature":
             return logits[..., 1] - logits[..., 0], maps
         normal, clear = cosines[:, :1], cosines[:, 1:2]  # the book's first two entities

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
+from xbench.models.gpu import ChannelsLast
 from xbench.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, equalize_histogram, model_input
 from xbench.models.text import bert_cls_embeddings, require_files
 
@@ -205,7 +206,7 @@ class MedKLIPNet(nn.Module):
         return self.classifier(output), attention.unflatten(-1, grid)
 
 
-class MedKLIP(XBenchModel):
+class MedKLIP(ChannelsLast, XBenchModel):
     """MedKLIP zero-shot: entity scores from the query decoder, maps from its cross-attention.
 
     ``logits`` = l1 - l0 of the 2-way classifier for each class's entity (softmax index 1 is the
@@ -220,6 +221,7 @@ class MedKLIP(XBenchModel):
             own preprocessing, as the authors' RSNA loader does (and no other loader of theirs); off by
             default. It acts on the batch image, i.e. after the data's resize; the authors equalise the
             native DICOM.
+        channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
     checkpoint_layout: ClassVar[CheckpointLayout] = CheckpointLayout(
@@ -236,18 +238,24 @@ class MedKLIP(XBenchModel):
         checkpoint_dir: str = "checkpoints/medklip",
         bert_dir: str | None = None,
         equalize_histogram: bool = False,
+        channels_last: bool = True,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        self.channels_last = channels_last
         self.checkpoint_dir = Path(checkpoint_dir).expanduser()
         self.checkpoint_file = "checkpoint_final.pth"
         self.bert_dir = Path(bert_dir).expanduser() if bert_dir else self.checkpoint_dir / "Bio_ClinicalBERT"
         self.equalize_histogram = equalize_histogram
         #: The authors' network, built and loaded by :meth:`build`.
         self.net: nn.Module | None = None
-        #: The query book's text embeddings [Q, 768] and, per class, its entities' rows (set by build).
+        #: The query book's text embeddings [Q, 768] (set by build).
         self.register_buffer("query_text", torch.empty(0, 768), persistent=False)
-        self.class_entities: list[list[int]] = []
+        #: Per class, its entities' rows in the book [C, K] (padded with its first entity) and their
+        #: weights in the class's map (1/n each, 0 for padding): buffers, so that picking the classes
+        #: out of the book needs no index copied from the host per batch.
+        self.register_buffer("entity_index", torch.zeros(0, 1, dtype=torch.long), persistent=False)
+        self.register_buffer("entity_weight", torch.zeros(0, 1), persistent=False)
 
     # -- what MAVL changes ------------------------------------------------------------------------
 
@@ -261,6 +269,9 @@ class MedKLIP(XBenchModel):
         """One text per query, in query order."""
         return read_descriptions(self.checkpoint_dir / DESCRIPTIONS_FILE, book)
 
+    def convolutional_trunk(self) -> nn.Module:
+        return self.net
+
     def entity_outputs(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         """Per entity of the book: log-odds [B, E] and raw maps [B, E, h, w]."""
         logits, attention = self.net(pixels, self.query_text)
@@ -271,7 +282,14 @@ class MedKLIP(XBenchModel):
     def build(self, classes: list[str]) -> None:
         what = f"{type(self).__name__} ({self.checkpoint_dir})"
         require_files(self.checkpoint_dir, (self.checkpoint_file, *self.text_files()), what)
-        book, self.class_entities = entity_book(classes)
+        book, class_entities = entity_book(classes)
+        width = max(len(rows) for rows in class_entities)
+        device = self.query_text.device
+        padding = [width - len(rows) for rows in class_entities]
+        self.entity_index = torch.tensor([rows + rows[:1] * pad for rows, pad in zip(class_entities, padding)],
+                                         device=device)
+        self.entity_weight = torch.tensor([[1 / len(rows)] * len(rows) + [0.0] * pad
+                                           for rows, pad in zip(class_entities, padding)], device=device)
         texts = self.query_texts(book)
         self.query_text = bert_cls_embeddings(self.bert_dir, texts, f"Bio_ClinicalBERT for {what}").to(self.query_text.device)
         net = self.make_network()
@@ -283,7 +301,7 @@ class MedKLIP(XBenchModel):
             image = equalize_histogram(image)
         pixels = model_input(image, INPUT_SIZE, IMAGENET_MEAN, IMAGENET_STD, interpolation="bilinear")
         scores, maps = self.entity_outputs(pixels)
-        logits = torch.stack([scores[:, index].amax(1) for index in self.class_entities], 1)
-        class_maps = torch.stack([maps[:, index].mean(1) for index in self.class_entities], 1)
+        logits = scores[:, self.entity_index].amax(-1)  # a repeated entity leaves the maximum alone
+        class_maps = (maps[:, self.entity_index] * self.entity_weight[..., None, None]).sum(2)
         return logits, class_maps
 

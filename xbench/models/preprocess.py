@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xbench.models.gpu import float32
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -34,26 +36,28 @@ def warn_if_upsampled(height: int, width: int, size: int) -> None:
         )
 
 
-def area_weights(size_in: int, size_out: int) -> Tensor:
+def area_weights(size_in: int, size_out: int, device: torch.device | None = None) -> Tensor:
     """Float64 [size_out, size_in]: the share of each input pixel in each output pixel.
 
     Output pixel ``o`` spans ``[o s, (o + 1) s)`` of the input with ``s = size_in / size_out``; its
     weights are the overlaps with the input pixels divided by ``s``, so each row sums to 1. This is
     OpenCV's ``INTER_AREA`` whenever both axes shrink or both grow (as in any letterbox): exact area
-    averaging down, overlap blending up.
+    averaging down, overlap blending up. Built on ``device``: no copy from the host per batch.
     """
     scale = size_in / size_out
-    edges = torch.arange(size_out + 1, dtype=torch.float64) * scale
-    pixels = torch.arange(size_in, dtype=torch.float64)
+    edges = torch.arange(size_out + 1, dtype=torch.float64, device=device) * scale
+    pixels = torch.arange(size_in, dtype=torch.float64, device=device)
     overlap = torch.minimum(edges[1:, None], pixels + 1) - torch.maximum(edges[:-1, None], pixels)
     return overlap.clamp_(min=0) / scale
 
 
 def area_resize(image: Tensor, height: int, width: int) -> Tensor:
-    """Images [..., H, W] -> [..., height, width] by exact area weights (:func:`area_weights`)."""
-    rows = area_weights(image.shape[-2], height).to(image.device, image.dtype)
-    columns = area_weights(image.shape[-1], width).to(image.device, image.dtype)
-    return rows @ image @ columns.T
+    """Images [..., H, W] -> [..., height, width] by exact area weights (:func:`area_weights`),
+    in the image's dtype also under mixed precision."""
+    rows = area_weights(image.shape[-2], height, image.device).to(image.dtype)
+    columns = area_weights(image.shape[-1], width, image.device).to(image.dtype)
+    with float32(image):
+        return rows @ image @ columns.T
 
 
 def model_input(
@@ -80,10 +84,9 @@ def model_input(
         else:
             x = F.interpolate(x, size=(size, size), mode=interpolation, antialias=True, align_corners=False)
             x = x.clamp(0, 1)
-    x = x.expand(-1, 3, -1, -1)
-    mean_t = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    std_t = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-    return (x - mean_t) / std_t
+    # One channel per statistic, from Python scalars: a statistics tensor made per batch would be
+    # copied from the host, and that copy waits for the GPU to finish the previous batch.
+    return torch.cat([(x - m) / s for m, s in zip(mean, std)], dim=1)
 
 
 def equalize_histogram(image: Tensor, bins: int = 256) -> Tensor:

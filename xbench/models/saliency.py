@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from xbench.models.gpu import float32
+
 Upsample = Literal["bilinear", "nearest"]
 
 
@@ -37,12 +39,15 @@ class Window:
     width: float
 
 
-def _axis_weights(size: int, start: float, extent: float, cells: int, mode: Upsample) -> tuple[Tensor, Tensor]:
-    """Float64 [size, cells] sampling weights of one frame axis, and which frame pixels the window covers."""
-    position = (torch.arange(size, dtype=torch.float64) + 0.5 - start) * cells / extent  # pixel centres, in cells
+def _axis_weights(
+    size: int, start: float, extent: float, cells: int, mode: Upsample, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Float64 [size, cells] sampling weights of one frame axis, and which frame pixels the window
+    covers; built on ``device`` (no copy from the host, no step that waits for the device)."""
+    position = (torch.arange(size, dtype=torch.float64, device=device) + 0.5 - start) * cells / extent  # in cells
     inside = (position >= 0) & (position < cells)
-    weights = torch.zeros(size, cells, dtype=torch.float64)
-    rows = torch.arange(size)
+    weights = torch.zeros(size, cells, dtype=torch.float64, device=device)
+    rows = torch.arange(size, device=device)
     if mode == "nearest":
         weights[rows, position.floor().clamp(0, cells - 1).long()] = 1.0
     elif mode == "bilinear":  # as F.interpolate(align_corners=False): half-cell offset, edges held
@@ -53,8 +58,7 @@ def _axis_weights(size: int, start: float, extent: float, cells: int, mode: Upsa
         weights.index_put_((rows, high.long()), source - low, accumulate=True)
     else:
         raise ValueError(f"upsample mode must be 'bilinear' or 'nearest'; got {mode!r}")
-    weights[~inside] = 0
-    return weights, inside
+    return weights.masked_fill_(~inside.unsqueeze(1), 0), inside
 
 
 def place_in_frame(maps: Tensor, window: Window, frame: tuple[int, int], mode: Upsample = "bilinear") -> Tensor:
@@ -63,12 +67,14 @@ def place_in_frame(maps: Tensor, window: Window, frame: tuple[int, int], mode: U
     For models whose preprocessing crops or letterboxes: each frame pixel whose centre lies in the
     window takes the map's value there (``mode`` as in :func:`upsample`); the rest of the frame,
     which the model never saw, takes each map's minimum, so it cannot attract the maximum.
+    Computed in float32, also under mixed precision.
     """
     maps = maps.float()
-    rows, inside_rows = _axis_weights(frame[0], window.top, window.height, maps.shape[-2], mode)
-    columns, inside_columns = _axis_weights(frame[1], window.left, window.width, maps.shape[-1], mode)
-    placed = rows.to(maps) @ maps @ columns.to(maps).T
-    covered = (inside_rows[:, None] & inside_columns[None, :]).to(maps.device)
+    rows, inside_rows = _axis_weights(frame[0], window.top, window.height, maps.shape[-2], mode, maps.device)
+    columns, inside_columns = _axis_weights(frame[1], window.left, window.width, maps.shape[-1], mode, maps.device)
+    with float32(maps):
+        placed = rows.float() @ maps @ columns.float().T
+    covered = inside_rows[:, None] & inside_columns[None, :]
     return torch.where(covered, placed, maps.amin(dim=(-2, -1), keepdim=True))
 
 
@@ -79,10 +85,10 @@ def normalise(maps: Tensor) -> Tensor:
     both ends); a constant map becomes all zeros, never NaN.
     """
     flat = maps.flatten(2)
-    low, high = torch.aminmax(flat, dim=-1)
-    spread = (high - low).unsqueeze(-1)
-    scaled = torch.where(spread > 0, (flat - low.unsqueeze(-1)) / spread, torch.zeros_like(flat))
-    return scaled.view_as(maps)
+    low, high = torch.aminmax(flat, dim=-1, keepdim=True)
+    spread = high - low
+    # A constant map has x - low == 0 everywhere, and 0 / 1 keeps it 0: no full-size select needed.
+    return ((flat - low) / torch.where(spread > 0, spread, 1.0)).view_as(maps)
 
 
 def patch_grid(scores: Tensor, grid: tuple[int, int]) -> Tensor:
@@ -98,9 +104,10 @@ def patch_text_similarity(patches: Tensor, text: Tensor, grid: tuple[int, int]) 
 
     ``patches`` [B, N, D] are patch tokens already mapped into the joint space (the same final
     norm and projection as the image embedding); ``text`` [C, D] one embedding per class.
-    Returns [B, C, h, w], raw cosines in [-1, 1].
+    Returns [B, C, h, w], raw cosines in [-1, 1], computed in float32 (also under mixed precision).
     """
-    cosines = F.normalize(patches, dim=-1) @ F.normalize(text, dim=-1).T
+    with float32(patches):
+        cosines = F.normalize(patches.float(), dim=-1) @ F.normalize(text.float(), dim=-1).T
     return patch_grid(cosines.transpose(1, 2), grid)
 
 
