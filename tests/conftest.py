@@ -170,9 +170,10 @@ def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> 
 #: How far ``--trainer.precision bf16-mixed`` may move a model's outputs from fp32 (random weights,
 #: CPU autocast; bf16 keeps 8 significant bits): the logits (absolute + relative; measured at most
 #: 0.04 on logits up to 15), and the min-max normalised maps the metrics see, per pixel (measured at
-#: most 0.061, and 0.013 on average, for MedKLIP and MAVL; the other models within 0.02 and 0.003).
+#: most 0.07, and 0.020 on average, for MedKLIP and MAVL over several random trunks; the other models
+#: within 0.02 and 0.003).
 BF16_LOGITS = {"atol": 0.05, "rtol": 0.02}
-BF16_SALIENCY_MAX, BF16_SALIENCY_MEAN = 0.1, 0.02
+BF16_SALIENCY_MAX, BF16_SALIENCY_MEAN = 0.1, 0.03
 
 
 def assert_bf16_mixed_close_to_fp32(model, image: torch.Tensor) -> None:

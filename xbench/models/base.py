@@ -179,12 +179,13 @@ class XBenchModel(L.LightningModule):
                 "the results say so under data.images_evaluated",
                 stacklevel=1,
             )
-        lost = int(counts["lost_regions"].sum())
-        if int(counts["clipped_shapes"]) or lost:
+        clipped, lost = int(counts["clipped_shapes"]), int(counts["lost_regions"].sum())
+        notes = [f"{clipped} annotated shapes reached outside their image and were clipped"] if clipped else []
+        if lost:
+            notes.append(f"{lost} annotated regions were empty inside the frame and left out of grounding")
+        if notes:
             warnings.warn(
-                f"{int(counts['clipped_shapes'])} annotated shapes reached outside their image and were clipped; "
-                f"{lost} annotated regions were empty inside the frame and left out of grounding "
-                "(counted under data.clipped_shapes and data.lost_regions in metrics.json)",
+                "; ".join(notes) + " (counted under data.clipped_shapes and data.lost_regions in metrics.json)",
                 stacklevel=1,
             )
         self.results = build_results(
