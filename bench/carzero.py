@@ -24,20 +24,7 @@ from xbench.findings import PAPER_CLASSES
 from xbench.models.carzero import GRID, CARZero, letterbox_input
 from xbench.models.random_weights import write_carzero
 from xbench.models.saliency import place_in_frame
-
-
-def timed(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+from timing import best_seconds
 
 
 def main() -> None:
@@ -70,9 +57,9 @@ def main() -> None:
             _, attention = model.network.align(image_global, patches, model.sentences, model.words)
             return place_in_frame(attention.unflatten(-1, (GRID, GRID)), window, (224, 224), model.upsample_mode)
 
-        total = timed(lambda: model(image), device, args.repeats)
-        vit = timed(lambda: model.network.img_encoder(inputs), device, args.repeats)
-        fusion = timed(align_and_place, device, args.repeats)
+        total = best_seconds(lambda: model(image), device, args.repeats)
+        vit = best_seconds(lambda: model.network.img_encoder(inputs), device, args.repeats)
+        fusion = best_seconds(align_and_place, device, args.repeats)
     per_image = 1e3 / args.batch
     print(f"device {device}, batch {args.batch}, {len(classes)} classes, {torch.get_num_threads()} CPU threads")
     print(f"random checkpoint written in {written:.1f} s; build (load + prompts) {built:.1f} s")

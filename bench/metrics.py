@@ -10,11 +10,11 @@ batch 101 times, with the two ratios the README reports.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from xbench.metrics import THRESHOLDS, GroundingMetrics
+from timing import best_seconds
 
 
 def single_tau_dice(s: torch.Tensor, m: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -28,20 +28,6 @@ def single_tau_dice(s: torch.Tensor, m: torch.Tensor, tau: float) -> tuple[torch
 
 def loop_101(s: torch.Tensor, m: torch.Tensor) -> list:
     return [single_tau_dice(s, m, float(tau)) for tau in THRESHOLDS]
-
-
-def timed(fn, device: torch.device, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -67,9 +53,9 @@ def main() -> None:
     def update():
         metric.update(s, m, has, index)
 
-    t_metric = timed(update, device, args.repeats)
-    t_single = timed(lambda: single_tau_dice(s, m, 0.5), device, args.repeats)
-    t_loop = timed(lambda: loop_101(s, m), device, 1)
+    t_metric = best_seconds(update, device, args.repeats)
+    t_single = best_seconds(lambda: single_tau_dice(s, m, 0.5), device, args.repeats)
+    t_loop = best_seconds(lambda: loop_101(s, m), device, 1)
     print(f"device: {device} ({torch.get_num_threads()} CPU threads), maps {list(shape)}")
     print(f"101-threshold update : {t_metric * 1e3:9.1f} ms")
     print(f"single-tau Dice      : {t_single * 1e3:9.1f} ms")

@@ -68,6 +68,7 @@ from xbench.models.random_weights import (
     write_mavl,
     write_medklip,
 )
+from timing import synchronize
 
 PAPER_IMAGES = 12_601
 PAPER_DATASETS = 7
@@ -98,11 +99,6 @@ BUILDERS: dict[str, Callable[[Path, list[str]], XBenchModel]] = {
     "centre_prior": lambda folder, classes: CentrePrior(),
 }
 PAPER_MODELS = ("clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero")
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class LoopClock(L.Callback):
@@ -203,6 +199,8 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true", help="the trainer's precision, e.g. bf16-mixed")
     parser.add_argument("--native", type=int, default=1024, help="side of the phantom's PNGs")
     args = parser.parse_args()
+    if args.images < 2 * args.batch:
+        parser.error("--images must be at least twice --batch: the rates are timed from the first batch's end")
     torch.set_num_threads(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # "GPU available: ..." per run
     device = torch.device(args.device)
@@ -235,7 +233,7 @@ def main() -> None:
             row = rows[-1]
             overhead = f"{100 * row.overhead:+6.1f} %" if row.name in PAPER_MODELS else "(no network)"
             print(f"  {row.name:<13} bare {row.bare:9.2f} images/s   harness {row.harness:8.2f} images/s   "
-                  f"+{row.harness_ms:5.1f} ms per image   overhead {overhead}   fixed {row.fixed:5.1f} s per run",
+                  f"{row.harness_ms:+6.1f} ms per image   overhead {overhead}   fixed {row.fixed:5.1f} s per run",
                   flush=True)
             shutil.rmtree(scratch / "weights", ignore_errors=True)
         paper = [row for row in rows if row.name in PAPER_MODELS]
