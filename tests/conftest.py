@@ -189,3 +189,13 @@ def assert_bf16_mixed_close_to_fp32(model, image: torch.Tensor) -> None:
     difference = (normalise(upsample(low_maps, size)) - normalise(upsample(maps, size))).abs()
     assert difference.max() <= BF16_SALIENCY_MAX and difference.mean() <= BF16_SALIENCY_MEAN, (
         float(difference.max()), float(difference.mean()))
+
+
+
+def assert_gradcam_stays_float32_under_bf16_mixed(model, image: torch.Tensor) -> None:
+    """Grad-CAM under bf16-mixed warns and runs in float32: outputs equal the fp32 pass exactly."""
+    with torch.no_grad():
+        expected = model(image)
+        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
+            outputs = model(image)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))

@@ -8,10 +8,9 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.plugins.precision import MixedPrecision
 from transformers import BertConfig, BertTokenizer
 
-from conftest import assert_bf16_mixed_close_to_fp32
+from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed
 from xbench.models.biomedclip import BiomedCLIP
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.random_weights import (
@@ -178,12 +177,7 @@ def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
 
 
 def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
-    model, image = load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 160, 160)
-    with torch.no_grad():
-        expected = model(image)
-        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
-            outputs = model(image)
-    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
+    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 160, 160))
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):
