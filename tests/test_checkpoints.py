@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from transformers.utils import logging as hf_logging
 
 from xbench.models.checkpoints import (
     CheckpointLayout,
@@ -128,7 +129,9 @@ def write_tiny_bert(folder, extra_keys=()):
 
 def test_local_bert_and_tokenizer(tmp_path, no_network):
     source = write_tiny_bert(tmp_path / "bert", extra_keys=("cls.predictions.bias",))
+    verbosity = hf_logging.get_verbosity()
     loaded = load_pretrained_bert(tmp_path / "bert", "test BERT")
+    assert hf_logging.get_verbosity() == verbosity  # its load report is silenced only while loading
     for key, value in source.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value)
     tokenizer = load_tokenizer(tmp_path / "bert", "test BERT")

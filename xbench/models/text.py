@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from xbench.cache import cache_root
 
@@ -59,7 +60,12 @@ def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
     ``position_ids`` buffer (:data:`BERT_EXTRA_KEYS`). Anything else is an error naming the keys.
     """
     folder = require_files(folder, ("config.json",), what)
-    model, info = BertModel.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would list the heads dropped on purpose; we check below
+    try:
+        model, info = BertModel.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     unexpected = [key for key in info["unexpected_keys"] if not key.startswith(BERT_EXTRA_KEYS)]
     problems = []
     if info["missing_keys"]:
