@@ -21,6 +21,7 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
+from xbench.data.annotation_files import read_csv_rows
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.io import files_by_stem
 from xbench.data.regions import Boxes, GridBoxes
@@ -112,19 +113,13 @@ class ChestXray14Boxes(XBenchDataModule):
     def _read_entries(self, label_file: Path, names: set[str], box_file: Path) -> dict[str, set[str]]:
         """file name -> its Data_Entry findings among the box classes, for the box images."""
         entries: dict[str, set[str]] = {}
-        with open(label_file, newline="") as handle:
-            rows = csv.reader(handle)
-            header = next(rows, [])
-            if header[:2] != ["Image Index", "Finding Labels"]:
-                raise ValueError(
-                    f"{label_file}: expected a header starting 'Image Index,Finding Labels', got {header[:2]}"
-                )
-            for line, row in enumerate(rows, start=2):
-                if not row or row[0] not in names:
-                    continue
-                where = f"{label_file}, line {line}"
-                found = {finding_key(self.name, raw, source=where) for raw in row[1].split("|") if raw != NO_FINDING}
-                entries[row[0]] = found & set(self.supported_classes())
+        for line, row in read_csv_rows(label_file, ("Image Index", "Finding Labels")):
+            if row["Image Index"] not in names:
+                continue
+            where = f"{label_file}, line {line}"
+            raw = row["Finding Labels"].split("|")
+            found = {finding_key(self.name, label, source=where) for label in raw if label != NO_FINDING}
+            entries[row["Image Index"]] = found & set(self.supported_classes())
         absent = sorted(names - set(entries))
         if absent:
             raise ValueError(

@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
+from xbench.data.annotation_files import read_csv_rows
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes, MajorityVote
 from xbench.findings import SPELLINGS, finding_key
@@ -137,40 +138,30 @@ class VinDrCXR(XBenchDataModule):
         boxes: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
         readers: dict[str, dict[str, int]] = defaultdict(dict)
         skipped = 0
-        with open(box_file, newline="") as handle:
-            rows = csv.reader(handle)
-            header = [name.strip() for name in next(rows, [])]
-            missing = {"image_id", "class_name", *BOX_COLUMNS} - set(header)
-            if missing:
-                raise ValueError(f"{box_file}: missing columns {sorted(missing)}; got {header}")
-            image_col, class_col = header.index("image_id"), header.index("class_name")
-            reader_col = header.index("rad_id") if per_reader and "rad_id" in header else None
-            box_cols = [header.index(c) for c in BOX_COLUMNS]
-            for line, row in enumerate(rows, start=2):
-                where = f"{box_file}, line {line}"
-                if len(row) != len(header):
-                    raise ValueError(f"{where}: {len(row)} fields, the header has {len(header)}")
-                image_id, class_name = row[image_col].strip(), row[class_col].strip()
-                reader = row[reader_col].strip() if reader_col is not None else CONSENSUS
-                readers[image_id].setdefault(reader, line)
-                corners = [row[i].strip() for i in box_cols]
-                if class_name == NO_FINDING:
-                    if any(corners):
-                        raise ValueError(f"{where}: a 'No finding' row must have empty coordinates, got {corners}")
-                    continue
-                key = finding_key(spelling_set, class_name, source=where)
-                try:
-                    x1, y1, x2, y2 = (float(v) for v in corners)
-                except ValueError:
-                    raise ValueError(
-                        f"{where}: {class_name!r} needs numeric {', '.join(BOX_COLUMNS)}, got {corners}"
-                    ) from None
-                if not all(map(math.isfinite, (x1, y1, x2, y2))):
-                    raise ValueError(f"{where}: box {corners} is not finite")
-                if not (x2 > x1 and y2 > y1):
-                    skipped += 1
-                    continue
-                boxes[image_id][key][reader].append((x1, y1, x2, y2))
+        columns = ["image_id", "class_name", *BOX_COLUMNS, *(["rad_id"] if per_reader else [])]
+        for line, row in read_csv_rows(box_file, columns):
+            where = f"{box_file}, line {line}"
+            image_id, class_name = row["image_id"], row["class_name"]
+            reader = row["rad_id"] if per_reader else CONSENSUS
+            readers[image_id].setdefault(reader, line)
+            corners = [row[name] for name in BOX_COLUMNS]
+            if class_name == NO_FINDING:
+                if any(corners):
+                    raise ValueError(f"{where}: a 'No finding' row must have empty coordinates, got {corners}")
+                continue
+            key = finding_key(spelling_set, class_name, source=where)
+            try:
+                x1, y1, x2, y2 = (float(v) for v in corners)
+            except ValueError:
+                raise ValueError(
+                    f"{where}: {class_name!r} needs numeric {', '.join(BOX_COLUMNS)}, got {corners}"
+                ) from None
+            if not all(map(math.isfinite, (x1, y1, x2, y2))):
+                raise ValueError(f"{where}: box {corners} is not finite")
+            if not (x2 > x1 and y2 > y1):
+                skipped += 1
+                continue
+            boxes[image_id][key][reader].append((x1, y1, x2, y2))
         if skipped:
             warnings.warn(f"VinDrCXR: skipped {skipped} boxes of zero width or height in {box_file}", stacklevel=3)
         return boxes, readers, skipped
