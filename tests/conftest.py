@@ -30,6 +30,8 @@ from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
 
+CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
+
 
 def pytest_configure(config):
     """Generated phantoms and caches go to a throw-away folder unless XBENCH_CACHE says otherwise."""
@@ -150,19 +152,24 @@ def write_dicom(path: Path, pixels: np.ndarray, *, compression: str | None = Non
     return stored
 
 
+def run_args(model: str, data: str, root: Path, results: Path, *extra: str, image_size: int | None = 64) -> list[str]:
+    """Arguments of a small ``python -m xbench.test`` run: ``lightning_configs/models/<model>.yaml`` on
+    ``lightning_configs/data/<data>.yaml`` at ``root``, loaded in the test's process, no progress bar;
+    ``extra`` last, so it overrides (``image_size=None`` keeps the config's size)."""
+    size = ["--data.image_size", str(image_size)] if image_size is not None else []
+    return [
+        "--config", str(CONFIGS / "models" / f"{model}.yaml"),
+        "--config", str(CONFIGS / "data" / f"{data}.yaml"),
+        "--data.root", str(root), *size, "--data.num_workers", "0",
+        "--model.results_dir", str(results), "--trainer.enable_progress_bar", "false",
+        *extra,
+    ]
+
+
 def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> dict:
     """``python -m xbench.test`` with the oracle on ``lightning_configs/data/<data_config>.yaml``;
     the metrics.json payload, read back from the results folder."""
-    configs = Path(__file__).resolve().parents[1] / "lightning_configs"
-    main([
-        "--config", str(configs / "models" / "oracle.yaml"),
-        "--config", str(configs / "data" / f"{data_config}.yaml"),
-        "--data.root", str(root),
-        "--data.image_size", str(image_size),
-        "--data.num_workers", "0",
-        "--model.results_dir", str(results),
-        "--trainer.enable_progress_bar", "false",
-    ])
+    main(run_args("oracle", data_config, root, results, image_size=image_size))
     (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
     return json.loads((folder / "metrics.json").read_text())
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve, roc_auc_score
 
+from conftest import run_args
 from xbench.analysis import Settings, analyze, difference_table, strata_table
 from xbench.analysis.bootstrap import assign_folds, percentile_interval, random_stream, resample_weights
 from xbench.analysis.correlation import r_squared
@@ -25,8 +26,6 @@ from xbench.data.phantom import generate_phantom
 from xbench.reporting.results import SCHEMA, pair_table
 from xbench.test import main as run_model
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "lightning_configs"
 T = 101
 
 
@@ -357,14 +356,8 @@ def baseline_runs(tmp_path_factory) -> dict[str, Path]:
     for model in ("oracle", "random"):
         for split in ("test", "train"):
             results = base / f"results-{split}"
-            run_model([
-                "--config", str(CONFIGS / "models" / f"{model}.yaml"),
-                "--config", str(CONFIGS / "data" / "chestx_det10.yaml"),
-                "--data.root", str(root), "--data.split", split,
-                "--data.classes", "[nodule, mass, consolidation]",
-                "--data.image_size", "64", "--data.batch_size", "4", "--data.num_workers", "0",
-                "--model.results_dir", str(results), "--trainer.enable_progress_bar", "false",
-            ])
+            run_model(run_args(model, "chestx_det10", root, results, "--data.split", split,
+                               "--data.classes", "[nodule, mass, consolidation]", "--data.batch_size", "4"))
             folders[f"{model}-{split}"] = max(p for p in results.iterdir() if p.name.startswith(model[:4]))
     return folders
 

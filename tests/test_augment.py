@@ -1,7 +1,6 @@
 """Augmentations move masks with the image, leave them alone when photometric, and repeat exactly."""
 
 import json
-from pathlib import Path
 
 import albumentations as A
 import numpy as np
@@ -9,12 +8,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from conftest import write_chestx_det10
+from conftest import CONFIGS, run_args, write_chestx_det10
 from xbench.data.augment import build_pipeline
 from xbench.data.chestx_det10 import ChestXDet10
 from xbench.test import main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 ROTATE_90 = [{"class_path": "albumentations.Rotate", "init_args": {"limit": [90, 90], "p": 1.0, "border_mode": 0}}]
 PHOTOMETRIC = [
     {"class_path": "albumentations.RandomBrightnessContrast", "init_args": {"p": 1.0}},
@@ -71,12 +69,8 @@ def test_region_pushed_out_of_frame_is_counted(fixture_root, tmp_path):
     assert not item["has_mask"][0] and item["lost_regions"][0] and item["labels"][0] == 1
     config = tmp_path / "shift.yaml"
     config.write_text(json.dumps({"data": {"init_args": {"augment": shift}}}))
-    results = main([
-        "--config", str(CONFIGS / "models" / "oracle.yaml"), "--config", str(CONFIGS / "data" / "chestx_det10.yaml"),
-        "--data.root", str(fixture_root), "--data.classes", "[mass]", "--data.image_size", "64",
-        "--data.num_workers", "0", "--config", str(config), "--model.results_dir", str(tmp_path / "results"),
-        "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("oracle", "chestx_det10", fixture_root, tmp_path / "results",
+                            "--data.classes", "[mass]", "--config", str(config)))
     assert results["data"]["lost_regions"] == {"mass": 5}
     assert results["grounding"]["per_class"]["mass"]["pairs"] == 0
     assert results["classification"]["per_class"]["mass"]["positives"] == 5

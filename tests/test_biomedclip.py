@@ -4,13 +4,12 @@ import json
 import math
 from pathlib import Path
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertTokenizer
 
-from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed
+from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed, run_args
 from xbench.models.biomedclip import BiomedCLIP
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.random_weights import (
@@ -21,7 +20,6 @@ from xbench.models.random_weights import (
 )
 from xbench.test import main
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFEST = json.loads((Path(__file__).parent / "biomedclip.keys.json").read_text())
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
 STD = torch.tensor([0.26862954, 0.26130258, 0.27577711]).view(1, 3, 1, 1)
@@ -181,17 +179,8 @@ def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):
-    results = main([
-        "--config", str(REPO / "lightning_configs" / "models" / "biomedclip.yaml"),
-        "--config", str(REPO / "lightning_configs" / "data" / "phantom.yaml"),
-        "--model.checkpoint_dir", str(tiny_folder),
-        "--data.root", str(phantom_root),
-        "--data.image_size", "64",
-        "--data.batch_size", "4",
-        "--data.num_workers", "0",
-        "--model.results_dir", str(tmp_path),
-        "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("biomedclip", "phantom", phantom_root, tmp_path,
+                            "--model.checkpoint_dir", str(tiny_folder), "--data.batch_size", "4"))
     assert results["model"] == "biomedclip" and results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)

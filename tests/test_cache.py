@@ -8,12 +8,11 @@ import pytest
 import torch
 
 import xbench.data.cache as cache_module
-from conftest import write_chestx_det10
+from conftest import run_args, write_chestx_det10
 from xbench.data.cache import CachedDataset
 from xbench.data.chestx_det10 import ChestXDet10
 from xbench.test import main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 ENTRIES = [
     {"file_name": "1.png", "syms": ["Mass", "Nodule"], "boxes": [[3, 4, 20, 30], [40, 41, 42, 43]]},
     {"file_name": "2.png", "syms": [], "boxes": []},
@@ -104,11 +103,7 @@ def test_cache_off_writes_nothing(root):
 
 def test_run_results_identical_with_and_without_cache(root, tmp_path):
     def run(*extra):
-        return main([
-            "--config", str(CONFIGS / "models" / "random.yaml"), "--config", str(CONFIGS / "data" / "chestx_det10.yaml"),
-            "--data.root", str(root), "--data.image_size", "48", "--data.num_workers", "0",
-            "--model.results_dir", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false", *extra,
-        ])
+        return main(run_args("random", "chestx_det10", root, tmp_path / "results", *extra, image_size=48))
 
     without = run("--data.cache", "false")
     writing, reading = run(), run()

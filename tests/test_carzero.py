@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertModel
 
-from conftest import assert_bf16_mixed_close_to_fp32
+from conftest import assert_bf16_mixed_close_to_fp32, run_args
 from xbench.data.phantom import Phantom
 from xbench.findings import PAPER_CLASSES
 from xbench.models.carzero import (
@@ -584,17 +584,8 @@ def test_bf16_mixed_stays_close_to_fp32(checkpoint_folder, tiny):
 
 
 def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_path, tiny, no_network):
-    results = main([
-        "--config", str(REPO / "lightning_configs" / "models" / "carzero.yaml"),
-        "--config", str(REPO / "lightning_configs" / "data" / "phantom.yaml"),
-        "--model.checkpoint_dir", str(checkpoint_folder),
-        "--model.results_dir", str(tmp_path / "results"),
-        "--data.root", str(phantom_root),
-        "--data.image_size", "64",
-        "--data.batch_size", "4",
-        "--data.num_workers", "0",
-        "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results",
+                            "--model.checkpoint_dir", str(checkpoint_folder), "--data.batch_size", "4"))
     assert results["model"] == "carzero" and results["data"]["images_evaluated"] == 9
     assert results["config"]["model"]["class_path"] == "xbench.models.carzero.CARZero"
     graded = sum(v["pairs"] for v in results["grounding"]["per_class"].values())

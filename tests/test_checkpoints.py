@@ -1,7 +1,6 @@
 """Safe, strict checkpoint loading and local text towers (shared by every model)."""
 
 import argparse
-import json
 from pathlib import Path
 
 import pytest

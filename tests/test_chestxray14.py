@@ -2,19 +2,17 @@
 
 import gzip
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import real_file
+from conftest import real_file, run_args
 from xbench.data.chestxray14 import ChestXray14Boxes
 from xbench.data.io import read_image
 from xbench.data.transforms import resize_mask
 from xbench.test import main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 
 BOX_HEADER = "Image Index,Finding Label,Bbox [x,y,w,h],,,\n"
 ENTRY_HEADER = (
@@ -156,12 +154,7 @@ def test_real_box_file_and_pngs(real_data, tmp_path):
 def test_cli_baseline_end_to_end(tmp_path):
     root = write_nih(tmp_path / "nih", BOX_ROWS, ENTRIES, IMAGES)
     with pytest.warns(UserWarning, match="1 annotated shapes reached outside their image"):
-        results = main([
-            "--config", str(CONFIGS / "models" / "centre_prior.yaml"),
-            "--config", str(CONFIGS / "data" / "chestxray14.yaml"),
-            "--data.root", str(root), "--data.image_size", "32", "--data.num_workers", "0",
-            "--model.results_dir", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false",
-        ])
+        results = main(run_args("centre_prior", "chestxray14", root, tmp_path / "results", image_size=32))
     assert results["data"]["images_evaluated"] == 3 and len(results["classes"]) == 8
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"cardiomegaly": 1, "infiltration": 1, "atelectasis": 1, "nodule": 1}

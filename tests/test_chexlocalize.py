@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -10,13 +9,12 @@ import pytest
 from PIL import Image
 from pycocotools import mask as coco_mask
 
-from conftest import real_file
+from conftest import real_file, run_args
 from xbench.data.chexlocalize import CheXlocalize
 from xbench.data.regions import Polygons
 from xbench.data.transforms import resize_mask
 from xbench.test import main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 
 #: CSV column -> key, written out here so the test does not read the table it checks.
 CSV_COLUMNS = {
@@ -226,12 +224,7 @@ def test_real_val_sample(real_data, tmp_path):
 
 def test_cli_baseline_end_to_end(fixture_root, tmp_path):
     root, drawn = fixture_root
-    results = main([
-        "--config", str(CONFIGS / "models" / "centre_prior.yaml"),
-        "--config", str(CONFIGS / "data" / "chexlocalize.yaml"),
-        "--data.root", str(root), "--data.image_size", "32", "--data.num_workers", "0",
-        "--model.results_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("centre_prior", "chexlocalize", root, tmp_path, image_size=32))
     assert results["dataset"] and results["data"]["images_evaluated"] == 3
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"cardiomegaly": 1, "lung_opacity": 1, "support_devices": 1}

@@ -15,26 +15,15 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from conftest import CONFIGS, run_args
 from xbench.data.phantom import Phantom
 from xbench.models.baselines import RandomSaliency
 from xbench.test import main
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "lightning_configs"
 
 
 def cli_args(model: str, data_root: Path, results: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "models" / f"{model}.yaml"),
-        "--config", str(CONFIGS / "data" / "phantom.yaml"),
-        "--data.root", str(data_root),
-        "--data.image_size", "64",
-        "--data.batch_size", "4",
-        "--data.num_workers", "0",
-        "--model.results_dir", str(results),
-        "--trainer.enable_progress_bar", "false",
-        *extra,
-    ]
+    return run_args(model, "phantom", data_root, results, "--data.batch_size", "4", *extra)
 
 
 def only_folder(results: Path) -> Path:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed
+from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed, run_args
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
@@ -248,19 +248,8 @@ def test_every_paper_class_has_prompt_text():
                                    ["--trainer.precision", "bf16-mixed"]],
                          ids=["similarity", "gradcam", "similarity-bf16"])
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
-    results = main([
-        "--config", str(REPO / "lightning_configs" / "models" / "clip.yaml"),
-        "--config", str(REPO / "lightning_configs" / "data" / "phantom.yaml"),
-        *extra,
-        "--model.checkpoint_dir", str(tiny_folder),
-        "--model.arch", "xbench-tiny-clip",
-        "--data.root", str(phantom_root),
-        "--data.image_size", "64",
-        "--data.batch_size", "4",
-        "--data.num_workers", "0",
-        "--model.results_dir", str(tmp_path),
-        "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("clip", "phantom", phantom_root, tmp_path, *extra, "--model.checkpoint_dir", str(tiny_folder),
+                            "--model.arch", "xbench-tiny-clip", "--data.batch_size", "4"))
     assert results["model"] == "clip" and results["data"]["images_evaluated"] == 9
     gradcam = "--config" in extra
     assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if gradcam else "patch_text_similarity")

@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from xbench.data.base import ExactlyOnceSampler

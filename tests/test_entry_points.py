@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
+from conftest import CONFIGS, run_args
+
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "lightning_configs"
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 COMMANDS = ("test", "suite", "report", "analyze", "inspect_checkpoint")
 
@@ -46,11 +47,7 @@ def test_every_command_has_a_script():
 
 def test_scripts_exit_zero_on_success(phantom_root, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    run = [
-        "--config", str(CONFIGS / "models" / "oracle.yaml"), "--config", str(CONFIGS / "data" / "phantom.yaml"),
-        "--data.root", str(phantom_root), "--data.image_size", "32", "--data.num_workers", "0",
-        "--model.results_dir", "results", "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
-    ]
+    run = run_args("oracle", "phantom", phantom_root, Path("results"), "--trainer.logger", "false", image_size=32)
     assert exit_status("xbench-test", run, monkeypatch) == 0  # exited 1 after a good run before its fix
     assert len(list((tmp_path / "results").glob("oracle__phantom__*/metrics.json"))) == 1
     # One in a process of its own, as a user runs it (the report starts without torch: fast).

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from conftest import assert_bf16_mixed_close_to_fp32
+from conftest import assert_bf16_mixed_close_to_fp32, run_args
 from xbench.findings import PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, load_state_dict_strict
 from xbench.models import random_weights
@@ -27,7 +27,6 @@ from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "xbench" / "models" / "manifests"
-CONFIGS = REPO / "lightning_configs"
 POSITION_IDS = "text_encoder/bert_model.embeddings.position_ids"
 MARKER = Path("/tmp/xbench-test-kad-unpickle-marker")
 
@@ -249,14 +248,8 @@ def test_maps_and_scores_come_from_the_last_layer_over_the_authors_query_set(kad
 
 
 def cli_args(model: str, checkpoint_dir: Path, data_root: Path, results: Path) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "models" / f"{model}.yaml"),
-        "--config", str(CONFIGS / "data" / "phantom.yaml"),
-        "--model.checkpoint_dir", str(checkpoint_dir),
-        "--model.results_dir", str(results),
-        "--data.root", str(data_root), "--data.image_size", "64", "--data.batch_size", "4",
-        "--data.num_workers", "0", "--trainer.enable_progress_bar", "false",
-    ]
+    return run_args(model, "phantom", data_root, results, "--model.checkpoint_dir", str(checkpoint_dir),
+                    "--data.batch_size", "4")
 
 
 def test_kad_bf16_mixed_stays_close_to_fp32(kad224):

@@ -17,11 +17,11 @@ import torch
 from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
-from conftest import assert_bf16_mixed_close_to_fp32
+from conftest import assert_bf16_mixed_close_to_fp32, run_args
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
 from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
-from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, MedKLIPNet, entity_book
+from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, entity_book
 from xbench.models.preprocess import equalize_histogram
 from xbench.models.random_weights import (
     aspect_sentences,
@@ -35,7 +35,6 @@ from xbench.models.random_weights import (
 from xbench.test import main
 
 TESTS = Path(__file__).resolve().parent
-CONFIGS = TESTS.parent / "lightning_configs"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 PNEUMONIA = 20  # the authors' index of "pneumonia" in the 75-entity book
 
@@ -395,19 +394,11 @@ def test_histogram_equalisation_matches_skimage_recipe_and_is_an_option(medklip_
 def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path, no_network):
     """4 phantom images (seed 2: all three lesion kinds), since every image costs a ResNet-50 at 224x224."""
     folder, _ = request.getfixturevalue(files)
-    results = main([
-        "--config", str(CONFIGS / "models" / f"{model}.yaml"),
-        "--config", str(CONFIGS / "data" / "phantom.yaml"),
-        "--model.checkpoint_dir", str(folder),
-        "--model.results_dir", str(tmp_path / "results"),
-        "--data.root", str(tmp_path / "phantom"),
-        "--data.num_images", "4",
-        "--data.native_size", "64",
-        "--data.seed", "2",
-        "--data.batch_size", "3",
-        "--data.num_workers", "0",
-        "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args(
+        model, "phantom", tmp_path / "phantom", tmp_path / "results", "--model.checkpoint_dir", str(folder),
+        "--data.num_images", "4", "--data.native_size", "64", "--data.seed", "2", "--data.batch_size", "3",
+        image_size=None,
+    ))
     (run,) = (tmp_path / "results").iterdir()
     assert run.name.startswith(f"{model}__phantom__") and (run / "metrics.json").is_file()
     assert results["data"]["images_evaluated"] == 4

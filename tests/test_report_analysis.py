@@ -17,7 +17,7 @@ import pytest
 import torch
 from matplotlib.collections import LineCollection
 from sklearn.metrics import roc_auc_score
-from test_analysis import make_pairs, random_counts
+from test_analysis import random_counts
 
 from xbench.analysis.bootstrap import assign_folds, random_stream, resample_weights
 from xbench.analysis.settings import Settings

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import CONFIGS
 from xbench.suite import load_suite, main, plan
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "lightning_configs"
 
 USER_MODELS = '''
 from xbench.models.baselines import CentrePrior

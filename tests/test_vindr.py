@@ -2,7 +2,6 @@
 
 import csv
 import gzip
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,14 +11,13 @@ import torch
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, SecondaryCaptureImageStorage, generate_uid
 
-from conftest import real_file
+from conftest import real_file, run_args
 from xbench.data.io import ImageReadError, read_image
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.data.vindr import VinDrCXR
 from xbench.findings import SPELLINGS
 from xbench.test import main
 
-CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 
 LOCAL_LABELS = list(SPELLINGS["vindr"])
 GLOBAL_TRAIN = ["COPD", "Lung tumor", "Pneumonia", "Tuberculosis", "Other diseases", "No finding"]
@@ -306,11 +304,7 @@ def test_bad_input_names_file_and_row(physionet_test, tmp_path):
 
 def test_cli_baseline_end_to_end(physionet_test, tmp_path):
     root, _ = physionet_test
-    results = main([
-        "--config", str(CONFIGS / "models" / "centre_prior.yaml"), "--config", str(CONFIGS / "data" / "vindr.yaml"),
-        "--data.root", str(root), "--data.image_size", "32", "--data.num_workers", "0",
-        "--model.results_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-    ])
+    results = main(run_args("centre_prior", "vindr", root, tmp_path, image_size=32))
     assert results["data"]["images_evaluated"] == 3 and len(results["classes"]) == 21
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"cardiomegaly": 1, "nodule_mass": 1, "pleural_effusion": 1}
