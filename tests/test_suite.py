@@ -99,6 +99,12 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     (suite_dir / "other.yaml").write_text(yaml.safe_dump(changed))
     assert statuses(suite_dir / "other.yaml")[("random", "phantom")] == ("run", "")
 
+    # nor when the earlier run changed a setting this suite leaves at its default
+    payload = json.loads((folder / "metrics.json").read_text())
+    payload["config"]["data"]["init_args"]["mask_threshold"] = 0.25
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    assert statuses(suite_dir / "suite.yaml")[("random", "phantom")] == ("run", "")
+
 
 def test_bad_suite_file_is_a_clear_error(tmp_path):
     (tmp_path / "s.yaml").write_text("model: [a.yaml]\ndatasets: [b.yaml]\n")

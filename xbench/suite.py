@@ -185,31 +185,46 @@ def _argument(cls, section: dict, name: str) -> tuple[bool, Any]:
     return True, ... if parameter.default is inspect.Parameter.empty else parameter.default
 
 
-def _subset(expected: Any, actual: Any) -> bool:
-    if isinstance(expected, dict):
-        return isinstance(actual, dict) and all(k in actual and _subset(v, actual[k]) for k, v in expected.items())
-    return expected == actual
+def _defaults(cls) -> dict[str, Any]:
+    """Every keyword default of ``cls`` and its bases (a subclass's default wins): what a run
+    resolves for an argument its config leaves out."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for name, parameter in inspect.signature(init).parameters.items():
+            if parameter.default is not inspect.Parameter.empty:
+                defaults[name] = parameter.default
+    return defaults
 
 
-def identity(config: dict) -> dict:
-    """What makes two runs the same pair: the model and data sections, minus where results go."""
-    model = json.loads(json.dumps(config.get("model", {})))
-    (model.get("init_args") or {}).pop("results_dir", None)
-    return {"model": model, "data": config.get("data", {})}
+def _resolved(cls, section: dict) -> dict[str, Any]:
+    """The section's class and init arguments with its defaults filled in, as JSON would hold them
+    (a saved config is fully resolved), minus where results go."""
+    init_args = {**_defaults(cls), **(section.get("init_args") or {})}
+    init_args.pop("results_dir", None)
+    return json.loads(json.dumps({"class_path": section.get("class_path"), "init_args": init_args}, default=str))
 
 
-def perturbation(config: dict) -> tuple[Any, int]:
-    """The data's augment pipeline and its seed (none, 0 where unset): a pair that names no
-    pipeline is not done by a robustness run of the same model and data, nor the other way."""
-    data = (config.get("data") or {}).get("init_args") or {}
-    return data.get("augment"), data.get("augment_seed") or 0
+def same_run(config: dict, saved: dict, model, data) -> bool:
+    """Whether a saved run's model and data sections are the pair's, every argument compared
+    after defaults are filled in on both sides (an earlier run with a changed setting the pair
+    leaves at its default, e.g. an augment pipeline, is not the pair's run)."""
+    return all(
+        _resolved(cls, config.get(name) or {}) == _resolved(cls, saved.get(name) or {})
+        for name, cls in (("model", model), ("data", data))
+    )
+
+
+def result_folders(results_dir: Path) -> list[Path]:
+    """Every results folder under ``results_dir`` (none while it does not exist)."""
+    return find_result_folders([results_dir]) if results_dir.is_dir() else []
 
 
 def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """Every results folder under ``results_dir`` with its resolved config."""
-    if not results_dir.is_dir():
-        return []
-    return [(folder, read_results(folder).get("config") or {}) for folder in find_result_folders([results_dir])]
+    return [(folder, read_results(folder).get("config") or {}) for folder in result_folders(results_dir)]
 
 
 def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bool) -> None:
@@ -239,8 +254,7 @@ def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bo
     if takes and root is not None and not Path(root).expanduser().exists():
         pair.status, pair.detail = "missing", f"data.root {root}"
         return
-    done = [folder for folder, config in existing
-            if _subset(identity(pair.config), config) and perturbation(config) == perturbation(pair.config)]
+    done = [folder for folder, config in existing if same_run(pair.config, config, model, data)]
     if done and not force:
         pair.status, pair.detail = "done", str(done[-1])
 
@@ -258,7 +272,7 @@ def plan(suite: Suite, force: bool = False) -> list[Pair]:
 
 def run_pair(suite: Suite, pair: Pair) -> tuple[bool, str]:
     """Run the pair as ``python -m xbench.test``; stream its output; return (ok, results folder or error)."""
-    before = {folder for folder, _ in existing_results(suite.results_dir)}
+    before = set(result_folders(suite.results_dir))
     command = [sys.executable, "-m", "xbench.test", *run_arguments(suite, pair)]
     tail: deque[str] = deque(maxlen=50)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -271,7 +285,7 @@ def run_pair(suite: Suite, pair: Pair) -> tuple[bool, str]:
     if process.returncode != 0:
         last = next((line.strip() for line in reversed(tail) if line.strip()), "")
         return False, f"exit status {process.returncode}: {last}"
-    new = [folder for folder, _ in existing_results(suite.results_dir) if folder not in before]
+    new = [folder for folder in result_folders(suite.results_dir) if folder not in before]
     return True, str(new[-1]) if new else "(no results folder written)"
 
 
