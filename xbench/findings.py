@@ -8,6 +8,7 @@ dataset's own spelling. Loaders translate raw spellings with :func:`finding_key`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 
@@ -227,6 +228,18 @@ def check_classes(classes: list[str] | tuple[str, ...], *, allowed: tuple[str, .
 
 def display_name(key: str) -> str:
     return FINDINGS[key].display
+
+
+def finding_text(key: str) -> str:
+    """The words a prompt names a finding with: its display name in lower case (the specs'
+    recommendation; the models' tokenizers lower-case anyway). A key outside this table falls
+    back to its own words, with a warning."""
+    finding = FINDINGS.get(key)
+    if finding is not None:
+        return finding.display.lower()
+    text = key.replace("_", " ")
+    warnings.warn(f"finding {key!r} is not in xbench/findings.py; prompting with {text!r}", stacklevel=2)
+    return text
 
 
 def short_name(key: str) -> str:

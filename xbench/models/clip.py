@@ -8,7 +8,7 @@
   centre-crops; on the square batch image both are the same, and no part of the frame is lost, so
   the maps cover the whole image.
 - **Recognition**: per finding a positive and a negative prompt (CheXzero's ``"{}"`` / ``"no {}"``
-  pair, or a model's own template), filled with the finding's text from :data:`FINDING_TEXT`.
+  pair, or a model's own template), filled with the finding's text (:func:`xbench.findings.finding_text`).
   ``logit = s * (cos(image, pos) - cos(image, neg))`` with ``s = exp(logit_scale)``: the log-odds
   of the 2-way softmax over the pair, never a softmax across findings (they are multi-label).
 - **Saliency** (``saliency=``): ``patch_text_similarity``, the cosine between each patch token
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xbench.findings import FINDINGS
+from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
 from xbench.models.gpu import float32
@@ -40,20 +40,6 @@ from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Interpol
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
 
 Saliency = Literal["patch_text_similarity", "gradcam"]
-
-#: The text a prompt template is filled with: each finding's display name, lower-cased (the specs'
-#: recommendation for CLIP and BiomedCLIP; both tokenizers lower-case anyway).
-FINDING_TEXT: dict[str, str] = {key: finding.display.lower() for key, finding in FINDINGS.items()}
-
-
-def finding_text(key: str) -> str:
-    """The prompt text of a finding key; a key outside ``findings.py`` falls back to its own words."""
-    text = FINDING_TEXT.get(key)
-    if text is None:
-        text = key.replace("_", " ")
-        warnings.warn(f"finding {key!r} is not in xbench/findings.py; prompting with {text!r}", stacklevel=2)
-    return text
-
 
 class OpenClipDualEncoder(XBenchModel):
     """A CLIP-style dual encoder built with open_clip (see the module docstring for the recipe).

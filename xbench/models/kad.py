@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models import resnet50
 
-from xbench.findings import display_name
+from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
 from xbench.models.gpu import ChannelsLast
@@ -127,7 +127,7 @@ def query_set(classes: list[str], dataset: str | None) -> tuple[list[str], list[
 
     The authors' set for the dataset when it holds every class (decoded whole, in their order);
     otherwise the classes in the given order with :data:`PROPOSED_PROMPTS`. A key with no prompt
-    there gets its display name in lower case, with a warning.
+    there gets :func:`xbench.findings.finding_text`, with a warning.
     """
     authors = dict(AUTHORS_QUERY_SETS.get(dataset, ()))
     if authors and set(classes) <= authors.keys():
@@ -145,7 +145,7 @@ def query_set(classes: list[str], dataset: str | None) -> tuple[list[str], list[
             f"no prompt for {unknown}: using the finding's name; add it to PROPOSED_PROMPTS in xbench/models/kad.py",
             stacklevel=2,
         )
-    prompts = [PROPOSED_PROMPTS.get(key) or display_name(key).lower() for key in classes]
+    prompts = [PROPOSED_PROMPTS.get(key) or finding_text(key) for key in classes]
     return prompts, list(range(len(classes)))
 
 
