@@ -24,10 +24,11 @@ import torch
 
 from xbench.analysis.pipeline import analyze
 from xbench.analysis.settings import Settings
-from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
+from xbench.analyze import write_analysis
 from xbench.findings import PAPER_CLASSES
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.results import SCHEMA, pair_table
+from xbench.reporting.folder import METRICS, PAIRS, SCHEMA
+from xbench.reporting.results import pair_table
 
 MODELS, IMAGES, CLASSES, IMAGE_SIZE = 7, 5000, 20, 224
 
@@ -47,7 +48,7 @@ def write_folders(workdir: Path, graded_share: float) -> list[Path]:
     for m in range(MODELS):
         folder = workdir / f"model{m}__bench__{graded_share:g}"
         folders.append(folder)
-        if (folder / "pairs.csv.gz").is_file():
+        if (folder / PAIRS).is_file():
             continue
         folder.mkdir(parents=True, exist_ok=True)
         inside = -np.sort(-rng.integers(0, region[:, None] + 1, size=(len(region), NUM_THRESHOLDS)), axis=1)
@@ -65,8 +66,8 @@ def write_folders(workdir: Path, graded_share: float) -> list[Path]:
              "logits": torch.from_numpy(labels + rng.normal(0, 1.5, size=labels.shape)).float()},
             image_ids,
         )
-        table.to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
-        (folder / "metrics.json").write_text(json.dumps(payload))
+        table.to_csv(folder / PAIRS, index=False, compression="gzip")
+        (folder / METRICS).write_text(json.dumps(payload))
     return folders
 
 
@@ -84,13 +85,7 @@ def main() -> None:
     start, start_cpu = time.perf_counter(), time.process_time()
     analysis = analyze(folders, settings=Settings(replicates=options.replicates))
     computed, computed_cpu = time.perf_counter(), time.process_time()
-    tables = analysis_tables(analysis)
-    out = options.workdir / "out"
-    out.mkdir(exist_ok=True)
-    for name, frame in tables.items():
-        frame.to_csv(out / f"{name}.csv", index=False)
-    (out / "analysis.json").write_text(json.dumps(analysis_json(analysis, tables), allow_nan=False))
-    (out / "summary.md").write_text(summary_markdown(analysis, tables))
+    write_analysis(analysis, options.workdir / "out")
     done, done_cpu = time.perf_counter(), time.process_time()
 
     pairs = sum(len(run.run.pairs.cls) for run in analysis.datasets[0].runs)

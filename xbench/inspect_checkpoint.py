@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from xbench.models.checkpoints import safe_load
+from xbench.models.checkpoints import manifest, safe_load
 
 
 def tensor_entries(loaded: Any) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -109,8 +109,7 @@ def main(args: list[str] | None = None) -> None:
     tensors, others = tensor_entries(safe_load(options.file))
     print(report(options.file, tensors, others))
     if options.json is not None:
-        manifest = {options.file.name: {name: list(tensor.shape) for name, tensor in tensors.items()}}
-        options.json.write_text(json.dumps(manifest, indent=1) + "\n")
+        options.json.write_text(json.dumps({options.file.name: manifest(tensors)}, indent=1) + "\n")
         print(f"manifest written to {options.json}")
 
 

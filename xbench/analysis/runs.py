@@ -10,7 +10,6 @@ images line up row for row, whatever order their loaders used.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +20,9 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS as METRICS_FILE, SCHEMA
+from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, count_columns, read_results
 
-PAIRS_FILE = "pairs.csv.gz"
-PREDICTED_COLUMNS = [f"pred_{k:03d}" for k in range(NUM_THRESHOLDS)]
-INTER_COLUMNS = [f"inter_{k:03d}" for k in range(NUM_THRESHOLDS)]
+PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
 PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit",
                 *PREDICTED_COLUMNS, *INTER_COLUMNS)
 
@@ -91,9 +88,7 @@ def load_run(folder: str | Path) -> Run:
     for path in (metrics_path, pairs_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
-    metrics = json.loads(metrics_path.read_text())
-    if metrics.get("schema") != SCHEMA:
-        raise ValueError(f"{metrics_path}: schema {metrics.get('schema')!r}, this XBench reads {SCHEMA!r}")
+    metrics = read_results(folder)
     classes = tuple(metrics["classes"])
     table = pd.read_csv(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
                         na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})

@@ -18,6 +18,12 @@ import numpy as np
 SCHEMA = "xbench.results/1"
 METRICS = "metrics.json"
 OVERLAYS = "overlays.npz"
+PAIRS = "pairs.csv.gz"
+
+
+def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:
+    """The pairs table's 101-point count columns: ``pred_k`` = |B_k| and ``inter_k`` = |B_k & R|."""
+    return [f"pred_{k:03d}" for k in range(num_thresholds)], [f"inter_{k:03d}" for k in range(num_thresholds)]
 
 
 def find_result_folders(paths: list[Path]) -> list[Path]:

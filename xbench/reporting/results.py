@@ -33,7 +33,7 @@ import yaml
 
 from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
-from xbench.reporting.folder import METRICS, OVERLAYS, SCHEMA, atomic_write
+from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, SCHEMA, atomic_write, count_columns
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = (
@@ -260,15 +260,14 @@ def pair_table(results: dict, grounding_records: dict, classification_records: d
     }
     predicted = grounding_records["predicted"].cpu().numpy()
     inter = grounding_records["inter"].cpu().numpy()
-    for k in range(predicted.shape[1]):
-        counts[f"pred_{k:03d}"] = predicted[:, k]
-    for k in range(inter.shape[1]):
-        counts[f"inter_{k:03d}"] = inter[:, k]
+    predicted_names, inter_names = count_columns(predicted.shape[1])
+    counts.update(zip(predicted_names, predicted.T))
+    counts.update(zip(inter_names, inter.T))
     graded = pd.DataFrame(counts)
     table = rows.merge(graded, on=["image_index", "class"], how="left", validate="one_to_one")
     table["graded"] = table["graded"].eq(True)
-    count_columns = [c for c in table.columns if c.startswith(("pred_", "inter_")) or c in ("region_px", "hit")]
-    table[count_columns] = table[count_columns].astype("Int64")
+    integers = ["region_px", "hit", *predicted_names, *inter_names]
+    table[integers] = table[integers].astype("Int64")
     return table
 
 
@@ -301,7 +300,7 @@ def write_results(
         atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
         atomic_write(staging / "summary.md", lambda p: p.write_text(summary_markdown(results)))
         pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
-        atomic_write(staging / "pairs.csv.gz", lambda p: pairs.to_csv(p, index=False, compression="gzip"))
+        atomic_write(staging / PAIRS, lambda p: pairs.to_csv(p, index=False, compression="gzip"))
         atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
             atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
