@@ -134,7 +134,7 @@ class CachedDataset(Dataset):
         return {
             "image": image.unsqueeze(0),
             "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
-            "masks": torch.from_numpy(masks.astype(bool)),
+            "masks": torch.from_numpy(masks.view(bool)),  # unpackbits gives 0/1 bytes: no copy
             "has_mask": self.has_mask[index].clone(),
             "index": index,
             "image_id": sample.image_id,

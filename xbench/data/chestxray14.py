@@ -113,13 +113,14 @@ class ChestXray14Boxes(XBenchDataModule):
     def _read_entries(self, label_file: Path, names: set[str], box_file: Path) -> dict[str, set[str]]:
         """file name -> its Data_Entry findings among the box classes, for the box images."""
         entries: dict[str, set[str]] = {}
+        supported = set(self.supported_classes())
         for line, row in read_csv_rows(label_file, ("Image Index", "Finding Labels")):
             if row["Image Index"] not in names:
                 continue
             where = f"{label_file}, line {line}"
             raw = row["Finding Labels"].split("|")
             found = {finding_key(self.name, label, source=where) for label in raw if label != NO_FINDING}
-            entries[row["Image Index"]] = found & set(self.supported_classes())
+            entries[row["Image Index"]] = found & supported
         absent = sorted(names - set(entries))
         if absent:
             raise ValueError(

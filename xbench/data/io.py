@@ -79,7 +79,7 @@ def read_raster(path: Path) -> np.ndarray:
     except OSError as error:
         raise ImageReadError(f"cannot decode image {path}: {error}") from error
     if mode == "RGB":
-        return (pixels.astype(np.float32).mean(axis=2) / 255).astype(np.float32)
+        return pixels.mean(axis=2, dtype=np.float32) / 255
     if mode == "L":
         return pixels.astype(np.float32) / 255
     if mode.startswith("I;16") or mode == "I":
