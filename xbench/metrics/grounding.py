@@ -139,11 +139,11 @@ def summarise_curves(
     iou_sum: Tensor,
     predicted_sum: Tensor,
     inter_sum: Tensor,
-    region_sum: Tensor,
 ) -> dict[str, Tensor]:
-    """Per-class results and macro means from summed states (shared by the metric and analyses)."""
+    """Per-class results and macro means from summed states."""
     count = pairs.double()
-    pooled_total = (predicted_sum + region_sum.unsqueeze(1)).double()
+    region_sum = inter_sum[:, :1]  # |B_0 & R| = |R|: tau = 0 takes every pixel
+    pooled_total = (predicted_sum + region_sum).double()
     curves = {
         "dice": dice_sum / count.unsqueeze(1),
         "iou": iou_sum / count.unsqueeze(1),
@@ -196,7 +196,7 @@ class GroundingMetrics(RecordsMetric):
         self.validate_args = validate_args
         per_class = lambda dtype: torch.zeros(num_classes, dtype=dtype)  # noqa: E731
         per_curve = lambda dtype: torch.zeros(num_classes, NUM_THRESHOLDS, dtype=dtype)  # noqa: E731
-        for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks", "region_sum"):
+        for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks"):
             self.add_state(name, per_class(torch.int64), dist_reduce_fx="sum")
         for name in ("dice_sum", "iou_sum"):
             self.add_state(name, per_curve(torch.float64), dist_reduce_fx="sum")
@@ -208,8 +208,6 @@ class GroundingMetrics(RecordsMetric):
         return {
             "rec_index": ((), torch.int64),
             "rec_class": ((), torch.int64),
-            "rec_region": ((), torch.int64),
-            "rec_hit": ((), torch.bool),
             "rec_predicted": ((NUM_THRESHOLDS,), torch.int32),
             "rec_inter": ((NUM_THRESHOLDS,), torch.int32),
         }
@@ -225,7 +223,6 @@ class GroundingMetrics(RecordsMetric):
         self.constant_maps += r["constant"].sum(0)
         self.tied_maxima += r["tied"].sum(0)
         self.empty_masks += r["empty_mask"].sum(0)
-        self.region_sum += (r["region"] * graded).sum(0)
         self.dice_sum += r["dice"].sum(0)
         self.iou_sum += r["iou"].sum(0)
         self.predicted_sum += r["predicted"].sum(0)
@@ -238,14 +235,12 @@ class GroundingMetrics(RecordsMetric):
         classes = torch.arange(self.num_classes, device=saliency.device)
         self.rec_index.append(torch.where(graded, index.view(-1, 1), -1).flatten())
         self.rec_class.append(torch.where(graded, classes, -1).flatten())
-        self.rec_region.append(r["region"].flatten())
-        self.rec_hit.append(r["hit"].flatten())
         self.rec_predicted.append(r["predicted"].flatten(0, 1).int())
         self.rec_inter.append(r["inter"].flatten(0, 1).int())
 
     def compute(self) -> MetricValues:
         out = summarise_curves(
-            self.pairs, self.hits, self.dice_sum, self.iou_sum, self.predicted_sum, self.inter_sum, self.region_sum
+            self.pairs, self.hits, self.dice_sum, self.iou_sum, self.predicted_sum, self.inter_sum
         )
         out["constant_maps"] = self.constant_maps
         out["tied_maxima"] = self.tied_maxima
@@ -260,13 +255,14 @@ class GroundingMetrics(RecordsMetric):
         index = dim_zero_cat(self.rec_index)[keep]
         cls = cls[keep]
         order = torch.argsort(index * self.num_classes + cls, stable=True)
+        inter = dim_zero_cat(self.rec_inter)[keep][order].long()
         return {
             "index": index[order],
             "class": cls[order],
-            "region": dim_zero_cat(self.rec_region)[keep][order],
-            "hit": dim_zero_cat(self.rec_hit)[keep][order],
+            "region": inter[:, 0],  # |B_0 & R| = |R|
+            "hit": inter[:, -1] > 0,  # a top-bin pixel (the map's maximum) inside R
             "predicted": dim_zero_cat(self.rec_predicted)[keep][order].long(),
-            "inter": dim_zero_cat(self.rec_inter)[keep][order].long(),
+            "inter": inter,
         }
 
 
