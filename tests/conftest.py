@@ -166,12 +166,17 @@ def run_args(model: str, data: str, root: Path, results: Path, *extra: str, imag
     ]
 
 
+def only_folder(results: Path) -> Path:
+    """The one results folder a run wrote under ``results`` (a run in progress is staged under a hidden name)."""
+    (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
+    return folder
+
+
 def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> dict:
     """``python -m xbench.test`` with the oracle on ``lightning_configs/data/<data_config>.yaml``;
     the metrics.json payload, read back from the results folder."""
     main(run_args("oracle", data_config, root, results, image_size=image_size))
-    (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
-    return json.loads((folder / "metrics.json").read_text())
+    return json.loads((only_folder(results) / "metrics.json").read_text())
 
 
 #: How far ``--trainer.precision bf16-mixed`` may move a model's outputs from fp32 (random weights,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, run_args
+from conftest import CONFIGS, only_folder, run_args
 from xbench.data.phantom import Phantom
 from xbench.models.baselines import RandomSaliency
 from xbench.test import main
@@ -24,11 +24,6 @@ from xbench.test import main
 
 def cli_args(model: str, data_root: Path, results: Path, *extra: str) -> list[str]:
     return run_args(model, "phantom", data_root, results, "--data.batch_size", "4", *extra)
-
-
-def only_folder(results: Path) -> Path:
-    (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
-    return folder
 
 
 def numbers(payload: dict) -> dict:

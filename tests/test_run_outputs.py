@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from test_cli import cli_args, only_folder
+from conftest import only_folder, run_args
 from xbench.data.transforms import resize_image
 from xbench.test import main
 
@@ -29,8 +29,10 @@ def expected_overlay_pairs(phantom_root: Path, per_class: int) -> set[tuple[str,
 
 
 def test_every_model_saves_the_same_overlay_pairs(phantom_root, tmp_path):
-    main(cli_args("oracle", phantom_root, tmp_path / "o", "--trainer.logger", "false", "--model.overlay_pairs", "2"))
-    main(cli_args("random", phantom_root, tmp_path / "r", "--trainer.logger", "false", "--model.overlay_pairs", "2"))
+    main(run_args("oracle", "phantom", phantom_root, tmp_path / "o", "--data.batch_size", "4",
+                  "--trainer.logger", "false", "--model.overlay_pairs", "2"))
+    main(run_args("random", "phantom", phantom_root, tmp_path / "r", "--data.batch_size", "4",
+                  "--trainer.logger", "false", "--model.overlay_pairs", "2"))
     oracle = np.load(only_folder(tmp_path / "o") / "overlays.npz")
     random = np.load(only_folder(tmp_path / "r") / "overlays.npz")
     pairs = set(zip(oracle["finding"], oracle["image_id"]))
@@ -73,7 +75,7 @@ def read_wandb_records(run_dir: Path) -> list:
 
 
 def test_offline_wandb_run_holds_summary_table_curves_and_overlays(phantom_root, tmp_path, no_network):
-    results = main(cli_args("oracle", phantom_root, tmp_path / "results",
+    results = main(run_args("oracle", "phantom", phantom_root, tmp_path / "results", "--data.batch_size", "4",
                             "--trainer.logger.init_args.save_dir", str(tmp_path)))
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     records = read_wandb_records(run_dir)
@@ -115,7 +117,8 @@ def test_offline_wandb_run_holds_summary_table_curves_and_overlays(phantom_root,
 
 def test_logger_false_writes_no_wandb_run(phantom_root, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "w"))
-    main(cli_args("centre_prior", phantom_root, tmp_path / "results", "--trainer.logger", "false"))
+    main(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results", "--data.batch_size", "4",
+                  "--trainer.logger", "false"))
     assert not (tmp_path / "w").exists()
     assert only_folder(tmp_path / "results").name.startswith("centreprior__phantom__")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import CONFIGS
+from conftest import CONFIGS, only_folder
 from xbench.suite import load_suite, main, plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     assert main(["--config", "suite.yaml"]) == 1  # one pair failed
     out = capsys.readouterr()
     assert "boom: this model always fails" in out.out  # in the summary table
-    (folder,) = [p for p in (suite_dir / "results").iterdir() if not p.name.startswith(".")]
+    folder = only_folder(suite_dir / "results")
     assert folder.name.startswith("randomsaliency__phantom__")
     config = json.loads((folder / "metrics.json").read_text())["config"]
     assert config["data"]["init_args"]["image_size"] == 32 and config["model"]["init_args"]["results_dir"] == "results"
@@ -137,7 +137,7 @@ def test_a_pair_with_an_augment_config_runs_and_is_told_apart_from_its_reference
     (pair,) = plan(load_suite(tmp_path / "rotated.yaml"))
     assert pair.dataset.label == "phantom+rotate10" and pair.status == "run"
     assert main(["--config", "rotated.yaml"]) == 0
-    (folder,) = [p for p in (tmp_path / "results").iterdir() if not p.name.startswith(".")]
+    folder = only_folder(tmp_path / "results")
     config = json.loads((folder / "metrics.json").read_text())["config"]
     assert config["data"]["init_args"]["augment"] == yaml.safe_load(Path(rotate).read_text())["data"]["init_args"]["augment"]
 
