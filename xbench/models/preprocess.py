@@ -7,6 +7,7 @@ Each model states its input size, interpolation and statistics as data and calls
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -24,6 +25,45 @@ CXR_MAE_MEAN = (0.4978, 0.4978, 0.4978)
 CXR_MAE_STD = (0.2449, 0.2449, 0.2449)
 
 Interpolation = Literal["bilinear", "bicubic", "area"]
+#: How a model's map reaches the metric frame: nearest-repeat of cells, or bilinear with
+#: ``align_corners`` False or True (as ``F.interpolate``).
+MapUpsample = Literal["nearest", "bilinear", "bilinear_align_corners"]
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """A model's authors' input transform and map rule, stated as data (one per model, as
+    open_clip keeps pretrained configs). Picklable: the datamodule runs it in DataLoader workers
+    on the decoded native-aspect image.
+
+    Calling it on a native grey image [H, W] in [0, 1] and the metric frame's side ``frame``
+    returns the model's input [3, size, size] and the window (top, left, height, width) that the
+    input covers, in frame pixels (the frame is the whole radiograph squashed to frame x frame).
+
+    Fields:
+        size: side of the model's square input.
+        resize: ``squash`` (both sides to ``resize_to``, aspect not kept), ``shorter_side`` (the
+            shorter side to ``resize_to``, aspect kept) or ``longer_side`` (the longer side to
+            ``resize_to``, the shorter zero-padded symmetrically to a square); a centre crop of
+            ``size`` follows whenever the result is larger.
+        resize_to: the side the resize aims at; ``None`` means ``size``.
+        interpolation: the authors' resize filter.
+        library: ``pil`` or ``cv2`` resize the 8-bit image as the authors' pipelines do (their
+            rounding included); ``torch`` resizes in float (antialiased), no 8-bit step.
+        mean, std: per-channel statistics after grey -> RGB and scaling to [0, 1].
+        equalize: global histogram equalisation of the native image first (MedKLIP on RSNA DICOMs).
+        map_upsample: how the model's raw map is placed onto the frame through its window.
+    """
+
+    size: int
+    resize: Literal["squash", "shorter_side", "longer_side"] = "squash"
+    resize_to: int | None = None
+    interpolation: Literal["nearest", "bilinear", "bicubic", "area"] = "bilinear"
+    library: Literal["pil", "cv2", "torch"] = "pil"
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    equalize: bool = False
+    map_upsample: MapUpsample = "bilinear"
 
 
 def warn_if_upsampled(height: int, width: int, size: int) -> None:
