@@ -100,8 +100,7 @@ class XBenchDataset(Dataset):
         return self.item(index, with_native=False)[0]
 
     def item(self, index: int, with_native: bool) -> tuple[dict, np.ndarray | None]:
-        """The sample dict and, if asked, the native image (after any augmentation) on the
-        16-bit grid the cache keeps it on."""
+        """The sample dict and, if asked, the native image as decoded (after any augmentation)."""
         sample = self.samples[index]
         image = read_image(sample.path)
         height, width = image.shape
@@ -135,7 +134,7 @@ class XBenchDataset(Dataset):
             "clipped_shapes": clipped,
             "lost_regions": lost,
         }
-        return record, quantise(torch.from_numpy(image)).numpy() if with_native else None
+        return record, image if with_native else None
 
 
 #: The code that decides the cached pixels; its source is part of the cache's fingerprint.

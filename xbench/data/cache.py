@@ -17,9 +17,10 @@ format, the package version and the source of the code that decides the pixels
 folder. A cache is written into a temporary folder and renamed into place when complete, so a
 half-written cache is never read.
 
-Images are quantised to 16 bits (an error below 1e-5; none for 8- and 16-bit files) whether or not
-the cache is used, so a run gives identical numbers with and without it wherever the native image
-is within the cap.
+The frame image is quantised to 16 bits (an error below 1e-5) whether or not the cache is used.
+The native image is cached as 16-bit levels, exact for 8- and 16-bit files; without the cache the
+models' transforms read it as decoded. A run therefore gives identical numbers with and without
+the cache wherever the native image is 8- or 16-bit and within the cap.
 """
 
 from __future__ import annotations
