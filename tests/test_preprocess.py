@@ -55,13 +55,20 @@ def test_eight_bits_recovered_exactly(radiograph):
         # KAD-512: bicubic squash
         (
             Preprocess(512, interpolation="bicubic"),
-            T.Compose([T.Resize([512, 512], interpolation=BICUBIC), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]),
+            T.Compose(
+                [T.Resize([512, 512], interpolation=BICUBIC), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+            ),
         ),
         # open_clip: the shorter side to 224, centre crop
         (
             Preprocess(224, resize="shorter_side", interpolation="bicubic", mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD),
             T.Compose(
-                [T.Resize(224, interpolation=BICUBIC), T.CenterCrop(224), T.ToTensor(), T.Normalize(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)]
+                [
+                    T.Resize(224, interpolation=BICUBIC),
+                    T.CenterCrop(224),
+                    T.ToTensor(),
+                    T.Normalize(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+                ]
             ),
         ),
         # the shorter side to 256, then a real centre crop (torchvision's rounded offsets)
@@ -171,8 +178,9 @@ def test_model_input_through_the_datamodule(tmp_path, monkeypatch, cache):
     batches = list(dm.test_dataloader())
     assert [b["index"].tolist() for b in batches] == [b["index"].tolist() for b in without]
     for plain, batch in zip(without, batches):
-        assert batch["model_input"].shape == (len(batch["index"]), 3, 24, 24) and batch["model_input"].dtype == torch.float32
-        assert batch["window"].shape == (len(batch["index"]), 4) and batch["window"].dtype == torch.float32
+        count = len(batch["index"])
+        assert batch["model_input"].shape == (count, 3, 24, 24) and batch["model_input"].dtype == torch.float32
+        assert batch["window"].shape == (count, 4) and batch["window"].dtype == torch.float32
         assert torch.equal(batch["image"], plain["image"]) and torch.equal(batch["masks"], plain["masks"])
         for row, index in enumerate(batch["index"].tolist()):
             native = read_image(dm.samples[index].path)

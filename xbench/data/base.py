@@ -33,7 +33,15 @@ from rich.console import Console
 from xbench.cache import cache_root
 from xbench.data import augment, cache, io, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
-from xbench.data.cache import NATIVE_SHORTER_SIDE, CachedDataset, build_cache, code_digest, fingerprint, folder_size, quantise
+from xbench.data.cache import (
+    NATIVE_SHORTER_SIDE,
+    CachedDataset,
+    build_cache,
+    code_digest,
+    fingerprint,
+    folder_size,
+    quantise,
+)
 from xbench.data.io import read_image
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask

@@ -37,7 +37,9 @@ MapUpsample = Literal["nearest", "bilinear", "bilinear_align_corners"]
 
 #: The filters as the authors' libraries name them; ``area`` is PIL's box filter and OpenCV's INTER_AREA.
 PIL_FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
-CV2_FILTERS = {"nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA}
+CV2_FILTERS = {
+    "nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA
+}
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ class Preprocess:
         pad_top = (self.target - rows) // 2 if self.resize == "longer_side" else 0
         pad_left = (self.target - columns) // 2 if self.resize == "longer_side" else 0
         if self.resize == "longer_side":
-            resized = F.pad(resized, (pad_left, self.target - columns - pad_left, pad_top, self.target - rows - pad_top))
+            padding = (pad_left, self.target - columns - pad_left, pad_top, self.target - rows - pad_top)
+            resized = F.pad(resized, padding)
         crop_top = int(round((resized.shape[0] - self.size) / 2.0))
         crop_left = int(round((resized.shape[1] - self.size) / 2.0))
         crop = resized[crop_top : crop_top + self.size, crop_left : crop_left + self.size]
