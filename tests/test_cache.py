@@ -1,16 +1,21 @@
 """The decoded-image cache: hits, misses, invalidation, atomic writes, identical results."""
 
+import inspect
 import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import xbench.data.cache as cache_module
 from conftest import run_args, write_chestx_det10
+from xbench.data import base, transforms
 from xbench.data.cache import CachedDataset
 from xbench.data.chestx_det10 import ChestXDet10
+from xbench.data.io import read_image
+from xbench.data.transforms import cap_shorter_side
 from xbench.test import main
 
 ENTRIES = [
@@ -37,13 +42,72 @@ def test_cached_samples_equal_decoded_samples(root):
     assert isinstance(dm.test_set, CachedDataset)
     decoded = dm.decoding_dataset()
     for i in range(len(ENTRIES)):
-        cached, fresh = dm.test_set[i], decoded[i]
+        (cached, cached_native), (fresh, fresh_native) = dm.test_set.item(i, True), decoded.item(i, True)
         assert cached.keys() == fresh.keys()
         for key, value in fresh.items():
             if isinstance(value, torch.Tensor):
                 assert torch.equal(cached[key], value), key
             else:
                 assert cached[key] == value, key
+        assert cached_native.dtype == np.float32 and cached_native.shape == (64, 64)
+        # a rotated image is no longer on the 8-bit grid: the cache holds it to half a 16-bit level
+        np.testing.assert_allclose(cached_native, fresh_native, rtol=0, atol=0.5 / 65535)
+        original = read_image(root / "test_data" / ENTRIES[i]["file_name"])
+        assert not np.array_equal(cached_native, original), "the native image is the augmented one"
+
+
+def test_native_image_capped_and_exact_within_the_cap(root):
+    within = module(root)
+    within.prepare_data()
+    within.setup()
+    native = within.test_set.item(0, True)[1]
+    np.testing.assert_array_equal(native, read_image(root / "test_data" / "1.png"), "an 8-bit PNG is cached exactly")
+    capped = module(root, cache_shorter_side=40)
+    capped.prepare_data()
+    capped.setup()
+    expected = cap_shorter_side(read_image(root / "test_data" / "1.png"), 40)
+    assert expected.shape == (40, 40)
+    np.testing.assert_allclose(capped.test_set.item(0, True)[1], expected, atol=0.5 / 65535)
+    uncached = module(root, cache=False, cache_shorter_side=40)
+    uncached.setup()
+    assert uncached.test_set.item(0, True)[1].shape == (64, 64), "without the cache the native file is read whole"
+
+
+def test_cap_keeps_the_aspect_and_rounds_the_longer_side():
+    image = np.random.default_rng(0).random((2320, 2828), dtype=np.float32)
+    assert cap_shorter_side(image, 1024).shape == (1024, 1248)
+    assert cap_shorter_side(image, 4000) is image
+
+
+def test_masks_stored_only_for_classes_with_a_region(root):
+    dm = module(root)
+    assert len(dm.classes) > 3
+    dm.prepare_data()
+    stored = np.load(dm.cache_folder() / "masks.npy", mmap_mode="r")
+    assert stored.shape[0] == 3, "1.png has mass and nodule, 2.png nothing, 3.png effusion"
+    dm.setup()
+    for i, entry in enumerate(ENTRIES):
+        masks = dm.test_set[i]["masks"]
+        assert masks.shape == (len(dm.classes), 48, 48)
+        assert masks.any(dim=(1, 2)).sum() == len(set(entry["syms"]))
+
+
+def test_pixel_code_is_in_the_fingerprint(root, monkeypatch):
+    """A change to the code that decides the cached pixels names a new folder (issue: a changed
+    mask-resize rule used to read the old cache)."""
+    folder = module(root).cache_folder()
+    source = inspect.getsource
+
+    def edited(item):
+        return source(item) + ("\n# changed" if item is transforms else "")
+
+    monkeypatch.setattr(cache_module.inspect, "getsource", edited)
+    assert module(root).cache_folder() != folder
+    decoding = [base.read_image, base.resize_image, base.resize_mask, base.augment_sample, base.quantise,
+                cache_module.cap_shorter_side, cache_module.to_levels]
+    covered = {item.__name__ for item in base.PIXEL_CODE}
+    assert {function.__module__ for function in decoding} <= covered
+    assert base.XBenchDataset in base.PIXEL_CODE
 
 
 def test_hit_reuses_and_changes_invalidate(root, monkeypatch):
@@ -62,6 +126,7 @@ def test_hit_reuses_and_changes_invalidate(root, monkeypatch):
     assert module(root, image_size=32).cache_folder() != folder
     assert module(root, mask_threshold=0.25).cache_folder() != folder
     assert module(root, classes=["mass"]).cache_folder() != folder
+    assert module(root, cache_shorter_side=512).cache_folder() != folder
     edited = [dict(entry) for entry in ENTRIES]
     edited[0]["boxes"] = [[3, 4, 21, 30], [40, 41, 42, 43]]
     (root / "test.json").write_text(json.dumps(edited))

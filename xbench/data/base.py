@@ -8,7 +8,10 @@ to the batch geometry and yields the batch dict of the architecture contract:
 bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
 data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
 outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame,
-also when an augmentation pushed it out).
+also when an augmentation pushed it out). When the model handed the datamodule its transform
+(:meth:`XBenchDataModule.set_model_transform`), also ``model_input`` float32 [B,3,s,s], made in the
+workers from the native image (after decoding, the cache and any augmentation), and ``window``
+float32 [B,4], the (top, left, height, width) that input covers in the frame.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+import warnings
+from typing import TYPE_CHECKING, ClassVar
 
 import lightning as L
 import numpy as np
@@ -27,12 +31,24 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from rich.console import Console
 
 from xbench.cache import cache_root
+from xbench.data import augment, cache, io, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
-from xbench.data.cache import CachedDataset, build_cache, fingerprint, folder_size, quantise
+from xbench.data.cache import (
+    NATIVE_SHORTER_SIDE,
+    CachedDataset,
+    build_cache,
+    code_digest,
+    fingerprint,
+    folder_size,
+    quantise,
+)
 from xbench.data.io import read_image
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import PAPER_CLASSES, SPELLINGS, check_classes
+
+if TYPE_CHECKING:
+    from xbench.models.preprocess import Preprocess
 
 
 @dataclass
@@ -89,6 +105,10 @@ class XBenchDataset(Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> dict:
+        return self.item(index, with_native=False)[0]
+
+    def item(self, index: int, with_native: bool) -> tuple[dict, np.ndarray | None]:
+        """The sample dict and, if asked, the native image as decoded (after any augmentation)."""
         sample = self.samples[index]
         image = read_image(sample.path)
         height, width = image.shape
@@ -112,7 +132,7 @@ class XBenchDataset(Dataset):
                 has_mask[c] = True
             else:
                 lost[c] = True
-        return {
+        record = {
             "image": quantise(resize_image(image, size)),
             "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
             "masks": masks,
@@ -122,6 +142,29 @@ class XBenchDataset(Dataset):
             "clipped_shapes": clipped,
             "lost_regions": lost,
         }
+        return record, image if with_native else None
+
+
+#: The code that decides the cached pixels; its source is part of the cache's fingerprint.
+PIXEL_CODE = (io, regions, transforms, augment, cache, XBenchDataset)
+
+
+class ModelInputDataset(Dataset):
+    """The test set with the model's own input and its window added to every sample, made in the
+    DataLoader workers from the native image the decoded (or cached) sample comes with."""
+
+    def __init__(self, decoded: XBenchDataset | CachedDataset, transform: Preprocess, frame: int) -> None:
+        self.decoded = decoded
+        self.transform = transform
+        self.frame = frame
+
+    def __len__(self) -> int:
+        return len(self.decoded)
+
+    def __getitem__(self, index: int) -> dict:
+        record, native = self.decoded.item(index, with_native=True)
+        record["model_input"], record["window"] = self.transform(native, self.frame)
+        return record
 
 
 class XBenchDataModule(L.LightningDataModule):
@@ -144,6 +187,9 @@ class XBenchDataModule(L.LightningDataModule):
         augment_seed: with the sample index, seeds the pipeline for each sample.
         cache: decode each image once into the decoded-image cache under ``$XBENCH_CACHE``
             (``xbench.data.cache``) and read it from there in later runs.
+        cache_shorter_side: the cache keeps the native image with its shorter side at most this
+            (aspect kept; default 1024, enough for every model's input); without the cache the
+            models' transforms read the native file at full resolution.
     """
 
     name: ClassVar[str]
@@ -160,6 +206,7 @@ class XBenchDataModule(L.LightningDataModule):
         augment: AugmentConfig | None = None,
         augment_seed: int = 0,
         cache: bool = True,
+        cache_shorter_side: int = NATIVE_SHORTER_SIDE,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -167,6 +214,8 @@ class XBenchDataModule(L.LightningDataModule):
             raise ValueError(f"mask_threshold must be in (0, 1]; got {mask_threshold}")
         if image_size < 1 or batch_size < 1 or num_workers < 0:
             raise ValueError("image_size and batch_size must be positive and num_workers non-negative")
+        if cache_shorter_side < 1:
+            raise ValueError(f"cache_shorter_side must be positive; got {cache_shorter_side}")
         self.root = Path(root).expanduser()
         self.classes = check_classes(
             classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
@@ -178,6 +227,8 @@ class XBenchDataModule(L.LightningDataModule):
         self.augment = augment
         self.augment_seed = augment_seed
         self.cache = cache
+        self.cache_shorter_side = cache_shorter_side
+        self.model_transform: Preprocess | None = None
         self._cache_folder: Path | None = None
         if augment is not None:
             build_pipeline(augment)  # fail at configuration time, naming the bad entry
@@ -234,6 +285,8 @@ class XBenchDataModule(L.LightningDataModule):
                 "mask_threshold": self.mask_threshold,
                 "augment": self.augment,
                 "augment_seed": self.augment_seed,
+                "native_shorter_side": self.cache_shorter_side,
+                "code": code_digest(*PIXEL_CODE),
             }
             self._cache_folder = cache_root() / "decoded" / f"{self.name}-{fingerprint(self.samples, settings)}"
         return self._cache_folder
@@ -245,7 +298,9 @@ class XBenchDataModule(L.LightningDataModule):
         folder = self.cache_folder()
         reused = folder.exists()
         if not reused:
-            build_cache(folder, self.decoding_dataset(), len(self.classes), self.image_size, self.batch_size, self.num_workers)
+            build_cache(
+                folder, self.decoding_dataset(), self.cache_shorter_side, self.image_size, self.batch_size, self.num_workers
+            )
         action = "reading" if reused else "written"
         Console(stderr=True, soft_wrap=True).print(
             f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"
@@ -257,11 +312,27 @@ class XBenchDataModule(L.LightningDataModule):
         else:
             self.test_set = self.decoding_dataset()
 
+    def set_model_transform(self, transform: Preprocess | None) -> None:
+        """The model's own transform (its ``setup`` hands it over, after this datamodule's):
+        batches then carry ``model_input`` and ``window``; ``None`` (baselines, the Oracle): no
+        model input."""
+        self.model_transform = transform
+        if transform is not None and self.cache and transform.target > self.cache_shorter_side:
+            warnings.warn(
+                f"the model resizes to {transform.target} px but the decoded-image cache keeps native images "
+                f"at most {self.cache_shorter_side} px on their shorter side: larger images are upsampled from "
+                f"the cache. Run with --data.cache_shorter_side {transform.target} (or --data.cache false).",
+                stacklevel=2,
+            )
+
     def test_dataloader(self) -> DataLoader:
+        dataset = self.test_set
+        if self.model_transform is not None:
+            dataset = ModelInputDataset(dataset, self.model_transform, self.image_size)
         return DataLoader(
-            self.test_set,
+            dataset,
             batch_size=self.batch_size,
-            sampler=ExactlyOnceSampler(len(self.test_set)),
+            sampler=ExactlyOnceSampler(len(dataset)),
             num_workers=self.num_workers,
             pin_memory=torch.cuda.is_available(),
         )

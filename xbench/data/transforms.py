@@ -1,4 +1,5 @@
-"""Batch geometry: the whole image resized to ``size x size`` (no crop), masks resized by area.
+"""Batch geometry: the whole image resized to ``size x size`` (no crop), masks resized by area;
+and the native image capped for the decoded-image cache.
 
 Masks are resized by exact area coverage -- the fraction of each output pixel that the region
 covers -- then binarised at ``threshold`` (gamma, default 0.5). A region never vanishes: if
@@ -12,13 +13,25 @@ import torch
 import torch.nn.functional as F
 
 
-def resize_image(image: np.ndarray, size: int) -> torch.Tensor:
-    """Grey float image [H, W] in [0, 1] -> float32 tensor [1, size, size] (bilinear, antialiased)."""
+def resize_image(image: np.ndarray, size: int, width: int | None = None) -> torch.Tensor:
+    """Grey float image [H, W] in [0, 1] -> float32 tensor [1, size, width or size] (bilinear, antialiased)."""
+    shape = (size, size if width is None else width)
     tensor = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))
-    if tensor.shape == (size, size):
+    if tensor.shape == shape:
         return tensor.unsqueeze(0)
-    resized = F.interpolate(tensor[None, None], size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    resized = F.interpolate(tensor[None, None], size=shape, mode="bilinear", antialias=True, align_corners=False)
     return resized[0].clamp_(0, 1)
+
+
+def cap_shorter_side(image: np.ndarray, shorter_side: int) -> np.ndarray:
+    """The native image, or, where its shorter side exceeds ``shorter_side``, the image shrunk (aspect
+    kept, the longer side rounded) so that its shorter side is ``shorter_side``: what the
+    decoded-image cache keeps for the models' own transforms."""
+    height, width = image.shape
+    scale = shorter_side / min(height, width)
+    if scale >= 1:
+        return image
+    return resize_image(image, round(height * scale), round(width * scale))[0].numpy()
 
 
 def area_coverage(mask: np.ndarray, out_height: int, out_width: int) -> np.ndarray:

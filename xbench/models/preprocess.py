@@ -1,7 +1,10 @@
-"""From the batch image to a model's input: resize, grey to 3 channels, the model's mean/std.
+"""A model's input made from the native image as its authors make it, stated as data.
 
-Each model states its input size, interpolation and statistics as data and calls
-:func:`model_input`; the statistics below are written once here.
+:class:`Preprocess` is the one config type every model states its authors' transform in (resize
+rule, filter, the library whose rounding they go through, mean/std, histogram equalisation) and its
+map rule; called on the decoded native-aspect image in a DataLoader worker it returns the model's
+input and the window that input covers in the metric frame. The statistics below are written
+once here.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+import cv2
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import Tensor
 
 from xbench.models.gpu import float32
@@ -28,6 +34,12 @@ Interpolation = Literal["bilinear", "bicubic", "area"]
 #: How a model's map reaches the metric frame: nearest-repeat of cells, or bilinear with
 #: ``align_corners`` False or True (as ``F.interpolate``).
 MapUpsample = Literal["nearest", "bilinear", "bilinear_align_corners"]
+
+#: The filters as the authors' libraries name them; ``area`` is PIL's box filter and OpenCV's INTER_AREA.
+PIL_FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
+CV2_FILTERS = {
+    "nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,91 @@ class Preprocess:
     std: tuple[float, float, float] = IMAGENET_STD
     equalize: bool = False
     map_upsample: MapUpsample = "bilinear"
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.target < self.size:
+            raise ValueError(
+                f"Preprocess: size must be positive and resize_to at least size; got size={self.size}, "
+                f"resize_to={self.resize_to}"
+            )
+
+    @property
+    def target(self) -> int:
+        """The side the resize aims at."""
+        return self.resize_to if self.resize_to is not None else self.size
+
+    def resized_shape(self, height: int, width: int) -> tuple[int, int]:
+        """(rows, columns) of the resized image, with the authors' integer rounding."""
+        side = self.target
+        if self.resize == "squash":
+            return side, side
+        short, long = min(height, width), max(height, width)
+        if self.resize == "shorter_side":  # torchvision Resize(int): the long side int(size * long / short)
+            new_short, new_long = side, int(side * long / short)
+            return (new_long, new_short) if width <= height else (new_short, new_long)
+        # CARZero's letterbox: the short side int(short * (side / long)), also on a square image
+        new_short, new_long = int(float(short) * (side / float(long))), side
+        return (new_long, new_short) if height >= width else (new_short, new_long)
+
+    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
+        """Native grey float32 [H, W] in [0, 1] -> (model input float32 [3, size, size], normalised;
+        window float32 [4] = (top, left, height, width) of the input in the ``frame`` x ``frame``
+        metric frame, which may reach outside it where the input shows padding)."""
+        if image.ndim != 2:
+            raise ValueError(f"Preprocess expects a grey native image [H, W]; got shape {image.shape}")
+        height, width = image.shape
+        rows, columns = self.resized_shape(height, width)
+        if self.equalize:
+            image = equalize_histogram(torch.from_numpy(np.ascontiguousarray(image))[None, None])[0, 0].numpy()
+        resized = self._resize(image, rows, columns)
+        # letterbox padding, floor before and ceil after; then torchvision's CenterCrop offsets
+        pad_top = (self.target - rows) // 2 if self.resize == "longer_side" else 0
+        pad_left = (self.target - columns) // 2 if self.resize == "longer_side" else 0
+        if self.resize == "longer_side":
+            padding = (pad_left, self.target - columns - pad_left, pad_top, self.target - rows - pad_top)
+            resized = F.pad(resized, padding)
+        crop_top = int(round((resized.shape[0] - self.size) / 2.0))
+        crop_left = int(round((resized.shape[1] - self.size) / 2.0))
+        crop = resized[crop_top : crop_top + self.size, crop_left : crop_left + self.size]
+        mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
+        std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+        inputs = (crop.expand(3, -1, -1) - mean) / std  # grey -> RGB is replication; Normalize's float32 order
+        window = torch.tensor(
+            [
+                (crop_top - pad_top) * frame / rows,
+                (crop_left - pad_left) * frame / columns,
+                self.size * frame / rows,
+                self.size * frame / columns,
+            ],
+            dtype=torch.float32,
+        )
+        return inputs, window
+
+    def _resize(self, image: np.ndarray, rows: int, columns: int) -> Tensor:
+        """The image at rows x columns, float32 in [0, 1]: through 8 bits for ``pil``/``cv2`` (as
+        ``ToTensor``, /255), in float for ``torch``."""
+        if self.library == "torch":
+            x = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))
+            if (rows, columns) == tuple(x.shape):
+                return x
+            if self.interpolation == "area":
+                return area_resize(x, rows, columns)
+            if self.interpolation == "nearest":
+                return F.interpolate(x[None, None], size=(rows, columns), mode="nearest-exact")[0, 0]
+            resized = F.interpolate(
+                x[None, None], size=(rows, columns), mode=self.interpolation, antialias=True, align_corners=False
+            )
+            return resized[0, 0].clamp_(0, 1)
+        # 8 bits as the authors hold the image: an 8-bit file's value exactly (round); after
+        # equalisation the authors' ``(255 * img).astype(np.uint8)`` truncates
+        scaled = image * np.float32(255)
+        pixels = (np.floor(scaled) if self.equalize else np.round(scaled)).clip(0, 255).astype(np.uint8)
+        if (rows, columns) != pixels.shape:
+            if self.library == "pil":
+                pixels = np.array(Image.fromarray(pixels).resize((columns, rows), PIL_FILTERS[self.interpolation]))
+            else:
+                pixels = cv2.resize(pixels, (columns, rows), interpolation=CV2_FILTERS[self.interpolation])
+        return torch.from_numpy(pixels).float().div(255)
 
 
 def warn_if_upsampled(height: int, width: int, size: int) -> None:
