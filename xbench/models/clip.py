@@ -49,11 +49,6 @@ class OpenClipDualEncoder(XBenchModel):
         pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text.
     """
 
-    #: open_clip's eval transform (``image_transform``, resize mode ``shortest``) for both models'
-    #: configs; the maps are not the authors' (CLIP has no grounding recipe): bilinear.
-    preprocess = Preprocess(
-        224, "shorter_side", interpolation="bicubic", library="pil", mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD
-    )
 
     def __init__(
         self,
@@ -101,15 +96,18 @@ class OpenClipDualEncoder(XBenchModel):
 
     # -- the shared recipe ---------------------------------------------------------------------
 
+    @property
+    def preprocess(self) -> Preprocess:
+        """open_clip's eval transform (``image_transform``, resize mode ``shortest``, as both models'
+        configs say) at the loaded model's input side. The maps are not an authors' recipe (neither
+        model was built for grounding): bilinear."""
+        return Preprocess(self.input_size, "shorter_side", interpolation="bicubic", library="pil",
+                          mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+
     def build(self, classes: list[str]) -> None:
         if self.model is None:
             model, self.tokenizer = self.load_model()
             self.model = model.eval().requires_grad_(False)
-            if self.input_size != self.preprocess.size:
-                raise ValueError(
-                    f"{type(self).__name__}: the model takes {self.input_size}px images, but its transform makes "
-                    f"{self.preprocess.size}px ones"
-                )
         texts = {key: finding_text(key) for key in classes}
         self.prompts = {key: (self.pos_template.format(text), self.neg_template.format(text)) for key, text in texts.items()}
         positive, negative = zip(*self.prompts.values())
