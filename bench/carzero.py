@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from xbench.findings import PAPER_CLASSES
-from xbench.models.carzero import GRID, CARZero, letterbox_input
+from xbench.models.carzero import GRID, CARZero
 from xbench.models.random_weights import write_carzero
 from xbench.models.saliency import place_in_frame
 from timing import best_seconds
@@ -47,17 +46,17 @@ def main() -> None:
         model.build(classes)
         built = time.perf_counter() - start
     model = model.to(device).eval()
-    image = torch.rand(args.batch, 1, 224, 224, generator=torch.Generator().manual_seed(0)).to(device)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the 224 -> 256 letterbox upsampling note
-        inputs, window = letterbox_input(image)
+    native = torch.rand(256, 208, generator=torch.Generator().manual_seed(0)).numpy()
+    inputs, window = (t.to(device) for t in model.preprocess(native, 224))
+    inputs, windows = inputs.expand(args.batch, -1, -1, -1), window.expand(args.batch, 4)
+    with torch.no_grad():
         image_global, patches = model.network.img_encoder(inputs)
 
         def align_and_place():
             _, attention = model.network.align(image_global, patches, model.sentences, model.words)
-            return place_in_frame(attention.unflatten(-1, (GRID, GRID)), window, (224, 224), model.upsample_mode)
+            return place_in_frame(attention.unflatten(-1, (GRID, GRID)), windows, (224, 224), model.map_upsample)
 
-        total = best_seconds(lambda: model(image), device, args.repeats)
+        total = best_seconds(lambda: model(inputs), device, args.repeats)
         vit = best_seconds(lambda: model.network.img_encoder(inputs), device, args.repeats)
         fusion = best_seconds(align_and_place, device, args.repeats)
     per_image = 1e3 / args.batch

@@ -150,7 +150,7 @@ class Measured:
 
 def measure(name: str, model: XBenchModel, datamodule, args, device: torch.device, results: Path) -> Measured:
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # DeViDe's provisional layout, CARZero's 224 -> 256 letterbox
+        warnings.simplefilter("ignore")  # DeViDe's provisional layout
         clock = LoopClock()
         trainer = L.Trainer(
             accelerator=device.type, devices=[device.index or 0] if device.type == "cuda" else 1,

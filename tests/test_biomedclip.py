@@ -129,7 +129,7 @@ def test_maps_and_logits_equal_a_hand_computation(tiny_folder):
     model = load(tiny_folder)
     image = torch.rand(2, 1, 160, 160)
     with torch.inference_mode():
-        logits, maps = model(image)
+        logits, maps = model(to_input(image))
         trunk, head = model.model.visual.trunk, model.model.visual.head.proj.weight
         features = trunk.forward_features(to_input(image)) @ head.T
         image_embedding, patches = F.normalize(features[:, 0], dim=-1), F.normalize(features[:, 1:], dim=-1)
@@ -144,7 +144,7 @@ def test_maps_and_logits_equal_a_hand_computation(tiny_folder):
 def test_gradcam_reads_the_last_block_attention_input(tiny_folder):
     model = load(tiny_folder, saliency="gradcam")
     image = torch.rand(2, 1, 160, 160)
-    logits, maps = model(image)
+    logits, maps = model(to_input(image))
     assert maps.shape == (2, 3, 10, 10) and maps.abs().sum() > 0
 
     trunk, head = model.model.visual.trunk, model.model.visual.head.proj.weight
@@ -171,11 +171,11 @@ def test_gradcam_reads_the_last_block_attention_input(tiny_folder):
 
 def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
     image = torch.rand(2, 1, 160, 160, generator=torch.Generator().manual_seed(0))
-    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), to_input(image))
 
 
 def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
-    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 160, 160))
+    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), to_input(torch.rand(2, 1, 160, 160)))
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):

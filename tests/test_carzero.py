@@ -29,13 +29,12 @@ from xbench.models.carzero import (
     OFFICIAL_PROMPTS,
     TEMPLATE_CLASSES,
     clean_text,
-    letterbox_input,
     prompt_for,
     word_merge_matrix,
 )
 from xbench.models.checkpoints import CheckpointMismatchError, manifest, omegaconf_values, safe_load
 from xbench.models.preprocess import area_resize
-from xbench.models.saliency import Window, place_in_frame
+from xbench.models.saliency import place_in_frame
 from xbench.models.text import load_tokenizer
 from xbench.test import main
 
@@ -459,38 +458,41 @@ def test_map_is_the_layer_and_head_averaged_attention_without_the_global_column(
 # -- preprocessing and the frame --------------------------------------------------------------
 
 
-def authors_input(image: np.ndarray) -> np.ndarray:
-    """The authors' ``_resize_img`` (cv2, INTER_AREA, floor/ceil zero padding) + CenterCrop(224) + Normalize."""
-    height, width = image.shape
+def authors_input(pixels: np.ndarray) -> np.ndarray:
+    """The authors' ``_resize_img`` on an 8-bit image (cv2, INTER_AREA, floor/ceil zero padding),
+    ToTensor, CenterCrop(224), Normalize."""
+    height, width = pixels.shape
     if height >= width:
         size = (256, int(float(width) * float(256 / float(height))))
     else:
         size = (int(float(height) * float(256 / float(width))), 256)
-    resized = cv2.resize(image, size[::-1], interpolation=cv2.INTER_AREA)
+    resized = cv2.resize(pixels, size[::-1], interpolation=cv2.INTER_AREA)
     pad_h, pad_w = 256 - resized.shape[0], 256 - resized.shape[1]
     padded = np.pad(resized, [(pad_h // 2, math.ceil(pad_h / 2)), (pad_w // 2, math.ceil(pad_w / 2))])
-    return (padded[16:240, 16:240] - 0.4978) / 0.2449
+    return (padded[16:240, 16:240].astype(np.float32) / 255 - np.float32(0.4978)) / np.float32(0.2449)
+
+
+def native_window(image: np.ndarray, frame: int = 224) -> torch.Tensor:
+    """CARZero's window on ``image``, in the image's own pixels (the frame is the image squashed to
+    frame x frame): the geometry tests below work on the native grid."""
+    height, width = image.shape
+    _, window = CARZero.preprocess(image, frame)
+    return window * torch.tensor([height / frame, width / frame, height / frame, width / frame])
 
 
 @pytest.mark.parametrize("shape", [(224, 224), (150, 200), (300, 180), (1000, 800)])
-def test_letterbox_input_matches_the_authors_pipeline(shape):
-    image = np.random.default_rng(0).random(shape).astype(np.float32)
-    inputs, _ = letterbox_input(torch.from_numpy(image)[None, None])
-    assert inputs.shape == (1, 3, 224, 224)
-    expected = torch.from_numpy(authors_input(image))
+def test_the_transform_is_the_authors_pipeline(shape):
+    pixels = np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8)
+    inputs, _ = CARZero.preprocess(pixels.astype(np.float32) / 255, 224)
+    assert inputs.shape == (3, 224, 224)
+    expected = torch.from_numpy(authors_input(pixels))
     for channel in range(3):
-        torch.testing.assert_close(inputs[0, channel], expected, atol=2e-5, rtol=0)
+        torch.testing.assert_close(inputs[channel], expected, atol=1e-6, rtol=0)
 
 
-def test_a_256_batch_is_cropped_as_is_and_a_smaller_one_warns():
-    image = torch.rand(2, 1, 256, 256)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        inputs, window = letterbox_input(image)
-    torch.testing.assert_close(inputs[:, 1], (image[:, 0, 16:240, 16:240] - 0.4978) / 0.2449)
-    assert window == Window(16.0, 16.0, 224.0, 224.0)
-    with pytest.warns(UserWarning, match="batch images are 224x224.*--data.image_size 256"):
-        letterbox_input(torch.rand(1, 1, 224, 224))
+def test_a_256_image_is_only_cropped():
+    _, window = CARZero.preprocess(np.zeros((256, 256), np.float32), 256)
+    assert window.tolist() == [16.0, 16.0, 224.0, 224.0]
 
 
 def test_area_resize_is_opencv_inter_area():
@@ -502,11 +504,11 @@ def test_area_resize_is_opencv_inter_area():
 
 
 @pytest.mark.parametrize("mode", ["nearest", "bilinear"])
-def test_square_batch_map_fills_the_central_seven_eighths(mode):
-    _, window = letterbox_input(torch.zeros(1, 1, 224, 224))
-    assert window == Window(14.0, 14.0, 196.0, 196.0)
+def test_square_image_map_fills_the_central_seven_eighths(mode):
+    _, window = CARZero.preprocess(np.zeros((224, 224), np.float32), 224)
+    assert window.tolist() == [14.0, 14.0, 196.0, 196.0]
     maps = torch.rand(2, 3, 14, 14)
-    placed = place_in_frame(maps, window, (224, 224), mode)
+    placed = place_in_frame(maps, window.expand(2, 4), (224, 224), mode)
     inner = F.interpolate(maps, size=(196, 196), mode=mode, **({"align_corners": False} if mode == "bilinear" else {}))
     torch.testing.assert_close(placed[..., 14:210, 14:210], inner)
     border = placed.clone()
@@ -538,7 +540,7 @@ def cell_of_every_pixel(height, width):
 )
 def test_one_cell_lands_on_its_region_of_a_non_square_image(shape, cells):
     height, width = shape
-    _, window = letterbox_input(torch.zeros(1, 1, height, width))
+    window = native_window(np.zeros(shape, np.float32))[None]
     row, col = cell_of_every_pixel(height, width)
     for cell in cells:
         maps = torch.zeros(1, 1, 14, 14)
@@ -560,11 +562,12 @@ def test_a_lesion_near_the_border_comes_back_where_it_was():
     """A bright square near the left edge of a wide image: find it in CARZero's input, light
     the cells it falls in, place that map back: it covers the lesion in the original frame."""
     height, width = 160, 300
-    image = torch.full((1, 1, height, width), 0.2)
-    image[..., 70:90, 25:45] = 1.0  # inside the crop, which starts at x = 18.75 for this image
-    image[..., 20:30, 2:12] = 1.0  # in the strip the crop cuts away
-    inputs, window = letterbox_input(image)
-    bright = inputs[0, 0] > (0.9 - 0.4978) / 0.2449
+    image = np.full((height, width), 0.2, np.float32)
+    image[70:90, 25:45] = 1.0  # inside the crop, which starts at x = 18.75 for this image
+    image[20:30, 2:12] = 1.0  # in the strip the crop cuts away
+    inputs, _ = CARZero.preprocess(image, 224)
+    window = native_window(image)[None]
+    bright = inputs[0] > (0.9 - 0.4978) / 0.2449
     cells = torch.zeros(14, 14)
     for y, x in bright.nonzero().tolist():
         cells[y // 16, x // 16] = 1
@@ -577,7 +580,7 @@ def test_a_lesion_near_the_border_comes_back_where_it_was():
 
 def test_bf16_mixed_stays_close_to_fp32(checkpoint_folder, tiny):
     model = built(checkpoint_folder, ("nodule", "mass", "consolidation")).eval()
-    assert_bf16_mixed_close_to_fp32(model, torch.rand(2, 1, 256, 256, generator=torch.Generator().manual_seed(0)))
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
 # -- end to end ---------------------------------------------------------------------------------
@@ -598,10 +601,11 @@ def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_pa
     data = Phantom(root=str(phantom_root), image_size=64, batch_size=4, num_workers=0)
     data.setup("test")
     model = built(checkpoint_folder, data.classes).eval()
+    data.set_model_transform(model.preprocess)
     with torch.no_grad():
         for batch in data.test_dataloader():
-            logits, maps = model(batch["image"])
-            assert maps.shape == (len(batch["index"]), len(data.classes), 64, 64)
+            logits, maps = model(batch["model_input"])
+            assert maps.shape == (len(batch["index"]), len(data.classes), 14, 14)
             for i, index in enumerate(batch["index"].tolist()):
                 for c, key in enumerate(data.classes):
                     row = pairs[(pairs["image_index"] == index) & (pairs["class"] == key)]

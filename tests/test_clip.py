@@ -5,16 +5,19 @@ import math
 import warnings
 from pathlib import Path
 
+import numpy as np
 import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed, run_args
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
+from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from xbench.models.random_weights import clip_state
 from xbench.test import main
 
@@ -142,7 +145,7 @@ def test_maps_and_logits_equal_a_hand_computation(tiny_folder):
     model = load(tiny_folder)
     image = torch.rand(2, 1, 32, 32)
     with torch.inference_mode():
-        logits, maps = model(image)
+        logits, maps = model(to_input(image))
 
         clip = reference("xbench-tiny-clip", tiny_folder)
         visual = clip.visual
@@ -167,29 +170,26 @@ def test_maps_and_logits_equal_a_hand_computation(tiny_folder):
     assert model.prompts["pleural_effusion"] == ("pleural effusion", "no pleural effusion")
 
 
-def test_corner_of_the_image_reaches_the_model(tiny_folder):
-    """The whole batch image is resized, never cropped: a lesion in the corner fills the corner patch."""
+@pytest.mark.parametrize("shape", [(40, 40), (50, 36), (36, 61)])
+def test_transform_is_open_clips_own(tiny_folder, shape):
+    """open_clip's eval transform on the 8-bit image (shorter side, bicubic, centre crop) gives the
+    same input, and the window is the crop: the ends of the longer side are not seen."""
     model = load(tiny_folder)
-    image = torch.zeros(1, 1, 64, 64)
-    lesion = image.clone()
-    lesion[..., :20, :20] = 1.0
-    seen = []
-    handle = model.model.visual.conv1.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
-    with torch.inference_mode():
-        plain_logits, plain_maps = model(image)
-        lesion_logits, lesion_maps = model(lesion)
-    handle.remove()
-    corner = seen[1][0, :, :8, :8]
-    torch.testing.assert_close(corner, ((1 - MEAN) / STD)[0].expand(3, 8, 8), rtol=0, atol=1e-5)
-    torch.testing.assert_close(seen[1][0, :, 16:, 16:], ((0 - MEAN) / STD)[0].expand(3, 16, 16), rtol=0, atol=1e-5)
-    assert (lesion_maps[0, :, 0, 0] - plain_maps[0, :, 0, 0]).abs().min() > 0
-    assert (lesion_logits - plain_logits).abs().min() > 0
+    pixels = np.random.default_rng(0).integers(0, 256, shape).astype(np.uint8)
+    inputs, window = model.preprocess(pixels.astype(np.float32) / 255, 64)
+    transform = open_clip.image_transform(32, is_train=False, mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+    assert torch.equal(inputs, transform(Image.fromarray(pixels)))
+    height, width = shape
+    scale = 32 / min(height, width)  # the crop covers 32 / scale native pixels of each side, centred
+    expected = [(height - 32 / scale) / 2 * 64 / height, (width - 32 / scale) / 2 * 64 / width,
+                32 / scale * 64 / height, 32 / scale * 64 / width]
+    torch.testing.assert_close(window, torch.tensor(expected), atol=64 / min(shape), rtol=0)
 
 
 def test_gradcam_equals_a_hand_computation(tiny_folder):
     model = load(tiny_folder, saliency="gradcam")
     image = torch.rand(2, 1, 32, 32)
-    logits, maps = model(image)
+    logits, maps = model(to_input(image))
     assert maps.shape == (2, 3, 4, 4) and maps.abs().sum() > 0
 
     clip = reference("xbench-tiny-clip", tiny_folder).requires_grad_(False)
@@ -219,16 +219,16 @@ def test_gradcam_equals_a_hand_computation(tiny_folder):
 def test_gradcam_under_inference_mode_says_what_to_do(tiny_folder):
     model = load(tiny_folder, saliency="gradcam")
     with torch.inference_mode(), pytest.raises(RuntimeError, match="lightning_configs/models/gradcam.yaml"):
-        model(torch.rand(1, 1, 32, 32))
+        model(to_input(torch.rand(1, 1, 32, 32)))
 
 
 def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
     image = torch.rand(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))
-    assert_bf16_mixed_close_to_fp32(load(tiny_folder), image)
+    assert_bf16_mixed_close_to_fp32(load(tiny_folder), to_input(image))
 
 
 def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
-    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), torch.rand(2, 1, 32, 32))
+    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), to_input(torch.rand(2, 1, 32, 32)))
 
 
 def test_every_paper_class_has_prompt_text():

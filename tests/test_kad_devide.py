@@ -23,6 +23,7 @@ from xbench.models import random_weights
 from xbench.models.devide import DeViDe, ViTTokens
 from xbench.models.kad import KAD, PROPOSED_PROMPTS, query_set
 from xbench.models.random_weights import write_med_kebert
+from xbench.models.preprocess import Preprocess
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,9 +145,11 @@ def test_authors_files_load_strictly_offline(variant, stride, kad_files, no_netw
     # the map grid is the input over the trunk's stride: 14x14, 16x16, 32x32 at the variants' sizes
     tokens, grid = model.image_encoder(torch.zeros(1, 3, 128, 128))
     assert grid == (128 // stride, 128 // stride) and tokens.shape == (1, (128 // stride) ** 2, 768)
+    # each variant's transform is the authors': PIL bicubic of the 8-bit image, squashed to its size
+    assert model.preprocess == Preprocess(variant, "squash", interpolation="bicubic", library="pil",
+                                          map_upsample="bilinear")
     if variant == 224:
-        with pytest.warns(UserWarning, match="--data.image_size 224"):
-            logits, maps = model(torch.rand(1, 1, 64, 64))
+        logits, maps = model(torch.rand(1, 3, 224, 224))
         assert logits.shape == (1, 2) and maps.shape == (1, 2, 14, 14)
 
 
@@ -210,7 +213,7 @@ def test_two_names_of_one_tensor_must_agree(tmp_path):
 
 
 def test_queries_interact_so_the_set_is_fixed(kad224):
-    images = torch.rand(2, 1, 224, 224, generator=torch.Generator().manual_seed(0))
+    images = torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     kad224.build(["nodule"])
     alone, _ = kad224(images)
     kad224.build(["nodule", "mass"])
@@ -234,7 +237,7 @@ def test_maps_and_scores_come_from_the_last_layer_over_the_authors_query_set(kad
                  lambda module, args, output: attention.append(output[1])),
              decoder.mlp_head.register_forward_hook(lambda module, args, output: scores.append(output))]
     try:
-        logits, maps = kad224(torch.rand(2, 1, 224, 224, generator=torch.Generator().manual_seed(1)))
+        logits, maps = kad224(torch.rand(2, 3, 224, 224, generator=torch.Generator().manual_seed(1)))
     finally:
         for hook in hooks:
             hook.remove()
@@ -261,7 +264,7 @@ def test_kad_bf16_mixed_stays_close_to_fp32(kad224):
     model = copy.deepcopy(kad224)
     model.build(["nodule", "mass", "pneumothorax"])
     model.image_encoder.res_features = nn.Conv2d(3, 1024, kernel_size=16, stride=16)
-    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
 def test_kad_channels_last_converts_its_whole_trunk(kad224):
@@ -274,9 +277,10 @@ def test_kad_channels_last_converts_its_whole_trunk(kad224):
 
 
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
-    with pytest.warns(UserWarning, match="--data.image_size 224"):
-        results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
+    """The 64-px metric frame does not limit the model: it reads the 256-px native phantom at 224."""
+    results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
     assert results["model"] == "kad" and results["config"]["model"]["init_args"]["variant"] == 224
+    assert results["preprocess"]["size"] == 224 and results["map_upsample"] == "bilinear"
     assert results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
@@ -361,7 +365,7 @@ def test_devide_loads_a_file_in_its_provisional_layout(devide_dir, no_network):
     with pytest.warns(UserWarning, match="provisional"):
         model.build(["nodule", "mass", "consolidation"])
     assert loaded_values(model) == {k: v for k, v in written.items() if k != POSITION_IDS}
-    logits, maps = model(torch.rand(1, 1, 224, 224))
+    logits, maps = model(torch.rand(1, 3, 224, 224))
     assert logits.shape == (1, 3) and maps.shape == (1, 3, 14, 14)
     torch.testing.assert_close(maps.sum((-2, -1)), torch.ones(1, 3))
 
@@ -390,10 +394,10 @@ def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
     model.image_encoder = ViTTokens(depth=1)
     for parameter in model.image_encoder.parameters():
         parameter.data.normal_(0, 0.05)
-    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 1, 224, 224, generator=torch.Generator().manual_seed(0)))
+    assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):
-    with pytest.warns(UserWarning, match="provisional"), pytest.warns(UserWarning, match="--data.image_size 224"):
+    with pytest.warns(UserWarning, match="provisional"):
         results = main(cli_args("devide", devide_dir[0], phantom_root, tmp_path))
     assert results["model"] == "devide" and results["data"]["images_evaluated"] == 9

@@ -1,10 +1,11 @@
-"""Map normalisation, upsampling and model-input preprocessing shared by every model."""
+"""Map normalisation, constancy and placement into the frame, shared by every model."""
 
 import pytest
 import torch
 
-from xbench.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, model_input
-from xbench.models.saliency import normalise, upsample
+import torch.nn.functional as F
+
+from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
 
 
 def test_normalise_exact_ends_and_constant_maps():
@@ -21,22 +22,50 @@ def test_normalise_exact_ends_and_constant_maps():
     torch.testing.assert_close(out[0, 0], expected)
 
 
-def test_upsample_modes():
-    maps = torch.arange(4.0).view(1, 1, 2, 2)
-    assert torch.equal(upsample(maps, (2, 2)), maps)
-    nearest = upsample(maps, (4, 4), "nearest")
-    assert torch.equal(nearest[0, 0, :2, :2], torch.zeros(2, 2)) and nearest[0, 0, 3, 3] == 3
-    bilinear = upsample(maps, (4, 4))
-    assert bilinear[0, 0, 0, 0] == 0 and bilinear[0, 0, 3, 3] == 3 and bilinear[0, 0, 1, 1] == pytest.approx(0.75)
-    with pytest.raises(ValueError, match="upsample mode"):
-        upsample(maps, (4, 4), "cubic")
+FRAME_MODES = [("nearest", {"mode": "nearest-exact"}), ("bilinear", {"mode": "bilinear", "align_corners": False}),
+               ("bilinear_align_corners", {"mode": "bilinear", "align_corners": True})]
 
 
-def test_model_input_grey_to_rgb_with_statistics():
-    image = torch.rand(2, 1, 8, 8)
-    out = model_input(image, 8, IMAGENET_MEAN, IMAGENET_STD)
-    assert out.shape == (2, 3, 8, 8)
-    for c in range(3):
-        torch.testing.assert_close(out[:, c], (image[:, 0] - IMAGENET_MEAN[c]) / IMAGENET_STD[c])
-    with pytest.warns(UserWarning, match="--data.image_size 16"):
-        assert model_input(image, 16, IMAGENET_MEAN, IMAGENET_STD).shape == (2, 3, 16, 16)
+@pytest.mark.parametrize(("rule", "interpolate"), FRAME_MODES)
+@pytest.mark.parametrize(("grid", "frame"), [((14, 14), (224, 224)), ((7, 5), (30, 19)), ((16, 16), (16, 16))])
+def test_whole_frame_placement_equals_interpolate(rule, interpolate, grid, frame):
+    """On a window that covers the frame, each map rule is F.interpolate's (float32 noise)."""
+    maps = torch.rand(2, 3, *grid)
+    placed = place_in_frame(maps, whole_frame(2, frame, maps.device), frame, rule)
+    torch.testing.assert_close(placed, F.interpolate(maps, size=frame, **interpolate), atol=1e-6, rtol=1e-6)
+
+
+def test_nearest_on_whole_multiples_repeats_cells():
+    maps = torch.rand(1, 2, 14, 14)
+    placed = place_in_frame(maps, whole_frame(1, (224, 224), maps.device), (224, 224), "nearest")
+    assert torch.equal(placed, maps.repeat_interleave(16, -2).repeat_interleave(16, -1))
+
+
+def test_each_sample_is_placed_through_its_own_window():
+    """Per-sample windows: a crop's map lands on its window, the frame outside takes the minimum,
+    and a window reaching outside the frame (letterbox padding) keeps only what lies inside."""
+    maps = torch.arange(16.0).view(1, 1, 4, 4).repeat(2, 1, 1, 1)
+    windows = torch.tensor([[2.0, 4.0, 8.0, 8.0], [-4.0, 0.0, 16.0, 16.0]])
+    placed = place_in_frame(maps, windows, (16, 16), "nearest")
+    first = torch.zeros(16, 16)
+    first[2:10, 4:12] = maps[0, 0].repeat_interleave(2, 0).repeat_interleave(2, 1)
+    assert torch.equal(placed[0, 0], first)
+    second = maps[1, 0].repeat_interleave(4, 0).repeat_interleave(4, 1)[4:]
+    assert torch.equal(placed[1, 0, :12], second) and torch.equal(placed[1, 0, 12:], torch.zeros(4, 16))
+
+
+def test_unknown_map_rule_is_refused():
+    with pytest.raises(ValueError, match="map upsampling"):
+        place_in_frame(torch.rand(1, 1, 2, 2), whole_frame(1, (4, 4), None), (4, 4), "cubic")
+
+
+def test_near_constant_maps():
+    """Exactly constant and within a few float32 ulps of the magnitude: constant; a real spread,
+    however small against 1, is not."""
+    maps = torch.rand(1, 5, 14, 14)
+    maps[0, 0] = 0.3
+    maps[0, 1] = 0.0
+    maps[0, 2] = 1 / 196 + torch.randint(-2, 3, (14, 14)) * torch.finfo(torch.float32).eps / 196
+    maps[0, 3] = -7.5
+    maps[0, 3, 0, 0] = -7.5 + 1e-5
+    assert near_constant(maps).tolist() == [[True, True, True, False, False]]

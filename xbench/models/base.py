@@ -8,9 +8,13 @@ A subclass only says how to turn images into scores and maps:
 
 - ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
   ``self.dataset_name`` already set for models whose prompts depend on the dataset).
-- ``forward(image [B,1,S,S]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
+- ``preprocess``: its authors' input transform and map rule as a
+  :class:`~xbench.models.preprocess.Preprocess`; ``setup`` hands it to the datamodule, whose
+  workers make ``model_input`` and its ``window`` from the native image. ``None`` (baselines, the
+  Oracle): the model reads the frame image ``image`` and its maps cover the whole frame.
+- ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
   (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
-  the whole input image. The model does its own preprocessing from the batch image.
+  the window of the frame its input shows.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from torchmetrics import Metric
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues
-from xbench.models.saliency import Upsample, normalise, upsample
+from xbench.models.preprocess import MapUpsample, Preprocess
+from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
 from xbench.reporting.overlays import OverlayRecords, choose_overlay_pairs, overlay_arrays
 from xbench.reporting.results import build_results, log_keys, write_results
 from xbench.reporting.wandb import log_run
@@ -56,7 +61,8 @@ class XBenchModel(L.LightningModule):
     """Base of every model under test.
 
     Args:
-        upsample: how maps reach the mask grid: ``bilinear`` (``align_corners=False``) or ``nearest``.
+        upsample: how maps reach the frame, overriding the model's own rule (its ``preprocess``) for a
+            study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
         results_dir: folder that receives ``<model>__<dataset>__<time>/``; ``None`` writes nothing.
         overlay_pairs: positive pairs per class whose image, map and region are saved for overlays
             (the report's Fig. 2, the W&B panel); the same images for every model.
@@ -67,9 +73,11 @@ class XBenchModel(L.LightningModule):
     #: Whether ``sigmoid(logit)`` is a probability. A model whose scores are only a ranking says
     #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
     calibrated_logits: ClassVar[bool] = True
+    #: The authors' input transform and map rule; ``None``: the model reads the frame image.
+    preprocess: Preprocess | None = None
 
     def __init__(
-        self, upsample: Upsample = "bilinear", results_dir: str | None = "results", overlay_pairs: int = 2
+        self, upsample: MapUpsample | None = None, results_dir: str | None = "results", overlay_pairs: int = 2
     ) -> None:
         super().__init__()
         if overlay_pairs < 0:
@@ -77,6 +85,8 @@ class XBenchModel(L.LightningModule):
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
         self.save_hyperparameters(logger=False)
+        if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
+            raise ValueError(f"upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
         self.upsample_mode = upsample
         self.results_dir = results_dir
         self.overlay_pairs = overlay_pairs
@@ -93,17 +103,24 @@ class XBenchModel(L.LightningModule):
     def model_name(cls) -> str:
         return cls.name or cls.__name__.lower()
 
+    @property
+    def map_upsample(self) -> MapUpsample:
+        """How this run places maps into the frame: ``--model.upsample``, else the authors' rule."""
+        if self.upsample_mode is not None:
+            return self.upsample_mode
+        return self.preprocess.map_upsample if self.preprocess is not None else "bilinear"
+
     # -- what subclasses implement -------------------------------------------------------------
 
     def build(self, classes: list[str]) -> None:
         """Prepare the text side and load the checkpoint for ``classes`` (once per run)."""
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} must implement forward(image) -> (logits, maps)")
+    def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(model_input) -> (logits, maps)")
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
-        """Scores and maps for a batch; models see only the image (test instruments may see more)."""
-        return self(batch["image"])
+        """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
+        return self(batch["image"] if self.preprocess is None else batch["model_input"])
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -122,6 +139,7 @@ class XBenchModel(L.LightningModule):
             self.classification = ClassificationMetrics(len(classes))
             self.region_counts = RegionCounts(len(classes))
             self.build(classes)
+        datamodule.set_model_transform(self.preprocess)
         self.overlays = OverlayRecords(self._overlay_choice(datamodule), datamodule.image_size)
 
     def _overlay_choice(self, datamodule) -> dict[str, list[int]]:
@@ -153,7 +171,11 @@ class XBenchModel(L.LightningModule):
             )
         torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
                             f"{type(self).__name__} produced non-finite logits or maps")
-        saliency = normalise(upsample(maps, tuple(masks.shape[-2:]), self.upsample_mode))
+        frame = tuple(masks.shape[-2:])
+        windows = whole_frame(batch_size, frame, maps.device) if self.preprocess is None else batch["window"]
+        # a map that points nowhere becomes all zeros: the metrics count it as constant, a miss
+        saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
+        saliency = saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
         self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"])

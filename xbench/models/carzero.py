@@ -31,8 +31,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from xbench.findings import FINDINGS, display_name
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, omegaconf_values
-from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, area_resize, model_input, warn_if_upsampled
-from xbench.models.saliency import Window, place_in_frame
+from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
 
 CHECKPOINT_FILE = "CARZero_best_model.ckpt"
@@ -40,7 +39,6 @@ TEXT_FOLDER = "BioClinicalMPBERT"
 #: The authors' ``_resize_img``: longer side to 256, zero-padded square; then CenterCrop(224).
 LETTERBOX_SIZE = 256
 INPUT_SIZE = 224
-CROP_OFFSET = int(round((LETTERBOX_SIZE - INPUT_SIZE) / 2.0))  # torchvision's CenterCrop rounding
 PATCH_SIZE = 16
 GRID = INPUT_SIZE // PATCH_SIZE
 #: ``data.text.word_num``: prompts are padded to this many tokens, and words fill this many slots.
@@ -330,36 +328,6 @@ class CARZeroNetwork(nn.Module):
         return (image_to_text + text_to_image.T) / 2, attention.mean(0)[..., 1:]
 
 
-def letterbox_input(image: Tensor) -> tuple[Tensor, Window]:
-    """Batch images [B, 1, H, W] in [0, 1] -> CARZero's input [B, 3, 224, 224] and the window of the
-    frame it shows.
-
-    As the authors' ``process_img``: scale the longer side to 256 (area; the shorter side truncated
-    to an int), zero-pad the shorter side symmetrically (floor before, ceil after), centre-crop 224,
-    grey to 3 channels, normalise with the CXR_MAE mean/std. In floating point: the authors' 8-bit
-    rounding after the resize is not reproduced.
-    """
-    height, width = image.shape[-2:]
-    warn_if_upsampled(height, width, LETTERBOX_SIZE)
-    if height >= width:
-        resized = (LETTERBOX_SIZE, int(float(width) * (LETTERBOX_SIZE / float(height))))
-    else:
-        resized = (int(float(height) * (LETTERBOX_SIZE / float(width))), LETTERBOX_SIZE)
-    top, left = (LETTERBOX_SIZE - resized[0]) // 2, (LETTERBOX_SIZE - resized[1]) // 2
-    padded = F.pad(
-        area_resize(image.float(), *resized),
-        (left, LETTERBOX_SIZE - resized[1] - left, top, LETTERBOX_SIZE - resized[0] - top),
-    )
-    crop = padded[..., CROP_OFFSET : CROP_OFFSET + INPUT_SIZE, CROP_OFFSET : CROP_OFFSET + INPUT_SIZE]
-    window = Window(
-        top=(CROP_OFFSET - top) * height / resized[0],
-        left=(CROP_OFFSET - left) * width / resized[1],
-        height=INPUT_SIZE * height / resized[0],
-        width=INPUT_SIZE * width / resized[1],
-    )
-    return model_input(crop, INPUT_SIZE, CXR_MAE_MEAN, CXR_MAE_STD), window
-
-
 def read_hyper_parameters(loaded: Any, file: Path, architecture: Architecture) -> None:
     """Compare the training config in the file with what this implementation hard-codes.
 
@@ -395,8 +363,8 @@ class CARZero(XBenchModel):
     ``logits`` are the authors' raw score ``(s_i2t + s_t2i) / 2``. They are **not calibrated
     log-odds** (the model was trained with an in-batch softmax over image-text pairs), so AUROC,
     AUPRC and max-F1 are meaningful, while F1 and accuracy at p >= 0.5 use an arbitrary cut.
-    ``maps`` are the image-to-text cross-attention over the 14x14 patches, placed back into the
-    batch image's frame (the border the centre crop removed takes the map's minimum).
+    ``maps`` are the image-to-text cross-attention over the 14x14 patches of the crop; the base places
+    them into the frame through the crop's window (the border the crop removed takes the map's minimum).
 
     Args:
         checkpoint_dir: folder with ``CARZero_best_model.ckpt`` and ``BioClinicalMPBERT/``
@@ -404,6 +372,13 @@ class CARZero(XBenchModel):
     """
 
     calibrated_logits = False
+    #: The authors' ``process_img`` and test transform: the longer side to 256 (OpenCV area), the
+    #: shorter zero-padded to a square, CenterCrop 224, ToTensor, the CXR_MAE mean/std; maps repeat
+    #: each cell 16x onto the crop.
+    preprocess = Preprocess(
+        INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2",
+        mean=CXR_MAE_MEAN, std=CXR_MAE_STD, map_upsample="nearest",
+    )
     #: The sizes the network is built with (tests swap in a tiny one).
     architecture: ClassVar[Architecture] = Architecture()
 
@@ -451,11 +426,9 @@ class CARZero(XBenchModel):
             )
         return self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], word_merge_matrix(pieces))
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         if self.network is None:
             raise RuntimeError("CARZero is not built: call build(classes) first (trainer.test does it in setup)")
-        inputs, window = letterbox_input(image)
-        image_global, patches = self.network.img_encoder(inputs)
+        image_global, patches = self.network.img_encoder(pixels)
         logits, attention = self.network.align(image_global, patches, self.sentences, self.words)
-        maps = attention.unflatten(-1, (GRID, GRID))
-        return logits, place_in_frame(maps, window, tuple(image.shape[-2:]), self.upsample_mode)
+        return logits, attention.unflatten(-1, (GRID, GRID))

@@ -3,10 +3,9 @@
 :class:`OpenClipDualEncoder` holds the recipe CLIP and BiomedCLIP have in common (their specs,
 ``specs/models/clip.md`` and ``biomedclip.md``, sections 3-5):
 
-- **Input**: the whole batch image resized to the model's input (bicubic, antialiased), grey
-  repeated to RGB, OpenAI CLIP's mean/std. open_clip's own transform resizes the shorter side and
-  centre-crops; on the square batch image both are the same, and no part of the frame is lost, so
-  the maps cover the whole image.
+- **Input**: open_clip's own eval transform on the native image: the shorter side to 224 (PIL
+  bicubic of the 8-bit image), centre crop 224, grey repeated to RGB, OpenAI CLIP's mean/std. On a
+  non-square radiograph the crop leaves out the ends of the longer side; the maps cover the crop.
 - **Recognition**: per finding a positive and a negative prompt (CheXzero's ``"{}"`` / ``"no {}"``
   pair, or a model's own template), filled with the finding's text (:func:`xbench.findings.finding_text`).
   ``logit = s * (cos(image, pos) - cos(image, neg))`` with ``s = exp(logit_scale)``: the log-odds
@@ -36,7 +35,7 @@ from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
 from xbench.models.gpu import float32
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Interpolation, model_input
+from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
 
 Saliency = Literal["patch_text_similarity", "gradcam"]
@@ -50,9 +49,6 @@ class OpenClipDualEncoder(XBenchModel):
         pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text.
     """
 
-    input_mean: ClassVar[tuple[float, ...]] = OPENAI_CLIP_MEAN
-    input_std: ClassVar[tuple[float, ...]] = OPENAI_CLIP_STD
-    interpolation: ClassVar[Interpolation] = "bicubic"
 
     def __init__(
         self,
@@ -100,6 +96,14 @@ class OpenClipDualEncoder(XBenchModel):
 
     # -- the shared recipe ---------------------------------------------------------------------
 
+    @property
+    def preprocess(self) -> Preprocess:
+        """open_clip's eval transform (``image_transform``, resize mode ``shortest``, as both models'
+        configs say) at the loaded model's input side. The maps are not an authors' recipe (neither
+        model was built for grounding): bilinear."""
+        return Preprocess(self.input_size, "shorter_side", interpolation="bicubic", library="pil",
+                          mean=OPENAI_CLIP_MEAN, std=OPENAI_CLIP_STD)
+
     def build(self, classes: list[str]) -> None:
         if self.model is None:
             model, self.tokenizer = self.load_model()
@@ -123,8 +127,7 @@ class OpenClipDualEncoder(XBenchModel):
         with float32(image):
             return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
-        x = model_input(image, self.input_size, self.input_mean, self.input_std, self.interpolation)
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         if self.saliency == "gradcam":
             return self.gradcam(x)
         image_embedding, patches = self.embed_image(x)

@@ -117,8 +117,8 @@ class DeViDe(QueryDecoderModel):
 
     def __init__(self, checkpoint_dir: str = "checkpoints/devide", **kwargs) -> None:
         super().__init__(checkpoint_dir, **kwargs)
-        self.input_size = 224
-        self.image_encoder = ViTTokens(self.input_size)
+        self.preprocess = self.authors_transform(224)
+        self.image_encoder = ViTTokens(self.preprocess.size)
 
     def checkpoint_file(self) -> Path:
         return self.checkpoint_dir / "best_valid.pt"

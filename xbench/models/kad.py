@@ -33,7 +33,7 @@ from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
 from xbench.models.gpu import ChannelsLast
-from xbench.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, model_input
+from xbench.models.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -262,8 +262,8 @@ class QueryDecoderModel(XBenchModel):
     """The query-decoder family (KAD, DeViDe): image tokens, Med-KEBERT prompt queries, 2 logits
     per query (logit = l1 - l0), the last layer's head-averaged cross-attention as the map.
 
-    A subclass sets ``self.image_encoder`` (returning tokens and their grid) and ``input_size``,
-    and names its checkpoint file. ``checkpoint_dir`` holds the file and ``Med-KEBERT/`` (the
+    A subclass sets ``self.image_encoder`` (returning tokens and their grid) and ``preprocess``
+    (:meth:`authors_transform` at its input side), and names its checkpoint file. ``checkpoint_dir`` holds the file and ``Med-KEBERT/`` (the
     tokenizer files and ``config.json`` of ``xmcmic/Med-KEBERT``; the BERT weights come from the
     checkpoint's ``text_encoder`` section).
     """
@@ -277,13 +277,16 @@ class QueryDecoderModel(XBenchModel):
     TEXT_FOLDER: ClassVar[str] = "Med-KEBERT"
     #: The authors' tokenizer call: special tokens added, padded (and cut) to 256 tokens.
     MAX_TOKENS: ClassVar[int] = 256
-    MEAN: ClassVar[tuple[float, ...]] = IMAGENET_MEAN
-    STD: ClassVar[tuple[float, ...]] = IMAGENET_STD
     #: Appended to a checkpoint mismatch error.
     MISMATCH_HINT: ClassVar[str] = ""
 
-    input_size: int
     image_encoder: nn.Module
+
+    @staticmethod
+    def authors_transform(size: int) -> Preprocess:
+        """KAD's test transform: PIL ``Resize([size, size])`` bicubic of the 8-bit image (squashed),
+        ToTensor, ImageNet's mean/std; maps resized bilinearly (their ``cv2.resize``)."""
+        return Preprocess(size, "squash", interpolation="bicubic", library="pil", map_upsample="bilinear")
 
     def __init__(self, checkpoint_dir: str, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -344,11 +347,10 @@ class QueryDecoderModel(XBenchModel):
             self.load_weights()
         self.encode_queries(classes)
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         if not self.prompts:
             raise RuntimeError(f"{type(self).__name__}.build(classes) has not run (trainer.test calls it in setup)")
-        x = model_input(image, self.input_size, self.MEAN, self.STD, "bicubic")
-        tokens, grid = self.image_encoder(x)
+        tokens, grid = self.image_encoder(pixels)
         scores, attention = self.query_decoder(tokens, self.queries.to(tokens.dtype))
         logits = scores[..., 1] - scores[..., 0]
         maps = attention.unflatten(-1, grid)
@@ -362,8 +364,8 @@ class KAD(ChannelsLast, QueryDecoderModel):
         checkpoint_dir: folder with ``KAD_<variant>/best_valid.pt`` and ``Med-KEBERT/``
             (``checkpoints/README.md``).
         variant: the checkpoint's input size: 224 (ResNet-50 through layer3, 14x14 maps), 512
-            (through layer4, 16x16) or 1024 (32x32). Images are resized to it (bicubic,
-            antialiased); above ``data.image_size`` that is an upsampling, with a warning.
+            (through layer4, 16x16) or 1024 (32x32). The native image is resized to it as the
+            authors do (:meth:`QueryDecoderModel.authors_transform`).
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
@@ -377,7 +379,7 @@ class KAD(ChannelsLast, QueryDecoderModel):
         super().__init__(checkpoint_dir, **kwargs)
         self.channels_last = channels_last
         self.variant = variant
-        self.input_size = variant
+        self.preprocess = self.authors_transform(variant)
         self.image_encoder = ResNetTokens(through_layer4=variant != 224)
 
     def checkpoint_file(self) -> Path:

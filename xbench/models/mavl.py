@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape
 from xbench.models.medklip import DESCRIPTIONS_FILE, MedKLIP, QueryDecoder, read_descriptions, read_json_object, resnet50_trunk
+from xbench.models.preprocess import MapUpsample
 
 #: The aspect of each sentence of a disease in the concept file, in file order (slots 1-8).
 ASPECTS = ("border", "fluid", "location", "opacity", "other", "patterns", "shape", "texture")
@@ -131,6 +132,8 @@ class MAVL(MedKLIP):
         bert_dir, equalize_histogram: as :class:`MedKLIP`.
     """
 
+    #: The authors' map rule: bilinear with ``align_corners=True`` onto the 224 image.
+    map_rule: ClassVar[MapUpsample] = "bilinear_align_corners"
     checkpoint_layout: ClassVar[CheckpointLayout] = CheckpointLayout(
         section="model",
         strip_prefix="module.",  # trained under Accelerate/DDP

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
 from xbench.models.gpu import ChannelsLast
-from xbench.models.preprocess import IMAGENET_MEAN, IMAGENET_STD, equalize_histogram, model_input
+from xbench.models.preprocess import MapUpsample, Preprocess
 from xbench.models.text import bert_cls_embeddings, require_files
 
 #: The authors' entity vocabulary, in the order of their query book (RadGraph observation words).
@@ -217,13 +217,13 @@ class MedKLIP(ChannelsLast, XBenchModel):
         checkpoint_dir: folder with ``checkpoint_final.pth`` and ``observation explanation.json``.
         bert_dir: Bio_ClinicalBERT's ``config.json``, ``vocab.txt`` and weights; default
             ``<checkpoint_dir>/Bio_ClinicalBERT``.
-        equalize_histogram: global histogram equalisation (256 bins) of each image before the model's
-            own preprocessing, as the authors' RSNA loader does (and no other loader of theirs); off by
-            default. It acts on the batch image, i.e. after the data's resize; the authors equalise the
-            native DICOM.
+        equalize_histogram: global histogram equalisation (256 bins) of the native image before the
+            resize, as the authors' RSNA loader does (and no other loader of theirs); off by default.
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
+    #: The authors' map rule: their grounding scripts repeat each attention cell (nearest).
+    map_rule: ClassVar[MapUpsample] = "nearest"
     checkpoint_layout: ClassVar[CheckpointLayout] = CheckpointLayout(
         section="model",
         strip_prefix="module.",  # the authors saved an nn.DataParallel
@@ -247,6 +247,10 @@ class MedKLIP(ChannelsLast, XBenchModel):
         self.checkpoint_file = "checkpoint_final.pth"
         self.bert_dir = Path(bert_dir).expanduser() if bert_dir else self.checkpoint_dir / "Bio_ClinicalBERT"
         self.equalize_histogram = equalize_histogram
+        # The authors' test transform: PIL ``Resize([224, 224])`` (bilinear, squashed) of the 8-bit
+        # image, ToTensor, ImageNet's mean/std.
+        self.preprocess = Preprocess(INPUT_SIZE, "squash", interpolation="bilinear", library="pil",
+                                     equalize=equalize_histogram, map_upsample=self.map_rule)
         #: The authors' network, built and loaded by :meth:`build`.
         self.net: nn.Module | None = None
         #: The query book's text embeddings [Q, 768] (set by build).
@@ -296,10 +300,7 @@ class MedKLIP(ChannelsLast, XBenchModel):
         load_checkpoint(net, self.checkpoint_dir / self.checkpoint_file, self.checkpoint_layout)
         self.net = net.to(self.query_text.device).train(self.training)
 
-    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
-        if self.equalize_histogram:
-            image = equalize_histogram(image)
-        pixels = model_input(image, INPUT_SIZE, IMAGENET_MEAN, IMAGENET_STD, interpolation="bilinear")
+    def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         scores, maps = self.entity_outputs(pixels)
         logits = scores[:, self.entity_index].amax(-1)  # a repeated entity leaves the maximum alone
         class_maps = (maps[:, self.entity_index] * self.entity_weight[..., None, None]).sum(2)

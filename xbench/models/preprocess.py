@@ -9,7 +9,6 @@ once here.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +29,6 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 CXR_MAE_MEAN = (0.4978, 0.4978, 0.4978)
 CXR_MAE_STD = (0.2449, 0.2449, 0.2449)
 
-Interpolation = Literal["bilinear", "bicubic", "area"]
 #: How a model's map reaches the metric frame: nearest-repeat of cells, or bilinear with
 #: ``align_corners`` False or True (as ``F.interpolate``).
 MapUpsample = Literal["nearest", "bilinear", "bilinear_align_corners"]
@@ -163,16 +161,6 @@ class Preprocess:
         return torch.from_numpy(pixels).float().div(255)
 
 
-def warn_if_upsampled(height: int, width: int, size: int) -> None:
-    """Warn that batch images of ``height x width`` are upsampled to a model frame of ``size``."""
-    if max(height, width) < size:
-        warnings.warn(
-            f"the model's input is {size}x{size} but the batch images are {height}x{width}: they are upsampled. "
-            f"Run with --data.image_size {size} to give the model its native resolution.",
-            stacklevel=3,
-        )
-
-
 def area_weights(size_in: int, size_out: int, device: torch.device | None = None) -> Tensor:
     """Float64 [size_out, size_in]: the share of each input pixel in each output pixel.
 
@@ -195,35 +183,6 @@ def area_resize(image: Tensor, height: int, width: int) -> Tensor:
     columns = area_weights(image.shape[-1], width, image.device).to(image.dtype)
     with float32(image):
         return rows @ image @ columns.T
-
-
-def model_input(
-    image: Tensor,
-    size: int,
-    mean: tuple[float, ...],
-    std: tuple[float, ...],
-    interpolation: Interpolation = "bicubic",
-) -> Tensor:
-    """Batch image [B, 1, S, S] in [0, 1] -> normalised [B, 3, size, size].
-
-    The whole image is resized (antialiased; bicubic overshoot clamped back into [0, 1]). A model
-    whose input is larger than the batch image only upsamples it, since masks and metrics live in
-    the batch geometry: that is allowed, with a warning to raise ``data.image_size``.
-    """
-    if image.ndim != 4 or image.shape[1] != 1:
-        raise ValueError(f"expected a grey batch image [B, 1, H, W]; got {tuple(image.shape)}")
-    height, width = image.shape[-2:]
-    warn_if_upsampled(height, width, size)
-    x = image.float()
-    if (height, width) != (size, size):
-        if interpolation == "area":
-            x = F.interpolate(x, size=(size, size), mode="area")
-        else:
-            x = F.interpolate(x, size=(size, size), mode=interpolation, antialias=True, align_corners=False)
-            x = x.clamp(0, 1)
-    # One channel per statistic, from Python scalars: a statistics tensor made per batch would be
-    # copied from the host, and that copy waits for the GPU to finish the previous batch.
-    return torch.cat([(x - m) / s for m, s in zip(mean, std)], dim=1)
 
 
 def equalize_histogram(image: Tensor, bins: int = 256) -> Tensor:

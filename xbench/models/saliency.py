@@ -1,80 +1,85 @@
-"""Saliency shared by every model: upsampling to the mask grid, placing a map that covers part of
-the frame back into it, min-max normalising, and the map methods several models use (patch–text
-similarity, Grad-CAM over ViT tokens)."""
+"""Saliency shared by every model: deciding that a raw map points nowhere, placing each map into
+the metric frame through the window its model saw, min-max normalising, and the map methods several
+models use (patch–text similarity, Grad-CAM over ViT tokens)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from xbench.models.gpu import float32
+from xbench.models.preprocess import MapUpsample
 
-Upsample = Literal["bilinear", "nearest"]
-
-
-def upsample(maps: Tensor, size: tuple[int, int], mode: Upsample = "bilinear") -> Tensor:
-    """Float32 maps [B, C, h, w] -> [B, C, *size] (bilinear with ``align_corners=False``, or nearest)."""
-    maps = maps.float()
-    if tuple(maps.shape[-2:]) == tuple(size):
-        return maps
-    if mode == "bilinear":
-        return F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
-    if mode == "nearest":
-        return F.interpolate(maps, size=size, mode="nearest")
-    raise ValueError(f"upsample mode must be 'bilinear' or 'nearest'; got {mode!r}")
+#: Float32 ulps of a map's magnitude within which its spread counts as none (:func:`near_constant`).
+NEAR_CONSTANT_ULPS = 8
 
 
-@dataclass(frozen=True)
-class Window:
-    """The part of a frame a model saw, in the frame's pixel units (``[top, top + height)`` rows,
-    ``[left, left + width)`` columns); it may reach outside the frame where the model saw padding."""
+def near_constant(maps: Tensor) -> Tensor:
+    """Bool [B, C]: each raw map [B, C, h, w] whose spread (max - min) is within
+    ``NEAR_CONSTANT_ULPS`` float32 ulps of its magnitude (max |value|), exact constants included.
 
-    top: float
-    left: float
-    height: float
-    width: float
+    Such a map points nowhere. Decided on the model's own grid, before any resampling: upsampling
+    a constant grid leaves differences of an ulp that min-max normalisation would stretch to [0, 1].
+    """
+    flat = maps.float().flatten(2)
+    low, high = flat.amin(-1), flat.amax(-1)
+    magnitude = torch.maximum(low.abs(), high.abs())
+    return (high - low) <= NEAR_CONSTANT_ULPS * torch.finfo(torch.float32).eps * magnitude
 
 
-def _axis_weights(
-    size: int, start: float, extent: float, cells: int, mode: Upsample, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """Float64 [size, cells] sampling weights of one frame axis, and which frame pixels the window
-    covers; built on ``device`` (no copy from the host, no step that waits for the device)."""
-    position = (torch.arange(size, dtype=torch.float64, device=device) + 0.5 - start) * cells / extent  # in cells
+def whole_frame(batch: int, frame: tuple[int, int], device: torch.device) -> Tensor:
+    """Windows [batch, 4] that cover the whole frame (maps of models without their own crop)."""
+    windows = torch.zeros(batch, 4, device=device)
+    windows[:, 2] = frame[0]
+    windows[:, 3] = frame[1]
+    return windows
+
+
+def _axis_weights(size: int, start: Tensor, extent: Tensor, cells: int, mode: MapUpsample) -> tuple[Tensor, Tensor]:
+    """Float64 [B, size, cells] sampling weights of one frame axis per sample, and which frame
+    pixels each window covers [B, size]; built on the windows' device (no step waits for the host).
+
+    Frame pixel centres are measured from the window's start in cells: ``nearest`` takes the cell
+    the centre falls in; ``bilinear`` is ``F.interpolate(align_corners=False)`` (half-cell offset,
+    edges held); ``bilinear_align_corners`` maps the window's first and last pixel centres onto the
+    first and last cell centres, as ``F.interpolate(align_corners=True)``.
+    """
+    start, extent = start.double()[:, None], extent.double()[:, None]
+    offset = torch.arange(size, dtype=torch.float64, device=start.device) + 0.5 - start  # frame px into the window
+    position = offset * cells / extent  # in cells
     inside = (position >= 0) & (position < cells)
-    weights = torch.zeros(size, cells, dtype=torch.float64, device=device)
-    rows = torch.arange(size, device=device)
     if mode == "nearest":
-        weights[rows, position.floor().clamp(0, cells - 1).long()] = 1.0
-    elif mode == "bilinear":  # as F.interpolate(align_corners=False): half-cell offset, edges held
-        source = (position - 0.5).clamp(0, cells - 1)
-        low = source.floor()
-        high = (low + 1).clamp(max=cells - 1)
-        weights.index_put_((rows, low.long()), 1 - (source - low), accumulate=True)
-        weights.index_put_((rows, high.long()), source - low, accumulate=True)
+        source = position.floor()
+    elif mode == "bilinear":
+        source = position - 0.5
+    elif mode == "bilinear_align_corners":
+        source = (offset - 0.5) * (cells - 1) / (extent - 1).clamp(min=1)
     else:
-        raise ValueError(f"upsample mode must be 'bilinear' or 'nearest'; got {mode!r}")
-    return weights.masked_fill_(~inside.unsqueeze(1), 0), inside
+        raise ValueError(f"map upsampling must be 'nearest', 'bilinear' or 'bilinear_align_corners'; got {mode!r}")
+    source = source.clamp(0, cells - 1)
+    low = source.floor()
+    fraction = (source - low).unsqueeze(-1)
+    high = (low + 1).clamp(max=cells - 1)
+    weights = F.one_hot(low.long(), cells) * (1 - fraction) + F.one_hot(high.long(), cells) * fraction
+    return weights.masked_fill_(~inside.unsqueeze(-1), 0), inside
 
 
-def place_in_frame(maps: Tensor, window: Window, frame: tuple[int, int], mode: Upsample = "bilinear") -> Tensor:
-    """Maps [B, C, h, w] that cover ``window`` of a frame -> maps [B, C, *frame] on the frame's pixels.
+def place_in_frame(maps: Tensor, windows: Tensor, frame: tuple[int, int], mode: MapUpsample = "bilinear") -> Tensor:
+    """Maps [B, C, h, w], each covering its sample's window of the frame -> maps [B, C, *frame].
 
-    For models whose preprocessing crops or letterboxes: each frame pixel whose centre lies in the
-    window takes the map's value there (``mode`` as in :func:`upsample`); the rest of the frame,
-    which the model never saw, takes each map's minimum, so it cannot attract the maximum.
-    Computed in float32, also under mixed precision.
+    ``windows`` [B, 4] are (top, left, height, width) in frame pixels (``model_input``'s window in
+    the batch; :func:`whole_frame` for maps of the whole image). Each frame pixel whose centre lies
+    in the window takes the map's value there by ``mode``; the rest of the frame, which the model
+    never saw, takes the map's minimum, so it cannot attract the maximum. Float32, also under
+    mixed precision.
     """
     maps = maps.float()
-    rows, inside_rows = _axis_weights(frame[0], window.top, window.height, maps.shape[-2], mode, maps.device)
-    columns, inside_columns = _axis_weights(frame[1], window.left, window.width, maps.shape[-1], mode, maps.device)
+    rows, inside_rows = _axis_weights(frame[0], windows[:, 0], windows[:, 2], maps.shape[-2], mode)
+    columns, inside_columns = _axis_weights(frame[1], windows[:, 1], windows[:, 3], maps.shape[-1], mode)
     with float32(maps):
-        placed = rows.float() @ maps @ columns.float().T
-    covered = inside_rows[:, None] & inside_columns[None, :]
+        placed = rows.float().unsqueeze(1) @ maps @ columns.float().transpose(1, 2).unsqueeze(1)
+    covered = (inside_rows[:, :, None] & inside_columns[:, None, :]).unsqueeze(1)
     return torch.where(covered, placed, maps.amin(dim=(-2, -1), keepdim=True))
 
 

@@ -16,6 +16,7 @@ into place at the end: an interrupted run leaves no half file and no half folder
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -86,6 +87,10 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "dataset": datamodule.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "classes": classes,
+        # how the model saw each image and how its maps reached the frame (the authors' rule, or
+        # --model.upsample for a study)
+        "preprocess": dataclasses.asdict(model.preprocess) if model.preprocess is not None else None,
+        "map_upsample": model.map_upsample,
         "thresholds": [float(t) for t in THRESHOLDS],
         "chosen_on_evaluated_set": CHOSEN_ON_EVALUATED_SET,
         "grounding": {
