@@ -48,7 +48,7 @@ def comparable(metrics: dict) -> dict:
 @pytest.mark.parametrize("layout", ["per_image", "per_pair"])
 def test_saved_maps_score_as_the_live_model(example_runs, layout):
     assert comparable(example_runs[layout]) == comparable(example_runs["centre_prior"])
-    assert example_runs[layout]["data"]["notes"]["precomputed_missing_pairs"] == 0
+    assert example_runs[layout]["precomputed"]["missing_pairs"] == 0
 
 
 def test_boxes_of_the_lesions_score_as_the_oracle(example_runs):
@@ -104,7 +104,7 @@ def test_missing_pairs_error_or_counted_skip(example, tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"6 of 27 .* first: \({first}, "):
         main(args)
     results = main([*args, "--model.missing", "skip"])
-    assert results["data"]["notes"]["precomputed_missing_pairs"] == 6
+    assert results["precomputed"]["missing_pairs"] == 6
     assert results["data"]["images_evaluated"] == 9
     skipped = {f.name.removesuffix(".npz") for f in files[:2]}
     entries = json.loads((source / "phantom" / "test.json").read_text())

@@ -94,7 +94,8 @@ def test_otsu_agrees_with_their_code(real_pairs):
 
 def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):
     """The pickles as a model in ``python -m xbench.test`` on the real val sample; the three classes
-    without a pickle (pneumonia, pleural other, fracture) are skipped and counted."""
+    without a pickle (pneumonia, pleural other, fracture) are skipped and counted; the native-size
+    rows in metrics.json are their code's numbers."""
     folder = tmp_path / "pickles"
     load_tool().write_pickles(real_file(real_data, "chexlocalize/gradcam_maps_val.npz"), folder.mkdir() or folder)
     root = tmp_path / "root"
@@ -112,11 +113,23 @@ def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):
                     "--model.path", str(folder), image_size=224)
     with pytest.raises(FileNotFoundError, match=r"6 of 26 .* first: \(patient64541_study1_view1_frontal, fracture\)"):
         main(args)
-    results = main([*args, "--model.missing", "skip"])
-    assert results["data"]["notes"]["precomputed_missing_pairs"] == 6
+    results = main([*args, "--model.missing", "skip", "--model.native_protocol", "true"])
+    assert results["precomputed"]["missing_pairs"] == 6
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"enlarged_cardiomediastinum": 1, "cardiomegaly": 1, "lung_opacity": 1, "support_devices": 1}
     hits = {key: v["hits"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     native_hits = {finding_key("chexlocalize", task): int(golden["hit"])
                    for (_, task), (_, _, golden) in real_pairs.items() if golden["mask_pixels"]}
     assert hits == native_hits
+    native = results["precomputed"]["chexlocalize_protocol"]["per_class"]
+    expected = {
+        finding_key("chexlocalize", golden["task"]): {
+            "pairs": 1, "xbench_iou@0.5": golden["iou_fixed"], "xbench_pointing_game": golden["hit"],
+            "chexlocalize_iou_fixed": golden["iou_fixed"], "chexlocalize_iou_otsu": golden["iou_otsu"],
+            "chexlocalize_hit_rate": golden["hit"],
+        }
+        for golden in GOLDEN["pairs"] if golden["mask_pixels"]
+    }
+    assert native.keys() == expected.keys()
+    for key, values in expected.items():
+        assert native[key] == pytest.approx(values, abs=1e-12), key

@@ -105,6 +105,11 @@ class XBenchModel(L.LightningModule):
         """Scores and maps for a batch; models see only the image (test instruments may see more)."""
         return self(batch["image"])
 
+    def extra_results(self) -> dict:
+        """Sections this model adds to ``metrics.json`` at the end of a run, each under its own
+        labelled key (e.g. saved outputs' counts, another protocol's scores); none by default."""
+        return {}
+
     # -- the run ------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
@@ -196,6 +201,7 @@ class XBenchModel(L.LightningModule):
             region_counts=counts,
             config=self.run_config,
         )
+        self.results.update(self.extra_results())
         # Every process holds the same synced values; "max" keeps them bit-exact through the sync.
         self.log_dict(log_keys(self.results), sync_dist=True, reduce_fx="max")
         if not self.trainer.is_global_zero:

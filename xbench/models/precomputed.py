@@ -27,7 +27,14 @@ Each map is resized onto the metric frame (the whole image squashed to S x S) bi
 arrive as one [B, C, S, S] tensor. A pair without a file or line is an error at setup naming the
 first missing ones and their count; with ``missing="skip"`` such pairs leave both metrics (their
 label is treated as unknown and their mask as absent) and their number is written to the results
-under ``data.notes.precomputed_missing_pairs``.
+under ``precomputed.missing_pairs``.
+
+With ``native_protocol=True`` the run also scores every pair with a region at the image's native
+size by cheXlocalize's protocol (:mod:`xbench.metrics.native`) and writes per-class means under
+``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
+XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
+pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header. This
+pass reads each pair once more after the test loop, in every process (not split under DDP).
 """
 
 from __future__ import annotations
@@ -43,9 +50,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
+from PIL import Image
 from torch import Tensor
 
 from xbench.findings import finding_key
+from xbench.metrics.grounding import FIXED_TAU_INDEX
+from xbench.metrics.native import native_pair_scores
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
 from xbench.models.saliency import Window, place_in_frame
@@ -113,13 +123,16 @@ class PrecomputedSaliency(XBenchModel):
             JSON Lines file (``boxes``).
         layout: how the files are laid out (see the module docstring).
         missing: ``error`` (default) or ``skip`` pairs that have no saved map or score.
+        native_protocol: also score cheXlocalize's protocol at native size (see the module docstring).
+        native_threshold: its fixed binarisation threshold (``s > t``), one for all findings or one
+            per finding key (thresholds chosen on a validation split, as cheXlocalize's tuning CSV).
     """
 
     #: Maps are read, not computed from an input: no model input is built for this model.
     preprocess: ClassVar[None] = None
 
     def __init__(self, path: str, layout: Layout = "per_image", missing: Literal["error", "skip"] = "error",
-                 **kwargs) -> None:
+                 native_protocol: bool = False, native_threshold: float | dict[str, float] = 0.5, **kwargs) -> None:
         super().__init__(**kwargs)
         if layout not in ("per_image", "per_pair", "chexlocalize", "boxes"):
             raise ValueError(f"layout must be per_image, per_pair, chexlocalize or boxes; got {layout!r}")
@@ -128,6 +141,8 @@ class PrecomputedSaliency(XBenchModel):
         self.path = Path(path)
         self.layout = layout
         self.missing = missing
+        self.native_protocol = native_protocol
+        self.native_threshold = native_threshold
         self.missing_pairs: set[tuple[str, str]] = set()
 
     # -- setup: find every pair's file before the first batch ----------------------------------
@@ -150,8 +165,6 @@ class PrecomputedSaliency(XBenchModel):
         if missing:
             warnings.warn(f"PrecomputedSaliency: {len(missing)} pairs have no saved output and are skipped",
                           stacklevel=2)
-        self.trainer.datamodule.notes = {**(self.trainer.datamodule.notes or {}),
-                                         "precomputed_missing_pairs": len(missing)}
 
     def _has(self, image_id: str, key: str) -> bool:
         if self.layout == "boxes":
@@ -235,6 +248,69 @@ class PrecomputedSaliency(XBenchModel):
                 maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame)
         device = batch["masks"].device
         return logits.to(device), maps.to(device)
+
+
+    # -- results --------------------------------------------------------------------------------
+
+    def extra_results(self) -> dict:
+        section: dict = {"layout": self.layout, "missing_pairs": len(self.missing_pairs)}
+        if self.native_protocol:
+            section["chexlocalize_protocol"] = self.chexlocalize_protocol()
+        return {"precomputed": section}
+
+    def native_pair(self, sample, key: str) -> dict:
+        """Both protocols' scores of one pair at its image's native size."""
+        if self.layout == "boxes":
+            line = self._lines[(sample.image_id, key)]
+            image_size = line["image_size"]
+            raw = box_map(line["boxes"], line["scores"], image_size, image_size)
+        else:
+            pair = self.read_pair(sample.image_id, key)
+            image_size = pair.image_size or _header_size(sample.path)
+            raw = pair.map
+            if pair.window is not None:
+                raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
+                                     image_size)[0, 0]
+        mask, _ = sample.regions[key].to_mask(*image_size)
+        threshold = self.native_threshold
+        if isinstance(threshold, dict):
+            threshold = threshold[key]
+        return native_pair_scores(raw, torch.from_numpy(mask), threshold)
+
+    def chexlocalize_protocol(self) -> dict:
+        """Per finding: graded pairs at native size and the means of XBench's IoU at tau = 0.5
+        (``>=``) and Pointing Game, and cheXlocalize's IoU at its fixed threshold (``>``), IoU at
+        Otsu's level and hit rate (first maximum)."""
+        scores: dict[str, list[dict]] = {key: [] for key in self.classes}
+        for sample in self.trainer.datamodule.samples:
+            for key in self.classes:
+                if key in sample.regions and (sample.image_id, key) not in self.missing_pairs:
+                    scores[key].append(self.native_pair(sample, key))
+        per_class = {}
+        for key, rows in scores.items():
+            rows = [r for r in rows if float(r["iou"][0]) == float(r["iou"][0])]  # a mask empty at native size: NaN
+            if not rows:
+                continue
+            per_class[key] = {
+                "pairs": len(rows),
+                "xbench_iou@0.5": float(np.mean([float(r["iou"][FIXED_TAU_INDEX]) for r in rows])),
+                "xbench_pointing_game": float(np.mean([r["hit"] for r in rows])),
+                "chexlocalize_iou_fixed": float(np.mean([r["iou_fixed"] for r in rows])),
+                "chexlocalize_iou_otsu": float(np.mean([r["iou_otsu"] for r in rows])),
+                "chexlocalize_hit_rate": float(np.mean([r["argmax_hit"] for r in rows])),
+            }
+        return {"native_threshold": self.native_threshold, "per_class": per_class}
+
+
+def _header_size(path: Path) -> tuple[int, int]:
+    """(height, width) of an image file from its header, for saved maps that do not state it."""
+    if path.suffix.lower() == ".dcm":
+        import pydicom  # noqa: PLC0415
+
+        header = pydicom.dcmread(path, stop_before_pixels=True)
+        return int(header.Rows), int(header.Columns)
+    with Image.open(path) as image:
+        return image.height, image.width
 
 
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
