@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from conftest import only_folder, run_args
 from xbench.metrics.grounding import THRESHOLDS, threshold_counts
 from xbench.models.precomputed import PrecomputedSaliency, box_map, native_window_in_frame
 from xbench.models.safe_pickle import load_data_pickle
+from xbench.suite import main as suite_main
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,3 +150,30 @@ def test_threshold_counts_in_blocks_of_one_pairs_pixels():
         above = saliency >= THRESHOLDS[k]
         assert predicted[..., k].equal(above.sum((-2, -1)))
         assert inter[..., k].equal((above & masks).sum((-2, -1)))
+
+
+def test_saved_outputs_run_in_a_suite(example, tmp_path, monkeypatch):
+    """The saved layouts as suite entries, each with its ``model.path``: same numbers as the live runs."""
+    out, runs = example
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    models = REPO / "lightning_configs" / "models"
+    suite = {
+        "results_dir": "results",
+        "settings": {"data.root": str(out / "phantom"), "data.num_images": 9, "data.native_size": 96,
+                     "data.image_size": 96, "data.num_workers": 0, "trainer.enable_progress_bar": False,
+                     "trainer.logger": False},
+        "models": [
+            {"config": str(models / "precomputed_per_image.yaml"), "settings": {"model.path": str(out / "per_image")}},
+            {"config": str(models / "precomputed_boxes.yaml"), "settings": {"model.path": str(out / "boxes.jsonl")}},
+        ],
+        "datasets": [str(REPO / "lightning_configs" / "data" / "phantom.yaml")],
+    }
+    (tmp_path / "saved.yaml").write_text(yaml.safe_dump(suite))
+    assert suite_main(["--config", "saved.yaml"]) == 0
+    by_layout = {}
+    for folder in (tmp_path / "results").iterdir():
+        metrics = json.loads((folder / "metrics.json").read_text())
+        by_layout[metrics["precomputed"]["layout"]] = metrics
+    assert comparable(by_layout["per_image"]) == comparable(runs["centre_prior"])
+    assert comparable(by_layout["boxes"])["grounding"] == comparable(runs["oracle"])["grounding"]
