@@ -43,6 +43,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -144,6 +145,7 @@ class PrecomputedSaliency(XBenchModel):
         self.native_protocol = native_protocol
         self.native_threshold = native_threshold
         self.missing_pairs: set[tuple[str, str]] = set()
+        self._pickles: dict[tuple[str, str], Path] | None = None
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
@@ -162,6 +164,10 @@ class PrecomputedSaliency(XBenchModel):
                 "pass --model.missing skip to leave them out (counted in the results)."
             )
         self.missing_pairs = set(missing)
+        unused = {finding for _, finding in self._lines} - set(classes)
+        if unused:
+            warnings.warn(f"PrecomputedSaliency: {self.path} has lines for findings outside this run's classes, "
+                          f"not scored: {sorted(unused)}", stacklevel=2)
         if missing:
             warnings.warn(f"PrecomputedSaliency: {len(missing)} pairs have no saved output and are skipped",
                           stacklevel=2)
@@ -188,7 +194,7 @@ class PrecomputedSaliency(XBenchModel):
 
     def _pickle_path(self, image_id: str, key: str) -> Path | None:
         """cheXlocalize names files by its own pathology spelling; any spelling of ``key`` is taken."""
-        if not hasattr(self, "_pickles"):
+        if self._pickles is None:
             self._pickles = {}
             for file in self.path.glob("*_map.pkl"):
                 stem = file.name.removesuffix("_map.pkl")
@@ -313,6 +319,7 @@ def _header_size(path: Path) -> tuple[int, int]:
         return image.height, image.width
 
 
+@lru_cache(maxsize=1)  # a per-image file is read once for all its classes
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
     """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
     if file.suffix == ".npz":
