@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import save_file
 
 from conftest import only_folder, run_args
 from xbench.metrics.grounding import THRESHOLDS, threshold_counts
@@ -82,11 +83,16 @@ def test_native_window_is_placed_through_the_frame(tmp_path):
     assert placed[0, 5] == 0 and placed[-1, -1] == 3
 
 
-def test_per_image_files_keyed_by_finding(tmp_path):
+@pytest.mark.parametrize("suffix", [".npz", ".safetensors"])
+def test_per_image_files_keyed_by_finding(tmp_path, suffix):
     """A file that states its classes may hold them in any order, and more of them."""
     maps = np.stack([np.full((2, 2), v, np.float32) for v in (1.0, 2.0, 3.0)])
-    np.savez(tmp_path / "img.npz", maps=maps, probs=np.array([0.5, 0.9, 0.1]),
-             classes=np.array(["mass", "nodule", "edema"]))
+    probs, classes = np.array([0.5, 0.9, 0.1]), ["mass", "nodule", "edema"]
+    if suffix == ".npz":
+        np.savez(tmp_path / "img.npz", maps=maps, probs=probs, classes=np.array(classes))
+    else:
+        save_file({"maps": torch.from_numpy(maps), "probs": torch.from_numpy(probs)}, tmp_path / "img.safetensors",
+                  metadata={"classes": json.dumps(classes)})
     model = PrecomputedSaliency(str(tmp_path))
     model.classes = ["nodule", "mass"]
     pair = model.read_pair("img", "nodule")

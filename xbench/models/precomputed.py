@@ -43,7 +43,6 @@ import json
 import math
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -146,6 +145,7 @@ class PrecomputedSaliency(XBenchModel):
         self.native_threshold = native_threshold
         self.missing_pairs: set[tuple[str, str]] = set()
         self._pickles: dict[tuple[str, str], Path] | None = None
+        self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
@@ -221,7 +221,9 @@ class PrecomputedSaliency(XBenchModel):
             arrays, _ = _read_arrays(file)
             return SavedPair(arrays["map"].float(), _logit(arrays, "logit", "prob", file), *_window(arrays, file))
         file = self._image_file(image_id)
-        arrays, names = _read_arrays(file)
+        if self._last_file is None or self._last_file[0] != file:  # one read per image for all its classes
+            self._last_file = (file, *_read_arrays(file))
+        _, arrays, names = self._last_file
         c = (names or self.classes).index(key)
         logit = _logit({k: v[c] for k, v in arrays.items() if k in ("logits", "probs")}, "logits", "probs", file)
         return SavedPair(arrays["maps"][c].float(), logit, *_window(arrays, file))
@@ -319,7 +321,6 @@ def _header_size(path: Path) -> tuple[int, int]:
         return image.height, image.width
 
 
-@lru_cache(maxsize=1)  # a per-image file is read once for all its classes
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
     """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
     if file.suffix == ".npz":
