@@ -146,13 +146,15 @@ class PrecomputedSaliency(XBenchModel):
         self.missing_pairs: set[tuple[str, str]] = set()
         self._pickles: dict[tuple[str, str], Path] | None = None
         self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
+        self._file_classes: dict[Path, set[str]] = {}  # per-image file -> the findings it holds
+        self._lines: dict[tuple[str, str], dict] = {}  # boxes layout: (image_id, finding) -> line
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
     def build(self, classes: list[str]) -> None:
         if not self.path.exists():
             raise FileNotFoundError(f"PrecomputedSaliency: {self.path} does not exist (the saved {self.layout} files)")
-        self._file_classes: dict[Path, set[str]] = {}
+        self._file_classes = {}
         self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
         image_ids = self.trainer.datamodule.image_ids()
         missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
