@@ -111,7 +111,8 @@ def test_missing_pairs_error_or_counted_skip(example, tmp_path):
     first = files[0].name.removesuffix(".npz")
     with pytest.raises(FileNotFoundError, match=rf"6 of 27 .* first: \({first}, "):
         main([*args, "--trainer.logger", "false"])  # no W&B run left open by the error
-    results = main([*args, "--model.missing", "skip"])
+    with pytest.warns(UserWarning, match="6 pairs have no saved output and are skipped"):
+        results = main([*args, "--model.missing", "skip"])
     assert results["precomputed"]["missing_pairs"] == 6
     assert results["data"]["images_evaluated"] == 9
     skipped = {f.name.removesuffix(".npz") for f in files[:2]}

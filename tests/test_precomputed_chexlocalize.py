@@ -113,7 +113,8 @@ def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):
                     "--model.path", str(folder), image_size=224)
     with pytest.raises(FileNotFoundError, match=r"6 of 26 .* first: \(patient64541_study1_view1_frontal, fracture\)"):
         main([*args, "--trainer.logger", "false"])  # no W&B run left open by the error
-    results = main([*args, "--model.missing", "skip", "--model.native_protocol", "true"])
+    with pytest.warns(UserWarning, match="6 pairs have no saved output and are skipped"):
+        results = main([*args, "--model.missing", "skip", "--model.native_protocol", "true"])
     assert results["precomputed"]["missing_pairs"] == 6
     pairs = {key: v["pairs"] for key, v in results["grounding"]["per_class"].items() if v["pairs"]}
     assert pairs == {"enlarged_cardiomediastinum": 1, "cardiomegaly": 1, "lung_opacity": 1, "support_devices": 1}
