@@ -1,20 +1,34 @@
 """Cost of the 101-threshold grounding update relative to a single-threshold Dice.
 
-    python bench/metrics.py [--device cuda] [--repeats 5]
+    python bench/metrics.py [--device cuda] [--repeats 5] [--threads 1] [--chexlocalize-repo PATH]
 
 Prints, from one run: the update time for B=64, C=14, 224x224 maps at 101 thresholds, a plain
 vectorised Dice at tau = 0.5 on the same tensors, and a brute-force loop that thresholds the
-batch 101 times, with the two ratios the README reports.
+batch 101 times, with the two ratios the README reports. Then, at native size (one 320x320
+map of a 2320x2828 radiograph, as cheXlocalize's Grad-CAM): XBench's whole evaluation of the pair
+at 101 thresholds (bilinear upsampling, min-max, the counts, Dice and IoU curves) beside
+cheXlocalize's single threshold on the same map (upsampling, their ``cam_to_segmentation`` and
+``calculate_iou``, imported from ``--chexlocalize-repo``; without it, the same steps written
+plainly in torch and NumPy), and their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from xbench.metrics import THRESHOLDS, GroundingMetrics
+from xbench.metrics.grounding import pair_scores, threshold_counts
+from xbench.metrics.native import native_upsample
+from xbench.models.saliency import normalise
 from timing import best_seconds
+
+NATIVE_MAP, NATIVE_IMAGE = (320, 320), (2320, 2828)
 
 
 def single_tau_dice(s: torch.Tensor, m: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,6 +44,49 @@ def loop_101(s: torch.Tensor, m: torch.Tensor) -> list:
     return [single_tau_dice(s, m, float(tau)) for tau in THRESHOLDS]
 
 
+def xbench_native(raw_map: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """XBench's whole evaluation of one pair at native size, at all 101 thresholds."""
+    saliency = normalise(native_upsample(raw_map, tuple(mask.shape))[None, None])
+    return pair_scores(*threshold_counts(saliency, mask[None, None]))
+
+
+def single_threshold_native(repo: Path | None):
+    """cheXlocalize's single-threshold evaluation of one pair: their code from ``repo``, or the same
+    steps written plainly (upsample, (x - min) / max, > 0.5, IoU in NumPy)."""
+    if repo is not None:
+        sys.path.insert(0, str(repo))
+        from eval import calculate_iou  # noqa: PLC0415 (their code, from the given clone)
+        from heatmap_to_segmentation import cam_to_segmentation  # noqa: PLC0415
+
+        def theirs(raw_map, mask):
+            upsampled = F.interpolate(raw_map[None, None], size=tuple(mask.shape), mode="bilinear", align_corners=False)
+            return calculate_iou(cam_to_segmentation(upsampled, threshold=0.5), mask, true_pos_only=False)
+        return theirs
+
+    def plain(raw_map, mask):
+        x = F.interpolate(raw_map[None, None], size=tuple(mask.shape), mode="bilinear", align_corners=False)
+        x = x - x.min()
+        segmentation = (x.div(x.max()) > 0.5).numpy()[0, 0]
+        return np.logical_and(segmentation, mask).sum() / np.logical_or(segmentation, mask).sum()
+    return plain
+
+
+def native_comparison(repo: Path | None, repeats: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    raw_map = F.avg_pool2d(torch.rand(1, 1, *NATIVE_MAP, generator=gen), 9, stride=1, padding=4)[0, 0]
+    mask = torch.zeros(NATIVE_IMAGE, dtype=torch.bool)
+    mask[600:1700, 500:1900] = True
+    theirs = single_threshold_native(repo)
+    mask_numpy = mask.numpy()
+    t_xbench = best_seconds(lambda: xbench_native(raw_map, mask), torch.device("cpu"), repeats)
+    t_theirs = best_seconds(lambda: theirs(raw_map, mask_numpy), torch.device("cpu"), repeats)
+    source = f"their code from {repo}" if repo else "written plainly; --chexlocalize-repo runs theirs"
+    print(f"native {NATIVE_MAP[0]}x{NATIVE_MAP[1]} map on a {NATIVE_IMAGE[0]}x{NATIVE_IMAGE[1]} image, one pair:")
+    print(f"XBench, 101 thresholds        : {t_xbench * 1e3:9.1f} ms")
+    print(f"cheXlocalize, one threshold   : {t_theirs * 1e3:9.1f} ms   ({source})")
+    print(f"native ratio                  : {t_xbench / t_theirs:9.2f}x   (target <= 2)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -37,7 +94,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--classes", type=int, default=14)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--chexlocalize-repo", type=Path, help="a clone of rajpurkarlab/cheXlocalize")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (args.batch, args.classes, args.size, args.size)
@@ -62,6 +123,7 @@ def main() -> None:
     print(f"101x threshold loop  : {t_loop * 1e3:9.1f} ms")
     print(f"update / single-tau  : {t_metric / t_single:9.2f}x   (target <= 2.5 on CPU, <= 1.5 on CUDA)")
     print(f"loop / update        : {t_loop / t_metric:9.1f}x   (target >= 30)")
+    native_comparison(args.chexlocalize_repo, args.repeats)
 
 
 if __name__ == "__main__":

@@ -61,25 +61,32 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
     device = saliency.device
     flat_saliency = saliency.reshape(pairs, pixels).float()
     flat_masks = masks.reshape(pairs, pixels)
-    codes = torch.empty(pairs, pixels, dtype=torch.int32, device=device)
     # Code of a pixel: pair * 202 + inside * 101 + bin; the "- 1" of the bin formula rides along.
     offsets = (torch.arange(pairs, dtype=torch.float32, device=device) * _CODES_PER_PAIR - 1).unsqueeze(1)
-    rows = pairs if device.type == "cuda" else max(1, _CPU_SLICE_ELEMENTS // max(pixels, 1))
-    scaled = torch.empty(min(rows, pairs), pixels, device=device)
-    edge = torch.empty_like(scaled)
-    above = torch.empty(scaled.shape, dtype=torch.bool, device=device)
+    if device.type == "cuda":
+        rows, columns = pairs, pixels
+    else:  # blocks of whole pairs, or of one pair's pixels for a large (native-size) map
+        columns = min(pixels, _CPU_SLICE_ELEMENTS)
+        rows = max(1, _CPU_SLICE_ELEMENTS // max(columns, 1))
+    size = min(rows, pairs) * columns  # one block's elements; the buffers are reused by every block
+    scaled, edge = torch.empty(size, device=device), torch.empty(size, device=device)
+    above = torch.empty(size, dtype=torch.bool, device=device)
+    codes = torch.empty(size, dtype=torch.int32, device=device)
+    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
+    ones = torch.ones((), dtype=torch.int64, device=device).expand(size)
     for start in range(0, pairs, rows):
         stop = min(start + rows, pairs)
-        n = stop - start
-        s = flat_saliency[start:stop]
-        y = torch.mul(s, 100, out=scaled[:n])
-        torch.round(y, out=y)
-        torch.ge(s, torch.div(y, 100, out=edge[:n]), out=above[:n])
-        y.add_(above[:n]).add_(flat_masks[start:stop], alpha=NUM_THRESHOLDS).add_(offsets[start:stop])
-        codes[start:stop].copy_(y)
-    codes = codes.view(-1)
-    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
-    hist.index_add_(0, codes, torch.ones((), dtype=torch.int64, device=device).expand(codes.numel()))
+        for left in range(0, pixels, columns):
+            right = min(left + columns, pixels)
+            n = (stop - start) * (right - left)
+            block = (stop - start, right - left)
+            s = flat_saliency[start:stop, left:right]
+            y = torch.mul(s, 100, out=scaled[:n].view(block))
+            torch.round(y, out=y)
+            torch.ge(s, torch.div(y, 100, out=edge[:n].view(block)), out=above[:n].view(block))
+            y.add_(above[:n].view(block)).add_(flat_masks[start:stop, left:right], alpha=NUM_THRESHOLDS)
+            y.add_(offsets[start:stop])
+            hist.index_add_(0, codes[:n].copy_(y.view(-1)), ones[:n])
     hist = hist.view(batch, classes, 2, NUM_THRESHOLDS)
     inside = hist[:, :, 1]
     predicted = _suffix_sum(hist[:, :, 0] + inside)

@@ -122,6 +122,11 @@ class XBenchModel(L.LightningModule):
         """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
         return self(batch["image"] if self.preprocess is None else batch["model_input"])
 
+    def extra_results(self) -> dict:
+        """Sections this model adds to ``metrics.json`` at the end of a run, each under its own
+        labelled key (e.g. saved outputs' counts, another protocol's scores); none by default."""
+        return {}
+
     # -- the run ------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
@@ -218,6 +223,7 @@ class XBenchModel(L.LightningModule):
             region_counts=counts,
             config=self.run_config,
         )
+        self.results.update(self.extra_results())
         # Every process holds the same synced values; "max" keeps them bit-exact through the sync.
         self.log_dict(log_keys(self.results), sync_dist=True, reduce_fx="max")
         if not self.trainer.is_global_zero:

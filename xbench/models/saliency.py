@@ -90,7 +90,8 @@ def normalise(maps: Tensor) -> Tensor:
     both ends); a constant map becomes all zeros, never NaN.
     """
     flat = maps.flatten(2)
-    low, high = torch.aminmax(flat, dim=-1, keepdim=True)
+    # amin and amax, not aminmax(dim=...): on CPU the fused one is about 7x slower along a long last dim.
+    low, high = flat.amin(dim=-1, keepdim=True), flat.amax(dim=-1, keepdim=True)
     spread = high - low
     # A constant map has x - low == 0 everywhere, and 0 / 1 keeps it 0: no full-size select needed.
     return ((flat - low) / torch.where(spread > 0, spread, 1.0)).view_as(maps)
