@@ -72,7 +72,7 @@ def test_box_map_is_the_score_weighted_union():
 def test_native_window_is_placed_through_the_frame(tmp_path):
     """A map covering the right half of a 100 x 200 image lands in the right half of the frame."""
     window = native_window_in_frame((0, 100, 100, 100), (100, 200), (10, 10))
-    assert (window.top, window.left, window.height, window.width) == (0, 5, 10, 5)
+    assert window.tolist() == [[0, 5, 10, 5]]
     np.savez(tmp_path / "img.npz", maps=np.arange(4, dtype=np.float32).reshape(1, 2, 2), logits=np.zeros(1),
              window=np.array([0, 100, 100, 100]), image_size=np.array([100, 200]))
     model = PrecomputedSaliency(str(tmp_path))

@@ -48,7 +48,6 @@ from typing import ClassVar, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors import safe_open
 from PIL import Image
 from torch import Tensor
@@ -58,7 +57,7 @@ from xbench.metrics.grounding import FIXED_TAU_INDEX
 from xbench.metrics.native import native_pair_scores
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
-from xbench.models.saliency import Window, place_in_frame
+from xbench.models.saliency import place_in_frame, whole_frame
 
 Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]
 PROBABILITY_CLAMP = 1e-7
@@ -88,12 +87,13 @@ def probability_logit(probability: float) -> float:
 
 def native_window_in_frame(
     window: tuple[float, float, float, float], image_size: tuple[int, int], frame: tuple[int, int]
-) -> Window:
+) -> Tensor:
     """A window (top, left, height, width) in native pixels of an image of ``image_size`` (height,
-    width) -> the same window in pixels of the frame, the whole image squashed to ``frame``."""
+    width) -> the same window in pixels of the frame, the whole image squashed to ``frame``, as the
+    one-row window tensor [1, 4] that :func:`~xbench.models.saliency.place_in_frame` takes."""
     top, left, height, width = window
     rows, columns = frame[0] / image_size[0], frame[1] / image_size[1]
-    return Window(top * rows, left * columns, height * rows, width * columns)
+    return torch.tensor([[top * rows, left * columns, height * rows, width * columns]])
 
 
 def box_map(
@@ -238,9 +238,10 @@ class PrecomputedSaliency(XBenchModel):
         pair = self.read_pair(image_id, key)
         raw = pair.map[None, None]
         if pair.window is None:
-            placed = F.interpolate(raw, size=frame, mode="bilinear", align_corners=False)
+            window = whole_frame(1, frame, raw.device)
         else:
-            placed = place_in_frame(raw, native_window_in_frame(pair.window, pair.image_size, frame), frame)
+            window = native_window_in_frame(pair.window, pair.image_size, frame)
+        placed = place_in_frame(raw, window, frame)
         return placed[0, 0], pair.logit
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
