@@ -110,7 +110,7 @@ def main() -> None:
         model, cfg = build(package, repo, folder, bert, args.trust_checkpoint)
         text_config = json.loads((bert / "config.json").read_text())
         prompts = dict(zip(inputs["classes"], inputs["prompts"]))
-        records = common.image_records(args.real_data)
+        records = common.image_records(args.real_data, args.images)
         paths = [str(args.real_data / record["file"]) for record in records]
         with torch.no_grad():
             processed_txt = model.process_class_prompts(prompts, "cpu")
@@ -136,14 +136,15 @@ def main() -> None:
         "authors_path": "CARZero/CARZero.py (load_CARZero key loop, dqn_shot_classification, "
                         "grounding_shot_classification), CARZeroDQNWOSAGLMLP.process_img / process_class_prompts, "
                         f"{CONFIG} overlaid with the file's hyper_parameters",
-        "weights": str(args.checkpoint_dir) if args.checkpoint_dir else f"tools/parity/common.py weights carzero (torch.manual_seed({common.SEED}))",
+        "weights": common.weights_source("carzero", args.checkpoint_dir),
         "seed": common.SEED,
         "text_encoder_config": text_config,
         "prompts": inputs["prompts"],
         "images": records,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "timm": timm.__version__,
                      "pillow": Image.__version__, "opencv": cv2.__version__},
-        "upsampled": f"the authors' pred_map (nearest repeat x16) on their 224 input crop, classes {list(common.UPSAMPLED_CLASSES)}",
+        "upsampled": "the authors' pred_map (nearest repeat x16) on their 224 input crop, classes "
+                     f"{list(common.UPSAMPLED_CLASSES)}",
         "window": "the 224 crop of the 256 letterbox in metric-frame pixels (frame 224 = the whole image squashed)",
         "tolerance": "the authors resize in 8 bits (cv2 INTER_AREA on the uint8 image, then uint8 again)",
     }

@@ -6,6 +6,10 @@ pins), so it reaches these through the command line:
 
     python tools/parity/common.py weights MODEL FOLDER   # the seeded random checkpoint folder
     python tools/parity/common.py prompts MODEL          # {"classes": [...], "prompts": [...]} as JSON
+
+and compares XBench with a golden file made from any weights and radiographs:
+
+    python tools/parity/common.py compare MODEL GOLDEN.npz --checkpoint-dir DIR --real-data ROOT
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -109,6 +115,73 @@ def load_golden(path: Path) -> tuple[dict[str, dict[str, np.ndarray]], list[str]
         return per_image, [str(c) for c in data["classes"]], json.loads(str(data["meta"]))
 
 
+# -- XBench's side ------------------------------------------------------------------------------------
+
+LOGIT_ATOL = 1e-4
+#: Raw maps: 1e-4 of each golden map's spread (max - min), the scale of the normalised map the
+#: metrics see (attention maps are ~1/196 in absolute terms).
+MAP_RTOL_OF_SPREAD = 1e-4
+WINDOW_ATOL = 1e-3
+#: The golden's upsampled map is float16: its rounding (2^-11 of the value) is allowed on top.
+FLOAT16_RTOL = 2.0**-11
+
+
+def build_xbench(model: str, folder: Path):
+    """XBench's model of ``model`` on the checkpoint folder, built for :func:`classes`, in eval mode."""
+    if model.startswith("kad-"):
+        from xbench.models.kad import KAD
+
+        built = KAD(checkpoint_dir=str(folder), variant=int(model.removeprefix("kad-")), channels_last=False)
+        built.dataset_name = DATASET
+    else:
+        from xbench.models.biomedclip import BiomedCLIP
+        from xbench.models.carzero import CARZero
+        from xbench.models.clip import CLIP
+
+        built = {"carzero": CARZero, "clip": CLIP, "biomedclip": BiomedCLIP}[model](checkpoint_dir=str(folder))
+    built.build(classes())
+    return built.eval()
+
+
+def differences(model, path: Path, expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """XBench's whole path from the image file against one image's golden entries: the largest
+    logit difference, the largest raw-map difference as a share of the map's spread, the largest
+    window difference (frame pixels), and by how much the upsampled map leaves its allowance
+    (<= 0: within; the map upsampled onto the model's input, window = the whole input, by the
+    model's rule -- for KAD, whose input is the whole frame, its placement in the frame itself)."""
+    from xbench.data.io import read_image
+    from xbench.models.saliency import place_in_frame
+
+    inputs, window = model.preprocess(read_image(path), frame=FRAME)
+    with torch.no_grad():
+        logits, maps = model(inputs[None])
+    spread = expected["maps"].max(axis=(1, 2), keepdims=True) - expected["maps"].min(axis=(1, 2), keepdims=True)
+    chosen = list(UPSAMPLED_CLASSES)
+    whole_input = torch.tensor([[0.0, 0.0, FRAME, FRAME]])
+    upsampled = place_in_frame(maps[:, chosen], whole_input, (FRAME, FRAME), model.preprocess.map_upsample)
+    reference = expected["upsampled"].astype(np.float32)
+    allowed = MAP_RTOL_OF_SPREAD * spread[chosen] + FLOAT16_RTOL * np.abs(reference)
+    return {
+        "logits": float(np.abs(logits[0].float().numpy() - expected["logits"]).max()),
+        "maps": float((np.abs(maps[0].float().numpy() - expected["maps"]) / spread).max()),
+        "window": float(np.abs(np.asarray(window, dtype=np.float32) - expected["window"]).max()),
+        "upsampled_excess": float((np.abs(upsampled[0].numpy() - reference) - allowed).max()),
+    }
+
+
+def compare(model_name: str, golden: Path, folder: Path, root: Path) -> dict[str, dict[str, float]]:
+    """:func:`differences` for every image of the golden file (its ``meta`` names them)."""
+    per_image, _, meta = load_golden(golden)
+    model = build_xbench(model_name, folder)
+    result = {}
+    for record in meta["images"]:
+        path = root / record["file"]
+        if image_key(path) != record["key"]:
+            raise ValueError(f"{path} is not the image {golden} was made from (sha256 {record['key']}...)")
+        result[record["file"]] = differences(model, path, per_image[record["key"]])
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,11 +190,19 @@ def main(argv: list[str] | None = None) -> None:
     weights.add_argument("folder", type=Path)
     prompt = sub.add_parser("prompts", help="print the classes and XBench's prompts as JSON")
     prompt.add_argument("model", choices=MODELS)
+    check = sub.add_parser("compare", help="XBench's whole path against a golden file, per image")
+    check.add_argument("model", choices=MODELS)
+    check.add_argument("golden", type=Path)
+    check.add_argument("--checkpoint-dir", type=Path, required=True)
+    check.add_argument("--real-data", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "weights":
         write_weights(args.model, args.folder)
-    else:
+    elif args.command == "prompts":
         json.dump({"classes": classes(), "prompts": prompts(args.model)}, sys.stdout)
+    else:
+        for name, found in compare(args.model, args.golden, args.checkpoint_dir, args.real_data).items():
+            print(name, " ".join(f"{key} {value:.2e}" for key, value in found.items()))
 
 
 if __name__ == "__main__":
@@ -135,11 +216,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def xbench_command(python: Path, *args: str) -> str:
     """Run this file's command line in XBench's environment (``python``); its standard output."""
-    import subprocess
-
     return subprocess.run(
         [str(python), str(Path(__file__).resolve()), *args], check=True, capture_output=True, text=True, cwd=REPO,
-        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     ).stdout
 
 
@@ -158,18 +237,23 @@ def parity_arguments(description: str, authors_repo: bool = True) -> argparse.Ar
         parser.add_argument("--authors-repo", type=Path, required=True, help="the authors' repository as fetched")
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights in XBench's layout (default: seeded random)")
     parser.add_argument("--real-data", type=Path, default=REPO.parent / "shared" / "data" / "real",
-                        help="the folder holding the three radiographs (IMAGES)")
+                        help="the folder the images are named relative to")
+    parser.add_argument("--images", nargs="+", default=list(IMAGES),
+                        help="radiographs under --real-data (default: IMAGES)")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden")
     parser.add_argument("--xbench-python", type=Path, default=REPO / ".venv" / "bin" / "python",
                         help="the Python of XBench's environment (writes the random weights, states the prompts)")
     return parser
 
 
-def git_commit(repo: Path) -> str:
-    import subprocess
+def weights_source(model: str, given: Path | None) -> str:
+    """What the golden's weights were, for its ``meta``."""
+    return str(given) if given is not None else f"tools/parity/common.py weights {model} (seed {SEED})"
 
+
+def git_commit(repo: Path) -> str:
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def image_records(root: Path) -> list[dict]:
-    return [{"file": name, "key": image_key(root / name)} for name in IMAGES]
+def image_records(root: Path, names: list[str]) -> list[dict]:
+    return [{"file": name, "key": image_key(root / name)} for name in names]

@@ -108,7 +108,7 @@ def main() -> None:
     per_image = {}
     with torch.no_grad():
         text_features = visualize.get_text_features(text_encoder, text_list, tokenizer, "cpu", max_length=256)
-        for record in common.image_records(args.real_data):
+        for record in common.image_records(args.real_data, args.images):
             img = Image.open(args.real_data / record["file"]).convert("RGB")
             image = transform(img).unsqueeze(0)
             image_features, _ = image_encoder(image)
@@ -133,11 +133,11 @@ def main() -> None:
         "authors_repo": "xiaoman-zhang/KAD",
         "authors_commit": common.git_commit(args.authors_repo),
         "authors_path": "A3_CLIP/models/clip_tqn.py, A3_CLIP/plot_visualize_512.py (get_text_features, transform)",
-        "weights": str(args.checkpoint_dir) if args.checkpoint_dir else f"tools/parity/common.py weights {model_name} (seed {common.SEED})",
+        "weights": common.weights_source(model_name, args.checkpoint_dir),
         "seed": common.SEED,
         "text_encoder_config": text_config,
         "prompts": text_list,
-        "images": common.image_records(args.real_data),
+        "images": common.image_records(args.real_data, args.images),
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "transformers": transformers.__version__, "pillow": Image.__version__, "opencv": cv2.__version__},
         "upsampled": f"cv2.resize(map, ({common.FRAME}, {common.FRAME}), INTER_LINEAR) of classes "

@@ -39,11 +39,13 @@ def load(model_name: str, folder: Path):
         weights = next(folder / name for name in ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
                        if (folder / name).is_file())
         model, _, preprocess = open_clip.create_model_and_transforms("ViT-B-16-quickgelu", pretrained=str(weights))
-        return model, preprocess, open_clip.get_tokenizer("ViT-B-16-quickgelu"), lambda tokens: tokens @ model.visual.proj
+        tokenizer = open_clip.get_tokenizer("ViT-B-16-quickgelu")
+        return model, preprocess, tokenizer, lambda tokens: tokens @ model.visual.proj
     # The official config names BiomedBERT's hub repository; offline, the text tower is pointed at the folder
     # (specs/models/biomedclip.md section 1), and transformers must not look for BERT weights there.
     text_cfg = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]["text_cfg"]
-    text_cfg = {**text_cfg, "hf_model_name": str(folder), "hf_tokenizer_name": str(folder), "hf_model_pretrained": False}
+    text_cfg = {**text_cfg, "hf_model_name": str(folder), "hf_tokenizer_name": str(folder),
+                "hf_model_pretrained": False}
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder}", text_cfg=text_cfg)
     return model, preprocess, open_clip.get_tokenizer(f"local-dir:{folder}"), model.visual.head
 
@@ -77,7 +79,7 @@ def main() -> None:
             pos = F.normalize(model.encode_text(pos_tokens), dim=-1)
             neg = F.normalize(model.encode_text(neg_tokens), dim=-1)
             per_image = {}
-            for record in common.image_records(args.real_data):
+            for record in common.image_records(args.real_data, args.images):
                 x = preprocess(Image.open(args.real_data / record["file"]))[None]
                 image = F.normalize(model.encode_image(x), dim=-1)
                 logits = model.logit_scale.exp() * (image @ pos.T - image @ neg.T)
@@ -101,18 +103,19 @@ def main() -> None:
         "authors_commit": f"open_clip_torch {open_clip.__version__}",
         "authors_path": "create_model_and_transforms, its preprocess, get_tokenizer, encode_text/encode_image, "
                         "visual.forward_intermediates",
-        "weights": str(args.checkpoint_dir) if args.checkpoint_dir else f"tools/parity/common.py weights {args.model} (seed {common.SEED})",
+        "weights": common.weights_source(args.model, args.checkpoint_dir),
         "seed": common.SEED,
         "text_encoder_config": text_config,
         "prompts": inputs["prompts"],
         "token_ids": {"positive": pos_tokens.tolist(), "negative": neg_tokens.tolist()},
-        "images": common.image_records(args.real_data),
+        "images": common.image_records(args.real_data, args.images),
         "versions": {"torch": torch.__version__, "open_clip": open_clip.__version__, "timm": timm.__version__,
                      "transformers": transformers.__version__, "pillow": PIL.__version__},
         "preprocess": str(preprocess),
         "upsampled": f"bilinear, align_corners=False, onto the 224 crop, classes {list(common.UPSAMPLED_CLASSES)} "
                      "(open_clip defines no map; the specs' rule)",
-        "window": "the 224 centre crop of the shorter-side resize, in metric-frame pixels (frame 224 = the whole image squashed)",
+        "window": "the 224 centre crop of the shorter-side resize, in metric-frame pixels "
+                  "(frame 224 = the whole image squashed)",
         "tolerance": "open_clip resizes the 8-bit PIL image (bicubic, Pillow's antialiasing) and rounds to 8 bits",
     }
     args.out.mkdir(parents=True, exist_ok=True)
