@@ -67,13 +67,23 @@ def mavl_files(tmp_path_factory, bert_dir):
     return folder, write_mavl(folder, bert_dir)
 
 
+def authors_token_ids(bert: Path, texts: list[str]) -> torch.Tensor:
+    """What the authors' ``tokenization_bert.py`` gives for single texts, written out by hand:
+    ``[CLS]`` + the lower-cased word pieces (at most 63), no ``[SEP]``, zero-padded to 64."""
+    tokenizer = BertTokenizer(vocab=str(bert / "vocab.txt"), do_lower_case=True)
+    rows = []
+    for text in texts:
+        pieces = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(text))[:63]
+        rows.append([tokenizer.cls_token_id, *pieces] + [tokenizer.pad_token_id] * (63 - len(pieces)))
+    return torch.tensor(rows)
+
+
 def reference_embeddings(bert: Path, texts: list[str]) -> torch.Tensor:
-    """[CLS] embeddings computed here with transformers directly: lower-cased, padded/truncated to 64."""
-    tokenizer = BertTokenizer(str(bert / "vocab.txt"), do_lower_case=True)
+    """[CLS] embeddings computed here with transformers directly from the authors' token ids."""
+    ids = authors_token_ids(bert, texts)
     model = BertModel.from_pretrained(str(bert), local_files_only=True).eval()
-    tokens = tokenizer(texts, padding="max_length", truncation=True, max_length=64, return_tensors="pt")
     with torch.no_grad():
-        return model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]).last_hidden_state[:, 0]
+        return model(input_ids=ids, attention_mask=(ids != 0).long()).last_hidden_state[:, 0]
 
 
 def pixels_of(image: torch.Tensor) -> torch.Tensor:
@@ -314,6 +324,16 @@ def test_model_setup_reads_the_cache_without_building_bert(medklip_model, monkey
     second = MedKLIP(checkpoint_dir=str(medklip_model.checkpoint_dir), results_dir=None)
     second.build(["mass", "nodule"])  # other classes, the same book: cached by the module's first build
     assert torch.equal(second.query_text, medklip_model.query_text)
+
+
+def test_tokens_are_the_authors_cls_and_pieces_without_sep(bert_dir):
+    """A long text keeps 63 pieces after [CLS] and no [SEP]; a short one is padded after its pieces."""
+    tokenizer = text_module.load_tokenizer(bert_dir, "test BERT", do_lower_case=True)
+    texts = ["the nodule finding", " ".join(["opacity"] * 80)]
+    tokens = text_module.cls_only_tokens(tokenizer, texts, 64)
+    assert torch.equal(tokens["input_ids"], authors_token_ids(bert_dir, texts))
+    assert tokenizer.sep_token_id not in tokens["input_ids"].tolist()[1]
+    assert tokens["attention_mask"][1].all() and tokens["attention_mask"][0].sum() == 1 + len(tokenizer.tokenize(texts[0]))
 
 
 def test_tokens_are_lower_cased(bert_dir):

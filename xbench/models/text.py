@@ -82,8 +82,9 @@ def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
 #: The files of a BERT folder that decide its outputs: weights (either format), shape, vocabulary.
 BERT_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 BERT_TOKENIZER_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-#: Bump when the recipe below changes, so old cache entries are not reused.
-CLS_EMBEDDING_RECIPE = "cls-last-hidden/1"
+#: Bump when the recipe below changes, so old cache entries are not reused (2: the authors' ``[CLS]``
+#: + pieces without ``[SEP]``; 1 tokenised with the standard ``[CLS] ... [SEP]``).
+CLS_EMBEDDING_RECIPE = "cls-last-hidden/2"
 TEXTS_PER_BATCH = 64
 
 
@@ -93,6 +94,19 @@ def _file_digest(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def cls_only_tokens(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int) -> dict[str, Tensor]:
+    """``input_ids`` and ``attention_mask`` [N, max_length]: ``[CLS]`` + at most ``max_length - 1``
+    word pieces, then padding. MedKLIP's and MAVL's tokenizer overrides BERT's special tokens this
+    way for a single text (no ``[SEP]``); the standard call would add ``[SEP]`` and keep one piece less."""
+    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length - 1)["input_ids"]
+    ids = torch.full((len(pieces), max_length), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(pieces), max_length, dtype=torch.long)
+    for row, text_ids in enumerate(pieces):
+        ids[row, : len(text_ids) + 1] = torch.tensor([tokenizer.cls_token_id, *text_ids])
+        mask[row, : len(text_ids) + 1] = 1
+    return {"input_ids": ids, "attention_mask": mask}
 
 
 def bert_cls_embeddings(
@@ -105,8 +119,10 @@ def bert_cls_embeddings(
 ) -> Tensor:
     """The ``[CLS]`` last hidden state of each text under the BERT in ``folder``: float32 [N, hidden].
 
-    The recipe of MedKLIP-style query books: WordPiece tokens (lower-cased if ``lowercase``),
-    padded and truncated to ``max_length``, ``input_ids`` and ``attention_mask`` through the BERT in
+    The recipe of MedKLIP-style query books, as the authors' ``models/tokenization_bert.py`` (the
+    same file in MedKLIP and MAVL) builds a single text: ``[CLS]`` and the WordPiece tokens
+    (lower-cased if ``lowercase``), no ``[SEP]``, cut to ``max_length - 1`` pieces and padded to
+    ``max_length`` (:func:`cls_only_tokens`); ``input_ids`` and ``attention_mask`` through the BERT in
     eval mode under ``no_grad``, on the CPU (once per cache entry; the values do not depend on the
     device of the run that first needed them). The BERT is loaded by :func:`load_pretrained_bert`, so its loading
     report is checked. The result is cached in ``$XBENCH_CACHE/text_embeddings/`` under a SHA-256
@@ -133,10 +149,7 @@ def bert_cls_embeddings(
     chunks = []
     with torch.no_grad():
         for start in range(0, len(texts), TEXTS_PER_BATCH):
-            tokens = tokenizer(
-                list(texts[start:start + TEXTS_PER_BATCH]), padding="max_length", truncation=True,
-                max_length=max_length, return_tensors="pt",
-            )
+            tokens = cls_only_tokens(tokenizer, texts[start:start + TEXTS_PER_BATCH], max_length)
             output = bert(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])
             chunks.append(output.last_hidden_state[:, 0].float())
     embeddings = torch.cat(chunks).contiguous()
