@@ -37,7 +37,7 @@ DATASET = "chexlocalize"
 FRAME = 224
 #: Classes whose upsampled map the golden file keeps (positions in the class list): one pins the rule.
 UPSAMPLED_CLASSES = (0,)
-MODELS = ("kad-224", "kad-512", "carzero", "clip", "biomedclip")
+MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip")
 
 
 def classes() -> list[str]:
@@ -56,6 +56,11 @@ def write_weights(model: str, folder: Path) -> Path:
     from xbench.models import random_weights
 
     torch.manual_seed(SEED)  # the writers' BERT and ViT initialisations draw from the global generator
+    if model in ("medklip", "mavl"):
+        random_weights.write_bert(folder.parent / f"{folder.name}-bert", seed=SEED)
+        writer = random_weights.write_medklip if model == "medklip" else random_weights.write_mavl
+        writer(folder, folder.parent / f"{folder.name}-bert")
+        return folder
     if model.startswith("kad-"):
         return random_weights.write_kad(folder, variant=int(model.removeprefix("kad-")), seed=SEED)
     if model == "carzero":
@@ -67,10 +72,16 @@ def write_weights(model: str, folder: Path) -> Path:
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
-def prompts(model: str) -> list:
-    """The prompts XBench sends for :func:`classes`: KAD's query set, CARZero's one prompt per
+def prompts(model: str) -> list | dict:
+    """The prompts XBench sends for :func:`classes`: MedKLIP's and MAVL's query book (entities, whose
+    texts both sides read from the checkpoint folder), KAD's query set, CARZero's one prompt per
     class, the open_clip models' (positive, negative) pair per class."""
     keys = classes()
+    if model in ("medklip", "mavl"):  # the query texts are the checkpoint folder's files; the book is ours
+        from xbench.models.medklip import entity_book
+
+        book, rows = entity_book(keys)
+        return {"book": book, "class_rows": rows}
     if model.startswith("kad-"):
         from xbench.models.kad import query_set
 
@@ -128,7 +139,12 @@ FLOAT16_RTOL = 2.0**-11
 
 def build_xbench(model: str, folder: Path):
     """XBench's model of ``model`` on the checkpoint folder, built for :func:`classes`, in eval mode."""
-    if model.startswith("kad-"):
+    if model in ("medklip", "mavl"):
+        from xbench.models.mavl import MAVL
+        from xbench.models.medklip import MedKLIP
+
+        built = {"medklip": MedKLIP, "mavl": MAVL}[model](checkpoint_dir=str(folder), channels_last=False)
+    elif model.startswith("kad-"):
         from xbench.models.kad import KAD
 
         built = KAD(checkpoint_dir=str(folder), variant=int(model.removeprefix("kad-")), channels_last=False)

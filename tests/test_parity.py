@@ -1,4 +1,4 @@
-"""Golden parity: KAD (224, 512), CARZero, CLIP and BiomedCLIP equal their authors' code.
+"""Golden parity: MedKLIP, MAVL, KAD (224, 512), CARZero, CLIP and BiomedCLIP equal their authors' code.
 
 ``tests/golden/<model>.npz`` holds what the authors' own code computed (``tools/parity/``) from the
 seeded random weights ``tools/parity/common.py`` writes and three real radiographs (a square NIH
@@ -17,8 +17,8 @@ real weights and their own radiographs (``compare``; tests/golden/README.md).
 
 Measured when the goldens were made, with the data side's ``Preprocess`` on the decoded file and
 XBench's networks (the models' ``preprocess`` configs as their authors' transforms): logits within
-2e-6 (KAD) / 3e-8 (CARZero) / 0 (CLIP, BiomedCLIP), maps within 2e-6 of their spread, windows
-exact. The 8-bit rounding of the authors' PIL/OpenCV resizes is reproduced, so no looser bound is
+2e-6 (KAD) / 3e-8 (CARZero) / 0 (CLIP, BiomedCLIP) / 8e-7 (MedKLIP, MAVL: their own tokenizer
+file, ``[CLS]`` without ``[SEP]``), maps within 2e-6 of their spread, windows exact. The 8-bit rounding of the authors' PIL/OpenCV resizes is reproduced, so no looser bound is
 needed. The three inputs are named in each golden file by sha256, so a changed image fails rather
 than compares against another's numbers.
 """
