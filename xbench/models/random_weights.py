@@ -29,6 +29,7 @@ from xbench.models.carzero import (
     expected_hyper_parameters,
     prompt_for,
 )
+from xbench.models.chexzero import CHECKPOINT_FILE as CHEXZERO_FILE
 from xbench.models.mavl import ASPECTS, MAVLNet
 from xbench.models.medklip import COVID_ENTITY, ENTITIES, MedKLIPNet
 
@@ -311,4 +312,35 @@ def write_carzero(folder: Path, classes: list[str]) -> Path:
         node[leaf] = value
     state = {f"CARZero.{key}": value for key, value in network.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hyper_parameters}, folder / CHECKPOINT_FILE)
+    return folder
+
+
+# -- CheXzero ---------------------------------------------------------------------------------------
+
+
+#: CheXzero's ViT-B/32 with 2 vision blocks and 1 text block (the authors' ``build_model`` reads
+#: the depths from the file): what the parity tests run. Registered with open_clip by
+#: :func:`register_small_chexzero`.
+SMALL_CHEXZERO = "xbench-chexzero-small"
+SMALL_CHEXZERO_CONFIG = {
+    "embed_dim": 512,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 768, "patch_size": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": 1},
+}
+
+
+def register_small_chexzero(folder: Path) -> str:
+    """Register :data:`SMALL_CHEXZERO` with open_clip (its config written to ``folder``); its name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{SMALL_CHEXZERO}.json").write_text(json.dumps(SMALL_CHEXZERO_CONFIG))
+    open_clip.add_model_config(folder / f"{SMALL_CHEXZERO}.json")
+    return SMALL_CHEXZERO
+
+
+def write_chexzero(folder: Path, arch: str = "ViT-B-32-quickgelu", seed: int = 0) -> Path:
+    """``checkpoints/chexzero/``: the authors' ``torch.save(model.state_dict())`` of OpenAI's CLIP
+    class, whose keys are open_clip's ``CLIP``'s; under the default file name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(clip_state(arch, seed), folder / CHEXZERO_FILE)
     return folder
