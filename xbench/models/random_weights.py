@@ -344,3 +344,47 @@ def write_chexzero(folder: Path, arch: str = "ViT-B-32-quickgelu", seed: int = 0
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(clip_state(arch, seed), folder / CHEXZERO_FILE)
     return folder
+
+
+# -- BioViL -----------------------------------------------------------------------------------------
+
+#: WordPiece vocabulary of single letters, so every prompt tokenises to known, distinct pieces.
+LETTER_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+                *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
+
+
+def write_biovil(folder: Path, seed: int = 0, text_layers: int = 1, hidden_size: int = 64) -> Path:
+    """``checkpoints/biovil/``: the image model file (ResNet-50 + projector, batch-norm statistics
+    drawn too) and CXR-BERT's ``config.json``, ``vocab.txt``, ``tokenizer_config.json`` and
+    ``pytorch_model.bin`` (BERT, masked-language-model head, projection head), with a small BERT
+    initialised wide (std 0.2) so that prompts embed apart."""
+    from transformers import BertForMaskedLM
+
+    from xbench.models.biovil import IMAGE_FILE, BioViLImageModel, CXRBertProjectionHead
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    image = BioViLImageModel()
+    for module in image.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.normal_(0, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
+            module.weight.data.uniform_(0.5, 1.5)
+    torch.save(image.state_dict(), folder / IMAGE_FILE)
+    config = BertConfig(
+        vocab_size=len(LETTER_VOCAB), hidden_size=hidden_size, num_hidden_layers=text_layers, num_attention_heads=2,
+        intermediate_size=2 * hidden_size, max_position_embeddings=512, initializer_range=0.2,
+    )
+    state = BertForMaskedLM(config).state_dict()
+    head = CXRBertProjectionHead(hidden_size, 128).state_dict()
+    state.update({f"cls_projection_head.{key}": value for key, value in head.items()})
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(
+        {**config.to_dict(), "model_type": "cxr-bert", "architectures": ["CXRBertModel"], "projection_size": 128},
+        indent=2,
+    ))
+    (folder / "vocab.txt").write_text("\n".join(LETTER_VOCAB) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lower_case": True, "model_max_length": 512, "tokenizer_class": "CXRBertTokenizer"}
+    ))
+    return folder
