@@ -117,9 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     image_model = ImageModel(
         img_encoder_type=ImageEncoderType.RESNET50, joint_feature_size=128, pretrained_model_path=folder / IMAGE_FILE
     )
-    image_engine = ImageInferenceEngine(
-        image_model=image_model, transform=create_chest_xray_transform_for_inference(resize=RESIZE, center_crop_size=CROP)
-    )
+    transform = create_chest_xray_transform_for_inference(resize=RESIZE, center_crop_size=CROP)
+    image_engine = ImageInferenceEngine(image_model=image_model, transform=transform)
     text_engine = TextInferenceEngine(
         tokenizer=CXRBertTokenizer.from_pretrained(str(folder)), text_model=CXRBertModel.from_pretrained(str(folder))
     )

@@ -136,8 +136,8 @@ def gaussian_smooth(maps: Tensor, sigma: float = MAP_SIGMA, radius: int = MAP_RA
     out = maps
     for dim in (-2, -1):
         size = out.shape[dim]
-        index = torch.arange(-radius, size + radius, device=maps.device)
-        index = torch.where(index < 0, -index - 1, torch.where(index >= size, 2 * size - index - 1, index))
+        index = torch.arange(-radius, size + radius, device=maps.device) % (2 * size)
+        index = torch.where(index >= size, 2 * size - 1 - index, index)  # also where the radius exceeds the map
         padded = out.index_select(dim, index)
         windows = padded.unfold(dim if dim > 0 else padded.ndim + dim, 2 * radius + 1, 1)
         out = windows @ weights
