@@ -130,3 +130,33 @@ def test_stretch_is_the_authors_on_the_files_integers():
     torch.testing.assert_close(window, torch.tensor(expected_window))
     with pytest.raises(ValueError, match="constant image"):
         preprocess(np.full((64, 64), 0.5, dtype=np.float32), frame=224)
+
+
+def test_biovil_t_published_image_layout_loads_and_drops_only_the_prior_image_pooler(tmp_path):
+    """BioViL-T's image file (the manifest, from the authors' multi-image ``ImageModel``) loads into
+    the single-image module; the ViT pooler's tensors are dropped only at their declared shapes,
+    and the missing-prior embedding is used."""
+    from xbench.models.biovil import BIOVIL_T_IMAGE_FILE, BioViLT
+
+    shapes = json.loads((MANIFESTS / "biovil_t.keys.json").read_text())[BIOVIL_T_IMAGE_FILE]
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        key: torch.randint(0, 9, shape, generator=generator) if key.endswith("num_batches_tracked")
+        else torch.randn(shape, generator=generator) * 0.1
+        for key, shape in shapes.items()
+    }
+    torch.save(state, tmp_path / BIOVIL_T_IMAGE_FILE)
+    image = BioViLT(checkpoint_dir=str(tmp_path)).load_image_model()
+    loaded = image.state_dict()
+    assert set(loaded) == {key for key in shapes if not key.startswith("encoder.vit_pooler.")}
+    assert all(torch.equal(loaded[key], state[key]) for key in loaded)
+    inputs = torch.rand(1, 3, 64, 64, generator=generator)
+    with torch.no_grad():
+        before = image(inputs)
+        image.encoder.missing_previous_emb.add_(1.0)
+        assert not torch.allclose(image(inputs), before)
+    key = next(key for key in shapes if key.startswith("encoder.vit_pooler."))
+    state[key] = torch.zeros(3)
+    torch.save(state, tmp_path / BIOVIL_T_IMAGE_FILE)
+    with pytest.raises(ValueError, match=rf"declared drop {key} .* failed its check"):
+        BioViLT(checkpoint_dir=str(tmp_path)).load_image_model()

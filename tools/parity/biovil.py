@@ -20,9 +20,13 @@ which it was.
     PYTHONPATH=$PWD /work/venvs/newmodels/bin/python tools/parity/biovil.py \\
         --authors-repo /work/ext/hi-ml --real-data /work/shared/data/real --out tests/golden
 
-``--manifest PATH`` also writes the strict key manifest of the published files: the state dicts
-of the authors' ``ImageModel`` (ResNet-50, 128) and ``CXRBertModel`` at CXR-BERT's published
-shape (BERT-base, vocabulary 30522, projection 128).
+``--variant biovil_t``: BioViL-T on single images, as ``get_image_inference(BIOVIL_T)`` builds it
+(``ImageModel`` with the multi-image ResNet-50 encoder, the 448 crop), its random weights from
+``random_weights.write_biovil_t``.
+
+``--manifest PATH`` also writes the strict key manifest of the variant's published files: the
+state dicts of the authors' ``ImageModel`` (ResNet-50 or its multi-image encoder, 128) and
+``CXRBertModel`` at CXR-BERT's published shape (BERT-base, vocabulary 30522, projection 128).
 """
 
 from __future__ import annotations
@@ -43,13 +47,17 @@ import transformers
 from PIL import Image
 
 from xbench.findings import PAPER_CLASSES, finding_text
-from xbench.models import random_weights
-from xbench.models.biovil import IMAGE_FILE
+
+#: Per variant: the image model's file, the authors' encoder type, the centre crop.
+VARIANTS = {
+    "biovil": ("biovil_image_resnet50_proj_size_128.pt", "resnet50", 480),
+    "biovil_t": ("biovil_t_image_model_proj_size_128.pt", "resnet50_multi_image", 448),
+}
 
 SEED = 0
 DATASET = "chexlocalize"
 FRAME = 224
-RESIZE, CROP = 512, 480
+RESIZE = 512
 IMAGES = (
     "nih/00000001_000.png",
     "chexlocalize/valid/patient64541/study1/view1_frontal.jpg",
@@ -63,28 +71,28 @@ def image_key(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
-def crop_window(path: Path) -> np.ndarray:
+def crop_window(path: Path, crop: int) -> np.ndarray:
     """(top, left, height, width) in the metric frame of the 480 centre crop of torchvision's
-    ``Resize(512)`` (shorter side 512, the longer ``int(512 * long / short)``) and ``CenterCrop(480)``."""
+    ``Resize(512)`` (shorter side 512, the longer ``int(512 * long / short)``) and ``CenterCrop(crop)``."""
     width, height = Image.open(path).size
     short, long = min(width, height), max(width, height)
     resized = (int(RESIZE * long / short), RESIZE) if height > width else (RESIZE, int(RESIZE * long / short))
     rows, columns = resized
-    top, left = int(round((rows - CROP) / 2.0)), int(round((columns - CROP) / 2.0))
+    top, left = int(round((rows - crop) / 2.0)), int(round((columns - crop) / 2.0))
     return np.array(
-        [top * FRAME / rows, left * FRAME / columns, CROP * FRAME / rows, CROP * FRAME / columns], dtype=np.float32
+        [top * FRAME / rows, left * FRAME / columns, crop * FRAME / rows, crop * FRAME / columns], dtype=np.float32
     )
 
 
-def write_manifest(path: Path) -> None:
+def write_manifest(variant: str, path: Path) -> None:
     from health_multimodal.image.model.model import ImageModel
-    from health_multimodal.image.model.types import ImageEncoderType
     from health_multimodal.text.model import CXRBertConfig, CXRBertModel
 
-    image = ImageModel(img_encoder_type=ImageEncoderType.RESNET50, joint_feature_size=128)
+    image_file, encoder_type, _ = VARIANTS[variant]
+    image = ImageModel(img_encoder_type=encoder_type, joint_feature_size=128)
     text = CXRBertModel(CXRBertConfig(vocab_size=30522, projection_size=128))
     shapes = {
-        IMAGE_FILE: {key: list(value.shape) for key, value in image.state_dict().items()},
+        image_file: {key: list(value.shape) for key, value in image.state_dict().items()},
         "pytorch_model.bin": {key: list(value.shape) for key, value in text.state_dict().items()},
     }
     path.write_text(json.dumps(shapes, indent=1) + "\n")
@@ -93,6 +101,7 @@ def write_manifest(path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--authors-repo", type=Path, required=True)
+    parser.add_argument("--variant", choices=sorted(VARIANTS), default="biovil")
     parser.add_argument("--real-data", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights; default: seeded random")
@@ -102,7 +111,6 @@ def main(argv: list[str] | None = None) -> None:
     from health_multimodal.image import ImageInferenceEngine
     from health_multimodal.image.data.transforms import create_chest_xray_transform_for_inference
     from health_multimodal.image.model.model import ImageModel
-    from health_multimodal.image.model.types import ImageEncoderType
     from health_multimodal.text import TextInferenceEngine
     from health_multimodal.text.model import CXRBertModel, CXRBertTokenizer
     from health_multimodal.vlp import ImageTextInferenceEngine
@@ -112,12 +120,16 @@ def main(argv: list[str] | None = None) -> None:
             batch_text_or_text_pairs, **kwargs
         )
     if args.manifest is not None:
-        write_manifest(args.manifest)
-    folder = args.checkpoint_dir or random_weights.write_biovil(Path(tempfile.mkdtemp()) / "weights", seed=SEED)
+        write_manifest(args.variant, args.manifest)
+    from xbench.models import random_weights  # after the manifest: BioViL-T's layout reads it
+
+    image_file, encoder_type, crop = VARIANTS[args.variant]
+    writer = random_weights.write_biovil if args.variant == "biovil" else random_weights.write_biovil_t
+    folder = args.checkpoint_dir or writer(Path(tempfile.mkdtemp()) / "weights", seed=SEED)
     image_model = ImageModel(
-        img_encoder_type=ImageEncoderType.RESNET50, joint_feature_size=128, pretrained_model_path=folder / IMAGE_FILE
+        img_encoder_type=encoder_type, joint_feature_size=128, pretrained_model_path=folder / image_file
     )
-    transform = create_chest_xray_transform_for_inference(resize=RESIZE, center_crop_size=CROP)
+    transform = create_chest_xray_transform_for_inference(resize=RESIZE, center_crop_size=crop)
     image_engine = ImageInferenceEngine(image_model=image_model, transform=transform)
     text_engine = TextInferenceEngine(
         tokenizer=CXRBertTokenizer.from_pretrained(str(folder)), text_model=CXRBertModel.from_pretrained(str(folder))
@@ -141,12 +153,12 @@ def main(argv: list[str] | None = None) -> None:
         ]
         arrays[f"{key}_logits"] = np.array(logits, dtype=np.float32)
         arrays[f"{key}_maps"] = torch.stack(maps).numpy().astype(np.float32)
-        arrays[f"{key}_window"] = crop_window(path)
+        arrays[f"{key}_window"] = crop_window(path, crop)
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
     meta = {
-        "model": "biovil",
+        "model": args.variant,
         "authors_repo": "microsoft/hi-ml (hi-ml-multimodal)",
         "commit": commit,
         "weights": "seeded random" if args.checkpoint_dir is None else str(folder),
@@ -161,9 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
-        args.out / "biovil.npz", classes=np.array(classes), meta=np.array(json.dumps(meta, indent=1)), **arrays
+        args.out / f"{args.variant}.npz", classes=np.array(classes), meta=np.array(json.dumps(meta, indent=1)), **arrays
     )
-    print(f"wrote {args.out / 'biovil.npz'}")
+    print(f"wrote {args.out / args.variant}.npz")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """BioViL (Boecking et al., ECCV 2022): a ResNet-50 image encoder and CXR-BERT, aligned by
-contrastive pre-training on MIMIC-CXR. MIT licence.
+contrastive pre-training on MIMIC-CXR; and BioViL-T (Bannur et al., CVPR 2023) on single images
+(:class:`BioViLT`). MIT licence.
 
 What the authors' code does (``microsoft/hi-ml``, ``hi-ml-multimodal`` at b67c1d2), and XBench with it:
 
@@ -26,6 +27,7 @@ What the authors' code does (``microsoft/hi-ml``, ``hi-ml-multimodal`` at b67c1d
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -39,12 +41,14 @@ from transformers import BertConfig, BertModel, BertTokenizer
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
 from xbench.models.text import require_files
 
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
 IMAGE_FILE = "biovil_image_resnet50_proj_size_128.pt"
+BIOVIL_T_IMAGE_FILE = "biovil_t_image_model_proj_size_128.pt"
 TEXT_FILES = ("config.json", "vocab.txt", "pytorch_model.bin")
 #: The masked-language-model head ``CXRBertModel`` saves beside BERT; text embeddings do not use it.
 MLM_HEAD_KEYS = (
@@ -57,6 +61,12 @@ TEXT_LAYOUT = CheckpointLayout(
         *(DeclaredDrop(key, "CXR-BERT's masked-language-model head, unused for embeddings") for key in MLM_HEAD_KEYS),
         DeclaredDrop("bert.embeddings.position_ids", "buffer older transformers saved", is_arange),
     )
+)
+#: BioViL-T's ViT pooler, which only runs with a prior image: each tensor dropped with its shape checked.
+VIT_POOLER_DROPS = tuple(
+    DeclaredDrop(key, "BioViL-T's prior-image pooler, not run on a single image", has_shape(*shape))
+    for key, shape in json.loads((MANIFESTS / "biovil_t.keys.json").read_text())[BIOVIL_T_IMAGE_FILE].items()
+    if key.startswith("encoder.vit_pooler.")
 )
 #: ``_get_similarity_map_from_embeddings``: the Gaussian's sigma in patches; SciPy's radius for it.
 MAP_SIGMA = 1.5
@@ -121,10 +131,39 @@ class BioViLImageModel(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Input [B, 3, S, S] -> projected patch embeddings [B, joint, S/32, S/32] (not normalised)."""
-        resnet = self.encoder.encoder
-        x = resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(x))))
-        x = resnet.layer4(resnet.layer3(resnet.layer2(resnet.layer1(x))))
-        return self.projector.model(x)
+        return self.projector.model(resnet_features(self.encoder.encoder, x))
+
+
+class BioViLTImageModel(nn.Module):
+    """BioViL-T's image model in its checkpoint's layout, for one image: ResNet-50, its 1x1 conv to
+    256 (``encoder.backbone_to_vit``), beside it the learnt embedding that stands for a missing
+    prior image (``encoder.missing_previous_emb``), and the projector from the 512 together. The
+    ViT pooler that compares a prior image (``encoder.vit_pooler.*``) does not run without one, in
+    the authors' code as here; its tensors are dropped by declaration (:data:`VIT_POOLER_DROPS`)."""
+
+    def __init__(self, joint_size: int = 128, width: int = 256) -> None:
+        super().__init__()
+        self.encoder = nn.Module()
+        self.encoder.encoder = torchvision.models.resnet50()
+        self.encoder.backbone_to_vit = nn.Conv2d(2048, width, 1, bias=False)
+        self.encoder.missing_previous_emb = nn.Parameter(torch.zeros(1, width, 1, 1))
+        self.projector = nn.Module()
+        self.projector.model = nn.Sequential(
+            nn.Conv2d(2 * width, joint_size, 1, bias=False), nn.BatchNorm2d(joint_size), nn.ReLU(inplace=True),
+            nn.Conv2d(joint_size, joint_size, 1),
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Input [B, 3, S, S] -> projected patch embeddings [B, joint, S/32, S/32] (not normalised)."""
+        current = self.encoder.backbone_to_vit(resnet_features(self.encoder.encoder, x))
+        missing = self.encoder.missing_previous_emb.expand_as(current)
+        return self.projector.model(torch.cat([current, missing], dim=1))
+
+
+def resnet_features(resnet: nn.Module, x: Tensor) -> Tensor:
+    """torchvision ResNet's last feature map (before pooling), as the authors' ``ResNetHIML`` returns it."""
+    x = resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(x))))
+    return resnet.layer4(resnet.layer3(resnet.layer2(resnet.layer1(x))))
 
 
 def gaussian_smooth(maps: Tensor, sigma: float = MAP_SIGMA, radius: int = MAP_RADIUS) -> Tensor:
@@ -169,21 +208,28 @@ class BioViL(XBenchModel):
         self.checkpoint_dir = checkpoint_dir
         self.pos_template = pos_template
         self.neg_template = neg_template
-        self.image_model: BioViLImageModel | None = None
+        self.image_model: nn.Module | None = None
         #: class key -> (positive prompt, negative prompt), set by ``build``.
         self.prompts: dict[str, tuple[str, str]] = {}
 
-    def load_image_model(self) -> BioViLImageModel:
-        folder = require_files(self.checkpoint_dir, (IMAGE_FILE,), "BioViL")
-        model = BioViLImageModel()
-        load_checkpoint(model, Path(folder) / IMAGE_FILE, CheckpointLayout())
+    #: The image model's file, module and layout.
+    image_file: ClassVar[str] = IMAGE_FILE
+    image_module: ClassVar[type[nn.Module]] = BioViLImageModel
+    image_layout: ClassVar[CheckpointLayout] = CheckpointLayout()
+
+    def load_image_model(self) -> nn.Module:
+        folder = require_files(self.checkpoint_dir, (self.image_file,), type(self).__name__)
+        model = self.image_module()
+        load_checkpoint(model, Path(folder) / self.image_file, self.image_layout)
         return model.eval().requires_grad_(False)
 
     def load_text(self) -> tuple[BertTokenizer, CXRBertText]:
-        folder = require_files(self.checkpoint_dir, TEXT_FILES, "BioViL (CXR-BERT)")
+        folder = require_files(self.checkpoint_dir, TEXT_FILES, f"{type(self).__name__} (CXR-BERT)")
         config = BertConfig.from_json_file(str(folder / "config.json"))
         if not hasattr(config, "projection_size"):
-            raise ValueError(f"BioViL: {folder / 'config.json'} has no projection_size: not CXR-BERT's config")
+            raise ValueError(
+                f"{type(self).__name__}: {folder / 'config.json'} has no projection_size: not CXR-BERT's config"
+            )
         text = CXRBertText(config)
         load_checkpoint(text, folder / "pytorch_model.bin", TEXT_LAYOUT)
         return BertTokenizer.from_pretrained(str(folder), local_files_only=True), text.eval()
@@ -207,7 +253,8 @@ class BioViL(XBenchModel):
         self.register_buffer("neg_text", self.embed_text(tokenizer, text, list(negative)), persistent=False)
 
     def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
-        """Model input [B, 3, 480, 480] (:attr:`preprocess`) -> log-odds [B, C], maps [B, C, 15, 15]."""
+        """Model input [B, 3, 480, 480] (:attr:`preprocess`) -> log-odds [B, C], maps [B, C, 15, 15]
+        (BioViL-T: 448, 14x14)."""
         patches = self.image_model(model_input)
         with float32(patches):
             patches = patches.float()
@@ -215,3 +262,22 @@ class BioViL(XBenchModel):
             logits = image @ self.pos_text.T - image @ self.neg_text.T
             cosines = torch.einsum("bdhw,cd->bchw", F.normalize(patches, dim=1), self.pos_text)
             return logits, gaussian_smooth(cosines)
+
+
+class BioViLT(BioViL):
+    """BioViL-T (Bannur et al., CVPR 2023) on single images, from ``microsoft/BiomedVLP-BioViL-T``:
+    BioViL's recipe with BioViL-T's image model (:class:`BioViLTImageModel`) and CXR-BERT, and the
+    authors' 448 centre crop (14x14 maps). A prior study is not used: the benchmarks have none."""
+
+    name: ClassVar[str] = "biovil_t"
+
+    preprocess: ClassVar[Preprocess] = BioViLPreprocess(
+        size=448, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",
+        mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), map_upsample="nearest",
+    )
+    image_file: ClassVar[str] = BIOVIL_T_IMAGE_FILE
+    image_module: ClassVar[type[nn.Module]] = BioViLTImageModel
+    image_layout: ClassVar[CheckpointLayout] = CheckpointLayout(drops=VIT_POOLER_DROPS)
+
+    def __init__(self, checkpoint_dir: str = "checkpoints/biovil_t", **kwargs) -> None:
+        super().__init__(checkpoint_dir=checkpoint_dir, **kwargs)

@@ -353,24 +353,23 @@ LETTER_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnop
                 *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
 
 
-def write_biovil(folder: Path, seed: int = 0, text_layers: int = 1, hidden_size: int = 64) -> Path:
-    """``checkpoints/biovil/``: the image model file (ResNet-50 + projector, batch-norm statistics
-    drawn too) and CXR-BERT's ``config.json``, ``vocab.txt``, ``tokenizer_config.json`` and
-    ``pytorch_model.bin`` (BERT, masked-language-model head, projection head), with a small BERT
-    initialised wide (std 0.2) so that prompts embed apart."""
+def randomise_batch_norms(module: nn.Module) -> None:
+    """Draw batch-norm statistics and scales, so that a test sees them used (eval mode)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.BatchNorm2d):
+            layer.running_mean.normal_(0, 0.1)
+            layer.running_var.uniform_(0.5, 1.5)
+            layer.weight.data.uniform_(0.5, 1.5)
+
+
+def write_cxr_bert(folder: Path, text_layers: int = 1, hidden_size: int = 64) -> None:
+    """CXR-BERT's ``config.json``, ``vocab.txt``, ``tokenizer_config.json`` and ``pytorch_model.bin``
+    (BERT, masked-language-model head, projection head) with a small BERT initialised wide (std
+    0.2) so that prompts embed apart; drawn from the global generator."""
     from transformers import BertForMaskedLM
 
-    from xbench.models.biovil import IMAGE_FILE, BioViLImageModel, CXRBertProjectionHead
+    from xbench.models.biovil import CXRBertProjectionHead
 
-    folder.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    image = BioViLImageModel()
-    for module in image.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            module.running_mean.normal_(0, 0.1)
-            module.running_var.uniform_(0.5, 1.5)
-            module.weight.data.uniform_(0.5, 1.5)
-    torch.save(image.state_dict(), folder / IMAGE_FILE)
     config = BertConfig(
         vocab_size=len(LETTER_VOCAB), hidden_size=hidden_size, num_hidden_layers=text_layers, num_attention_heads=2,
         intermediate_size=2 * hidden_size, max_position_embeddings=512, initializer_range=0.2,
@@ -387,4 +386,38 @@ def write_biovil(folder: Path, seed: int = 0, text_layers: int = 1, hidden_size:
     (folder / "tokenizer_config.json").write_text(json.dumps(
         {"do_lower_case": True, "model_max_length": 512, "tokenizer_class": "CXRBertTokenizer"}
     ))
+
+
+def write_biovil(folder: Path, seed: int = 0) -> Path:
+    """``checkpoints/biovil/``: the image model file (ResNet-50 + projector, batch-norm statistics
+    drawn too) and CXR-BERT's files (:func:`write_cxr_bert`)."""
+    from xbench.models.biovil import IMAGE_FILE, BioViLImageModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    image = BioViLImageModel()
+    randomise_batch_norms(image)
+    torch.save(image.state_dict(), folder / IMAGE_FILE)
+    write_cxr_bert(folder)
+    return folder
+
+
+def write_biovil_t(folder: Path, seed: int = 0) -> Path:
+    """``checkpoints/biovil_t/``: BioViL-T's image model file (the single-image path drawn as a
+    module, the prior-image ViT pooler's tensors from the key manifest, std 0.02) and CXR-BERT's
+    files (:func:`write_cxr_bert`)."""
+    from xbench.models.biovil import BIOVIL_T_IMAGE_FILE, BioViLTImageModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    image = BioViLTImageModel()
+    randomise_batch_norms(image)
+    image.encoder.missing_previous_emb.data.normal_(0, 0.5)
+    state = image.state_dict()
+    shapes = json.loads((MANIFESTS / "biovil_t.keys.json").read_text())[BIOVIL_T_IMAGE_FILE]
+    for key, shape in shapes.items():
+        if key.startswith("encoder.vit_pooler."):
+            state[key] = torch.randn(shape) * 0.02
+    torch.save(state, folder / BIOVIL_T_IMAGE_FILE)
+    write_cxr_bert(folder)
     return folder
