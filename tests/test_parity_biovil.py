@@ -1,14 +1,15 @@
 """Golden parity: BioViL's and BioViL-T's whole paths in XBench equal their authors' code.
 
 ``tests/golden/biovil.npz`` (and ``biovil_t.npz``, BioViL-T on single images) holds what
-``tools/parity/biovil.py`` computed with the authors' own package (``microsoft/hi-ml``'s ``health_multimodal``: ``load_image``, their transform,
-``ImageModel``, ``CXRBertTokenizer``/``CXRBertModel``, the inference engines' score and smoothed
-similarity map) from the seeded random weights ``xbench.models.random_weights.write_biovil`` (or
-``write_biovil_t``) writes (the full ResNet-50 image model, a 1-layer CXR-BERT) and three real radiographs (a square NIH PNG,
-two non-square CheXlocalize JPEGs). Here XBench runs from the image file: decode, the model's
+``tools/parity/biovil.py`` computed with the authors' own package (``microsoft/hi-ml``'s
+``health_multimodal``: ``load_image``, their transform, ``ImageModel``,
+``CXRBertTokenizer``/``CXRBertModel``, the inference engines' score and smoothed similarity map)
+from the seeded random weights ``xbench.models.random_weights.write_biovil`` (or ``write_biovil_t``)
+writes (the full ResNet-50 image model, a 1-layer CXR-BERT) and three real radiographs (a square NIH
+PNG, two non-square CheXlocalize JPEGs). Here XBench runs from the image file: decode, the model's
 ``preprocess``, the networks, the score and the map. Measured when the golden files were made:
-BioViL logits within 1.2e-7 (of values up to 0.16), maps 1.2e-7; BioViL-T 9.7e-8 (values up to
-0.07) and 9.0e-8; windows exact; the bounds below leave room for another machine's float order only.
+BioViL logits within 1.2e-7 (of values up to 0.16), maps 1.2e-7; BioViL-T 9.7e-8 (values up to 0.07)
+and 9.0e-8; windows exact; the bounds below leave room for another machine's float order only.
 """
 
 from __future__ import annotations
