@@ -160,3 +160,25 @@ def test_biovil_t_published_image_layout_loads_and_drops_only_the_prior_image_po
     torch.save(state, tmp_path / BIOVIL_T_IMAGE_FILE)
     with pytest.raises(ValueError, match=rf"declared drop {key} .* failed its check"):
         BioViLT(checkpoint_dir=str(tmp_path)).load_image_model()
+
+
+@pytest.mark.parametrize("variant", ["biovil", "biovil_t"])
+def test_transform_runs_in_the_datamodule_workers(variant, tmp_path, monkeypatch):
+    """BioViL's and BioViL-T's transforms pickle into a DataLoader worker and give there what they
+    give when called directly."""
+    from xbench.data.io import read_image
+    from xbench.data.phantom import Phantom
+    from xbench.models.biovil import BioViLT
+
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    datamodule = Phantom(num_images=2, native_size=96, image_size=40, batch_size=2, num_workers=1)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    preprocess = (BioViL if variant == "biovil" else BioViLT).preprocess
+    datamodule.set_model_transform(preprocess)
+    (batch,) = list(datamodule.test_dataloader())
+    assert batch["model_input"].shape == (2, 3, preprocess.size, preprocess.size)
+    for row, index in enumerate(batch["index"].tolist()):
+        expected, window = preprocess(read_image(datamodule.samples[index].path), 40)
+        torch.testing.assert_close(batch["model_input"][row], expected, atol=0, rtol=0)
+        torch.testing.assert_close(batch["window"][row], window, atol=0, rtol=0)

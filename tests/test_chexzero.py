@@ -112,3 +112,25 @@ def test_input_statistics_are_the_authors_on_0_to_255():
     inputs, _ = CheXzero.preprocess(np.full((320, 320), 128 / 255, dtype=np.float32), frame=224)
     torch.testing.assert_close(inputs, torch.full((3, 224, 224), (128 - 101.48761) / 83.43944), atol=1e-5, rtol=0)
 
+
+
+def test_model_input_from_the_datamodule_workers(small_folder, small_arch, tmp_path, monkeypatch):
+    """The model's own transform runs in a DataLoader worker (it pickles) and its batches feed
+    ``forward``: logits [B, C] and 7x7 maps, as from the transform called directly."""
+    from xbench.data.io import read_image
+    from xbench.data.phantom import Phantom
+
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    datamodule = Phantom(num_images=3, native_size=96, image_size=40, batch_size=3, num_workers=1)
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    model = load(small_folder, small_arch, classes=datamodule.classes)
+    datamodule.set_model_transform(model.preprocess)
+    (batch,) = list(datamodule.test_dataloader())
+    with torch.no_grad():
+        logits, maps = model(batch["model_input"])
+    assert logits.shape == (3, len(datamodule.classes)) and maps.shape == (3, len(datamodule.classes), 7, 7)
+    for row, index in enumerate(batch["index"].tolist()):
+        expected, window = model.preprocess(read_image(datamodule.samples[index].path), 40)
+        torch.testing.assert_close(batch["model_input"][row], expected, atol=0, rtol=0)
+        torch.testing.assert_close(batch["window"][row], window, atol=0, rtol=0)
