@@ -33,8 +33,12 @@ CXR_MAE_STD = (0.2449, 0.2449, 0.2449)
 #: ``align_corners`` False or True (as ``F.interpolate``).
 MapUpsample = Literal["nearest", "bilinear", "bilinear_align_corners"]
 
-#: The filters as the authors' libraries name them; ``area`` is PIL's box filter and OpenCV's INTER_AREA.
-PIL_FILTERS = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX}
+#: The filters as the authors' libraries name them; ``area`` is PIL's box filter and OpenCV's INTER_AREA;
+#: ``lanczos`` (PIL only) is the filter of PIL's former ``Image.ANTIALIAS``.
+PIL_FILTERS = {
+    "nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC, "area": Image.BOX,
+    "lanczos": Image.LANCZOS,
+}
 CV2_FILTERS = {
     "nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA
 }
@@ -68,7 +72,7 @@ class Preprocess:
     size: int
     resize: Literal["squash", "shorter_side", "longer_side"] = "squash"
     resize_to: int | None = None
-    interpolation: Literal["nearest", "bilinear", "bicubic", "area"] = "bilinear"
+    interpolation: Literal["nearest", "bilinear", "bicubic", "area", "lanczos"] = "bilinear"
     library: Literal["pil", "cv2", "torch"] = "pil"
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD

@@ -29,6 +29,7 @@ from xbench.models.carzero import (
     expected_hyper_parameters,
     prompt_for,
 )
+from xbench.models.chexzero import CHECKPOINT_FILE as CHEXZERO_FILE
 from xbench.models.mavl import ASPECTS, MAVLNet
 from xbench.models.medklip import COVID_ENTITY, ENTITIES, MedKLIPNet
 
@@ -311,4 +312,112 @@ def write_carzero(folder: Path, classes: list[str]) -> Path:
         node[leaf] = value
     state = {f"CARZero.{key}": value for key, value in network.state_dict().items()}
     torch.save({"state_dict": state, "hyper_parameters": hyper_parameters}, folder / CHECKPOINT_FILE)
+    return folder
+
+
+# -- CheXzero ---------------------------------------------------------------------------------------
+
+
+#: CheXzero's ViT-B/32 with 2 vision blocks and 1 text block (the authors' ``build_model`` reads
+#: the depths from the file): what the parity tests run. Registered with open_clip by
+#: :func:`register_small_chexzero`.
+SMALL_CHEXZERO = "xbench-chexzero-small"
+SMALL_CHEXZERO_CONFIG = {
+    "embed_dim": 512,
+    "quick_gelu": True,
+    "vision_cfg": {"image_size": 224, "layers": 2, "width": 768, "patch_size": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": 1},
+}
+
+
+def register_small_chexzero(folder: Path) -> str:
+    """Register :data:`SMALL_CHEXZERO` with open_clip (its config written to ``folder``); its name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{SMALL_CHEXZERO}.json").write_text(json.dumps(SMALL_CHEXZERO_CONFIG))
+    open_clip.add_model_config(folder / f"{SMALL_CHEXZERO}.json")
+    return SMALL_CHEXZERO
+
+
+def write_chexzero(folder: Path, arch: str = "ViT-B-32-quickgelu", seed: int = 0) -> Path:
+    """``checkpoints/chexzero/``: the authors' ``torch.save(model.state_dict())`` of OpenAI's CLIP
+    class, whose keys are open_clip's ``CLIP``'s; under the default file name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(clip_state(arch, seed), folder / CHEXZERO_FILE)
+    return folder
+
+
+# -- BioViL -----------------------------------------------------------------------------------------
+
+#: WordPiece vocabulary of single letters, so every prompt tokenises to known, distinct pieces.
+LETTER_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz",
+                *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz")]
+
+
+def randomise_batch_norms(module: nn.Module) -> None:
+    """Draw batch-norm statistics and scales, so that a test sees them used (eval mode)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.BatchNorm2d):
+            layer.running_mean.normal_(0, 0.1)
+            layer.running_var.uniform_(0.5, 1.5)
+            layer.weight.data.uniform_(0.5, 1.5)
+
+
+def write_cxr_bert(folder: Path, text_layers: int = 1, hidden_size: int = 64) -> None:
+    """CXR-BERT's ``config.json``, ``vocab.txt``, ``tokenizer_config.json`` and ``pytorch_model.bin``
+    (BERT, masked-language-model head, projection head) with a small BERT initialised wide (std
+    0.2) so that prompts embed apart; drawn from the global generator."""
+    from transformers import BertForMaskedLM
+
+    from xbench.models.biovil import CXRBertProjectionHead
+
+    config = BertConfig(
+        vocab_size=len(LETTER_VOCAB), hidden_size=hidden_size, num_hidden_layers=text_layers, num_attention_heads=2,
+        intermediate_size=2 * hidden_size, max_position_embeddings=512, initializer_range=0.2,
+    )
+    state = BertForMaskedLM(config).state_dict()
+    head = CXRBertProjectionHead(hidden_size, 128).state_dict()
+    state.update({f"cls_projection_head.{key}": value for key, value in head.items()})
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps(
+        {**config.to_dict(), "model_type": "cxr-bert", "architectures": ["CXRBertModel"], "projection_size": 128},
+        indent=2,
+    ))
+    (folder / "vocab.txt").write_text("\n".join(LETTER_VOCAB) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"do_lower_case": True, "model_max_length": 512, "tokenizer_class": "CXRBertTokenizer"}
+    ))
+
+
+def write_biovil(folder: Path, seed: int = 0) -> Path:
+    """``checkpoints/biovil/``: the image model file (ResNet-50 + projector, batch-norm statistics
+    drawn too) and CXR-BERT's files (:func:`write_cxr_bert`)."""
+    from xbench.models.biovil import IMAGE_FILE, BioViLImageModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    image = BioViLImageModel()
+    randomise_batch_norms(image)
+    torch.save(image.state_dict(), folder / IMAGE_FILE)
+    write_cxr_bert(folder)
+    return folder
+
+
+def write_biovil_t(folder: Path, seed: int = 0) -> Path:
+    """``checkpoints/biovil_t/``: BioViL-T's image model file (the single-image path drawn as a
+    module, the prior-image ViT pooler's tensors from the key manifest, std 0.02) and CXR-BERT's
+    files (:func:`write_cxr_bert`)."""
+    from xbench.models.biovil import BIOVIL_T_IMAGE_FILE, BioViLTImageModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    image = BioViLTImageModel()
+    randomise_batch_norms(image)
+    image.encoder.missing_previous_emb.data.normal_(0, 0.5)
+    state = image.state_dict()
+    shapes = json.loads((MANIFESTS / "biovil_t.keys.json").read_text())[BIOVIL_T_IMAGE_FILE]
+    for key, shape in shapes.items():
+        if key.startswith("encoder.vit_pooler."):
+            state[key] = torch.randn(shape) * 0.02
+    torch.save(state, folder / BIOVIL_T_IMAGE_FILE)
+    write_cxr_bert(folder)
     return folder
