@@ -147,3 +147,23 @@ def test_gradcam_keeps_the_authors_score(small_folder, small_arch):
     logits, maps = gradcam.eval()(inputs)
     torch.testing.assert_close(logits, expected, atol=1e-6, rtol=0)
     assert maps.shape == (2, len(CLASSES), 7, 7) and torch.isfinite(maps).all()
+
+
+@pytest.mark.parametrize("data", ["phantom", "chestx_det10"])
+def test_cli_end_to_end(data, small_folder, small_arch, phantom_root, tmp_path, no_network):
+    """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on a
+    ChestX-Det10 fixture of non-square images: every image evaluated, metrics in range."""
+    from conftest import run_args, write_chestx_det10
+    from xbench.test import main
+
+    root = phantom_root
+    if data == "chestx_det10":
+        entries = [{"file_name": f"{i}.png", "syms": ["Mass"], "boxes": [[8, 4, 40, 30]]} for i in range(3)]
+        entries.append({"file_name": "3.png", "syms": [], "boxes": []})
+        root = write_chestx_det10(tmp_path / "det10", entries, size=72)
+    results = main(run_args("chexzero", data, root, tmp_path / "results", "--model.checkpoint_dir", str(small_folder),
+                            "--model.arch", small_arch, "--data.batch_size", "4"))
+    assert results["model"] == "chexzero" and results["data"]["images_evaluated"] == (9 if data == "phantom" else 4)
+    graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
+    assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
+    assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())

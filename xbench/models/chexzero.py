@@ -35,7 +35,6 @@ from xbench.models.checkpoints import first_present, load_checkpoint
 from xbench.models.clip import CLIP, Saliency
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
-from xbench.models.saliency import patch_text_similarity
 
 #: The single model XBench runs by default, one of the ten the authors publish (checkpoints/README.md).
 CHECKPOINT_FILE = "best_64_5e-05_original_22000_0.864.pt"
@@ -109,10 +108,3 @@ class CheXzero(CLIP):
         image = F.normalize(image_embedding.float(), dim=-1)
         with float32(image):
             return image @ self.pos_text.T - image @ self.neg_text.T
-
-    def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
-        """Model input [B, 3, 224, 224] (:attr:`preprocess`) -> log-odds [B, C], maps [B, C, 7, 7]."""
-        if self.saliency == "gradcam":
-            return self.gradcam(model_input)
-        image_embedding, patches = self.embed_image(model_input)
-        return self.pair_logits(image_embedding), patch_text_similarity(patches.float(), self.pos_text, self.grid)
