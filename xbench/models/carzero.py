@@ -31,6 +31,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from xbench.findings import FINDINGS, display_name
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, omegaconf_values
+from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
 
@@ -237,31 +238,8 @@ class ImageEncoder(nn.Module):
         return tokens[:, 0], tokens[:, 1:]
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm cross-attention then feed-forward. ``self_attn`` and ``norm1`` are in the authors'
-    file but never used (their self-attention is switched off)."""
-
-    def __init__(self, width: int, heads: int, ffn: int) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(width, heads, dropout=0.1)
-        self.multihead_attn = nn.MultiheadAttention(width, heads, dropout=0.1)
-        self.linear1 = nn.Linear(width, ffn)
-        self.linear2 = nn.Linear(ffn, width)
-        self.norm1 = nn.LayerNorm(width)
-        self.norm2 = nn.LayerNorm(width)
-        self.norm3 = nn.LayerNorm(width)
-        self.dropout = nn.Dropout(0.1)
-
-    def forward(self, queries: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Queries [Q, N, D] attend to memory [M, N, D] -> queries, head-averaged attention [N, Q, M]."""
-        attended, attention = self.multihead_attn(self.norm2(queries), memory, memory, need_weights=True)
-        queries = queries + self.dropout(attended)
-        queries = queries + self.dropout(self.linear2(self.dropout(F.relu(self.linear1(self.norm3(queries))))))
-        return queries, attention
-
-
 class Decoder(nn.Module):
-    def __init__(self, layers: list[DecoderLayer], norm: nn.LayerNorm) -> None:
+    def __init__(self, layers: list[PreNormQueryLayer], norm: nn.LayerNorm) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.norm = norm
@@ -281,7 +259,8 @@ class FusionModule(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self.decoder_norm = nn.LayerNorm(width)
         layers = [
-            DecoderLayer(width, architecture.fusion_heads, architecture.fusion_ffn)
+            # the authors' self-attention is off; its weights and norm1 are in their file all the same
+            PreNormQueryLayer(width, architecture.fusion_heads, architecture.fusion_ffn, self_attention=False)
             for _ in range(architecture.fusion_layers)
         ]
         self.decoder = Decoder(layers, self.decoder_norm)

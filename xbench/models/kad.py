@@ -32,6 +32,7 @@ from torchvision.models import resnet50
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
+from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.gpu import ChannelsLast
 from xbench.models.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer
@@ -193,34 +194,6 @@ class MedKEBERT(nn.Module):
         return self.mlp_embed(pooled)
 
 
-class DecoderLayer(nn.Module):
-    """One pre-norm layer of KAD's decoder: self-attention over the queries, cross-attention to
-    the image tokens, feed-forward; each behind its own LayerNorm and a residual."""
-
-    def __init__(self, heads: int = 4, feedforward: int = 1024, dropout: float = 0.1) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(EMBED_DIM, heads, dropout=dropout)
-        self.multihead_attn = nn.MultiheadAttention(EMBED_DIM, heads, dropout=dropout)
-        self.linear1 = nn.Linear(EMBED_DIM, feedforward)
-        self.dropout = nn.Dropout(dropout)
-        self.linear2 = nn.Linear(feedforward, EMBED_DIM)
-        self.norm1 = nn.LayerNorm(EMBED_DIM)
-        self.norm2 = nn.LayerNorm(EMBED_DIM)
-        self.norm3 = nn.LayerNorm(EMBED_DIM)
-        self.dropout1 = nn.Dropout(dropout)
-        self.dropout2 = nn.Dropout(dropout)
-        self.dropout3 = nn.Dropout(dropout)
-
-    def forward(self, queries: Tensor, image: Tensor, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        """queries [Q, B, D], image [N, B, D] -> queries, and the head-averaged cross-attention [B, Q, N]."""
-        x = self.norm1(queries)
-        queries = queries + self.dropout1(self.self_attn(x, x, x, need_weights=False)[0])
-        attended, attention = self.multihead_attn(self.norm2(queries), image, image, need_weights=need_weights)
-        queries = queries + self.dropout2(attended)
-        x = self.linear2(self.dropout(F.relu(self.linear1(self.norm3(queries)))))
-        return queries + self.dropout3(x), attention
-
-
 class QueryDecoder(nn.Module):
     """KAD's fusion module (``TQN_Model``): 4 pre-norm layers, 4 heads, no positional encodings.
 
@@ -233,7 +206,8 @@ class QueryDecoder(nn.Module):
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
         self.decoder_norm = nn.LayerNorm(EMBED_DIM)
         self.decoder = nn.ModuleDict(
-            {"layers": nn.ModuleList(DecoderLayer() for _ in range(num_layers)), "norm": self.decoder_norm}
+            {"layers": nn.ModuleList(PreNormQueryLayer(EMBED_DIM, 4, 1024) for _ in range(num_layers)),
+             "norm": self.decoder_norm}
         )
         self.dropout_feas = nn.Dropout(0.1)
         self.mlp_head = nn.Sequential(nn.Linear(EMBED_DIM, 2))

@@ -24,6 +24,7 @@ import torchvision
 from torch import Tensor, nn
 
 from xbench.models.base import XBenchModel
+from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
 from xbench.models.gpu import ChannelsLast
 from xbench.models.preprocess import MapUpsample, Preprocess
@@ -135,46 +136,22 @@ def read_descriptions(path: Path, book: list[str]) -> list[str]:
     return texts
 
 
-class QueryDecoderLayer(nn.Module):
-    """A pre-norm DETR decoder layer: query self-attention, cross-attention to the image tokens, FFN.
-
-    Returns the queries and the cross-attention probabilities averaged over heads [B, Q, T].
-    """
-
-    def __init__(self, width: int = 256, heads: int = 4, hidden: int = 1024) -> None:
-        super().__init__()
-        self.self_attn = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.multihead_attn = nn.MultiheadAttention(width, heads, batch_first=True)
-        self.linear1 = nn.Linear(width, hidden)
-        self.linear2 = nn.Linear(hidden, width)
-        self.norm1 = nn.LayerNorm(width)
-        self.norm2 = nn.LayerNorm(width)
-        self.norm3 = nn.LayerNorm(width)
-
-    def forward(self, queries: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
-        x = self.norm1(queries)
-        queries = queries + self.self_attn(x, x, x, need_weights=False)[0]
-        attended, attention = self.multihead_attn(self.norm2(queries), memory, memory, need_weights=True)
-        queries = queries + attended
-        queries = queries + self.linear2(F.relu(self.linear1(self.norm3(queries))))
-        return queries, attention
-
-
 class QueryDecoder(nn.Module):
-    """Four :class:`QueryDecoderLayer` and a final LayerNorm; returns the queries and the
-    per-layer cross-attention stacked [L, B, Q, T]."""
+    """Four :class:`~xbench.models.decoder.PreNormQueryLayer` and a final LayerNorm, batch-first:
+    queries [B, Q, D] over memory [B, T, D] -> queries and the per-layer cross-attention [L, B, Q, T]."""
 
     def __init__(self, width: int = 256, heads: int = 4, hidden: int = 1024, depth: int = 4) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(QueryDecoderLayer(width, heads, hidden) for _ in range(depth))
+        self.layers = nn.ModuleList(PreNormQueryLayer(width, heads, hidden) for _ in range(depth))
         self.norm = nn.LayerNorm(width)
 
     def forward(self, queries: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        queries, memory = queries.transpose(0, 1), memory.transpose(0, 1)
         attentions = []
         for layer in self.layers:
             queries, attention = layer(queries, memory)
             attentions.append(attention)
-        return self.norm(queries), torch.stack(attentions)
+        return self.norm(queries).transpose(0, 1), torch.stack(attentions)
 
 
 def resnet50_trunk() -> nn.Sequential:
