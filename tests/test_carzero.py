@@ -610,3 +610,15 @@ def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_pa
                 for c, key in enumerate(data.classes):
                     row = pairs[(pairs["image_index"] == index) & (pairs["class"] == key)]
                     assert float(row["logit"].iloc[0]) == pytest.approx(float(logits[i, c]), abs=1e-5)
+
+
+def test_checkpoint_is_read_once_for_every_class_set(checkpoint_folder, tiny, monkeypatch):
+    """A second class set (a suite's next dataset) re-encodes the prompts, never re-reads the file."""
+    import xbench.models.carzero as carzero_module
+
+    reads = []
+    real = carzero_module.load_checkpoint
+    monkeypatch.setattr(carzero_module, "load_checkpoint", lambda *a, **k: reads.append(1) or real(*a, **k))
+    model = built(checkpoint_folder, ("nodule", "mass"))
+    model.build(["consolidation"])
+    assert len(reads) == 1 and model.sentences.shape[0] == 1

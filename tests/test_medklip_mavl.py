@@ -455,3 +455,18 @@ def test_channels_last_leaves_the_outputs_unchanged(medklip_model):
         outputs = model(images())
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["medklip_model", "mavl_model"])
+def test_checkpoint_is_read_once_for_every_class_set(model, request, monkeypatch):
+    """A second class set picks other rows of the same book; the network is not loaded again."""
+    import xbench.models.medklip as medklip_module
+
+    built = request.getfixturevalue(model)
+    monkeypatch.setattr(medklip_module, "load_checkpoint", lambda *a, **k: pytest.fail("the checkpoint was read again"))
+    net = built.net
+    try:
+        built.build(["nodule"])
+        assert built.net is net and built.entity_index.shape[0] == 1
+    finally:
+        built.build(CLASSES)

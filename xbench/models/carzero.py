@@ -368,6 +368,16 @@ class CARZero(XBenchModel):
         self.prompts: list[str] = []
 
     def build(self, classes: list[str]) -> None:
+        if self.network is None:
+            self.load_weights()
+        text_folder = Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER
+        self.prompts = [prompt_for(key) for key in classes]
+        words, sentences = self.encode_prompts(load_tokenizer(text_folder, "CARZero's BioClinicalMPBERT"), self.prompts)
+        self.register_buffer("words", words, persistent=False)
+        self.register_buffer("sentences", sentences, persistent=False)
+
+    def load_weights(self) -> None:
+        """The three towers from the checkpoint, strictly: once per model, whatever the class sets."""
         folder = Path(self.checkpoint_dir).expanduser()
         file = require_files(folder, (CHECKPOINT_FILE,), "CARZero") / CHECKPOINT_FILE
         text_folder = require_files(folder / TEXT_FOLDER, ("vocab.txt", "config.json"), "CARZero's BioClinicalMPBERT")
@@ -382,10 +392,6 @@ class CARZero(XBenchModel):
         loaded = load_checkpoint(network, file, CHECKPOINT_LAYOUT)
         read_hyper_parameters(loaded, file, self.architecture)
         self.network = network.eval()
-        self.prompts = [prompt_for(key) for key in classes]
-        words, sentences = self.encode_prompts(load_tokenizer(text_folder, "CARZero's BioClinicalMPBERT"), self.prompts)
-        self.register_buffer("words", words, persistent=False)
-        self.register_buffer("sentences", sentences, persistent=False)
 
     @torch.no_grad()
     def encode_prompts(self, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:

@@ -273,6 +273,11 @@ class MedKLIP(ChannelsLast, XBenchModel):
                                            for rows, pad in zip(class_entities, padding)], device=device)
         texts = self.query_texts(book)
         self.query_text = bert_cls_embeddings(self.bert_dir, texts, f"Bio_ClinicalBERT for {what}").to(self.query_text.device)
+        if self.net is None:
+            self.load_weights()
+
+    def load_weights(self) -> None:
+        """The network from the checkpoint, strictly: once per model, whatever the class sets."""
         net = self.make_network()
         load_checkpoint(net, self.checkpoint_dir / self.checkpoint_file, self.checkpoint_layout)
         self.net = net.to(self.query_text.device).train(self.training)
