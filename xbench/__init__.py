@@ -7,5 +7,7 @@ from importlib.metadata import version
 # huggingface_hub and transformers read these when first imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# albumentations asks the network for a newer release on import unless this is set.
+os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 
 __version__ = version("xbench")
