@@ -267,8 +267,25 @@ class XBenchDataModule(L.LightningDataModule):
             samples = self.index()
             if not samples:
                 raise ValueError(f"{type(self).__name__}: no samples found under {self.root}")
+            self.refuse_repeated_images(samples)
             self._samples = samples
         return self._samples
+
+    def refuse_repeated_images(self, samples: list[Sample]) -> None:
+        """Every image once: an image listed twice would be evaluated, and counted, twice. Formats
+        that list an image on several rows (RSNA's boxes, VinDr's readers) merge them in ``index``."""
+        rows: dict[str, list[int]] = {}
+        for row, sample in enumerate(samples):
+            rows.setdefault(sample.image_id, []).append(row)
+        repeated = {image_id: found for image_id, found in rows.items() if len(found) > 1}
+        if repeated:
+            shown = "; ".join(f"{image_id} ({samples[found[0]].path.name}) at entries {', '.join(map(str, found))}"
+                              for image_id, found in list(repeated.items())[:5])
+            raise ValueError(
+                f"{type(self).__name__}: {len(repeated)} image(s) are listed more than once in the annotation "
+                f"files under {self.root} (entries counted from 0 in the split's order): {shown}. Keep one "
+                "entry per image in the annotation file."
+            )
 
     def decoding_dataset(self) -> XBenchDataset:
         return XBenchDataset(

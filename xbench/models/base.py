@@ -145,18 +145,8 @@ class XBenchModel(L.LightningModule):
             self.region_counts = RegionCounts(len(classes))
             self.build(classes)
         datamodule.set_model_transform(self.preprocess)
-        self.overlays = OverlayRecords(self._overlay_choice(datamodule), datamodule.image_size)
-
-    def _overlay_choice(self, datamodule) -> dict[str, list[int]]:
-        ids = datamodule.image_ids()
-        if len(set(ids)) != len(ids):
-            warnings.warn(
-                f"{type(datamodule).__name__}: image ids repeat within the split, so overlay pairs cannot be "
-                "identified by id; no overlays are saved for this run",
-                stacklevel=2,
-            )
-            return {}
-        return choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
+        choice = choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
+        self.overlays = OverlayRecords(choice, datamodule.image_size)
 
     def on_test_epoch_start(self) -> None:
         for metric in (self.grounding, self.classification, self.region_counts, self.overlays):
