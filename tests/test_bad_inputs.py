@@ -32,3 +32,81 @@ def test_several_rows_of_one_image_still_merge(tmp_path):
     root = det10_root(tmp_path, [two_boxes, {"file_name": "b.png", "syms": [], "boxes": []}])
     results = main(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"))
     assert results["data"]["images_evaluated"] == 2
+
+
+def run_cli(args, capsys) -> tuple[int, str]:
+    """``xbench-test`` in-process: its exit status and what it printed on stderr."""
+    from xbench.cli import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: main(args), "xbench-test")
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "value", "status", "message"), [
+    ("--data.image_size", "0", 1, "--data.image_size must be a positive number of pixels; got 0"),
+    ("--data.image_size", "-5", 1, "--data.image_size must be a positive number of pixels; got -5"),
+    ("--data.batch_size", "0", 1, "--data.batch_size must be positive; got 0"),
+    ("--data.num_workers", "-1", 1, "--data.num_workers must be 0 (load in the main process) or more; got -1"),
+    ("--data.mask_threshold", "0", 1, "--data.mask_threshold must be in (0, 1]; got 0"),
+    ("--model.overlay_pairs", "-1", 1, "--model.overlay_pairs must be 0 or more; got -1"),
+    ("--data.classes", "[nodule,bronchiectasis]", 1, "class 'bronchiectasis' is not a finding key"),
+    # usage errors (a value of the wrong type, an unknown option): exit 2
+    ("--model.upsample", "cubic", 2, "option 'upsample': Expected a typing.Literal['nearest', 'bilinear', "),
+    ("--data.image_size", "abc", 2, "option 'image_size': Expected a <class 'int'>"),
+    ("--data.nonsense", "3", 2, "Option 'nonsense' is not accepted"),
+])
+def test_a_bad_option_names_itself_in_one_line(phantom_root, tmp_path, capsys, option, value, status, message):
+    """Issue 23.5/23.6: one message per option, no traceback and no jsonargparse dump."""
+    code, err = run_cli(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results", option, value),
+                        capsys)
+    assert code == status and message in err, err
+    assert "Traceback" not in err and "NoneType" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda root: None, "not found at"),
+    (lambda root: ((root / "test_data").mkdir(parents=True), (root / "test.json").write_text("")), "test.json"),
+    (lambda root: ((root / "test_data").mkdir(parents=True),
+                   (root / "test.json").write_text('[{"file_name": "a.png", "syms"')), "test.json"),
+])
+def test_a_missing_or_broken_annotation_file_is_named(tmp_path, capsys, make, message):
+    root = tmp_path / "det10"
+    make(root)
+    status, err = run_cli(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
+    assert status == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists()
+
+
+def test_debug_shows_the_traceback(phantom_root, tmp_path, monkeypatch):
+    monkeypatch.setenv("XBENCH_DEBUG", "1")
+    from xbench.cli import run
+
+    with pytest.raises(ValueError, match="image_size"):
+        run(lambda: main(run_args("centre_prior", "phantom", phantom_root, tmp_path, "--data.image_size", "0")),
+            "xbench-test")
+
+
+@pytest.mark.parametrize(("boxes", "message"), [
+    ("abc", "syms and boxes must be lists; got list and str"),
+    ([[4, 4, "x", 20]], "is not [x1, y1, x2, y2]"),
+])
+def test_boxes_that_are_not_lists_of_numbers_are_refused(tmp_path, capsys, boxes, message):
+    root = det10_root(tmp_path, [{"file_name": "a.png", "syms": ["Mass"], "boxes": [[4, 4, 20, 20]]}])
+    (root / "test.json").write_text(json.dumps([{"file_name": "a.png", "syms": ["Mass"], "boxes": boxes}]))
+    status, err = run_cli(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
+    assert status == 1 and message in err and "test.json, entry 0" in err, err
+
+
+def test_an_empty_metrics_json_is_named_by_the_report(tmp_path, capsys):
+    from xbench.cli import run
+    from xbench.report import main as report_main
+
+    folder = tmp_path / "results" / "clip__phantom__1"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: report_main([str(tmp_path / "results"), "--out", str(tmp_path / "report")]), "xbench-report")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "metrics.json is empty" in err and "Traceback" not in err, err

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from xbench.cli import run
 from xbench.analysis.pipeline import Analysis, analyze
 from xbench.analysis.settings import add_arguments, from_arguments
 from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
@@ -61,9 +62,8 @@ def main(args: list[str] | None = None) -> Path:
 
 
 def cli() -> None:
-    """The command line, ``xbench-analyze`` or ``python -m xbench.analyze``. Not ``main``: it returns
-    the output folder, which a console script's ``sys.exit`` would take for an error."""
-    main()
+    """The command line, ``xbench-analyze`` or ``python -m xbench.analyze``: a failure is a message and exit 1."""
+    run(main, "xbench-analyze")
 
 
 if __name__ == "__main__":

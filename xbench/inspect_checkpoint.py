@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
+from xbench.cli import run
 from xbench.models.checkpoints import manifest, safe_load
 
 
@@ -113,5 +114,10 @@ def main(args: list[str] | None = None) -> None:
         print(f"manifest written to {options.json}")
 
 
+def cli() -> None:
+    """The command line, ``xbench-inspect-checkpoint`` or ``python -m xbench.inspect_checkpoint``."""
+    run(main, "xbench-inspect-checkpoint")
+
+
 if __name__ == "__main__":
-    main()
+    cli()

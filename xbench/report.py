@@ -26,6 +26,7 @@ import argparse
 from datetime import datetime, timezone
 from pathlib import Path
 
+from xbench.cli import run
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import DPI, paper_figures, robustness
@@ -138,9 +139,8 @@ def main(args: list[str] | None = None) -> list[Path]:
 
 
 def cli() -> None:
-    """The command line, ``xbench-report`` or ``python -m xbench.report``. Not ``main``: it returns
-    the files written, which a console script's ``sys.exit`` would take for an error."""
-    main()
+    """The command line, ``xbench-report`` or ``python -m xbench.report``: a failure is a message and exit 1."""
+    run(main, "xbench-report")
 
 
 if __name__ == "__main__":

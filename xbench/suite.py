@@ -43,6 +43,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from xbench.cli import run
 from xbench.reporting.folder import find_result_folders, read_results
 
 SUITE_KEYS = {"results_dir", "settings", "models", "datasets"}
@@ -332,5 +333,10 @@ def main(args: list[str] | None = None) -> int:
     return 1 if any(status == "[red]failed" for _, status, _ in outcomes) else 0
 
 
+def cli() -> None:
+    """The command line, ``xbench-suite`` or ``python -m xbench.suite``: exit 1 if a pair failed."""
+    run(main, "xbench-suite")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -16,6 +16,7 @@ from lightning.pytorch.cli import LightningCLI
 from rich.console import Console
 from rich.table import Table
 
+from xbench.cli import run
 from xbench.catalog import load_all
 from xbench.data.base import XBenchDataModule
 from xbench.models.base import XBenchModel
@@ -67,7 +68,8 @@ def main(args: list[str] | None = None) -> dict | None:
         save_config_callback=None,
         seed_everything_default=0,
         auto_configure_optimizers=False,
-        parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "description": __doc__},
+        # a wrong value raises (xbench.cli turns it into one line) instead of printing jsonargparse's dump
+        parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "description": __doc__, "exit_on_error": False},
     )
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
     cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
@@ -79,9 +81,8 @@ def main(args: list[str] | None = None) -> dict | None:
 
 
 def cli() -> None:
-    """The command line, ``xbench-test`` or ``python -m xbench.test``. Not ``main``: it returns
-    the results payload, which a console script's ``sys.exit`` would take for an error."""
-    main()
+    """The command line, ``xbench-test`` or ``python -m xbench.test``: a failure is a message and exit 1."""
+    run(main, "xbench-test")
 
 
 if __name__ == "__main__":

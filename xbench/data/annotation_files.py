@@ -1,4 +1,5 @@
-"""Reading the CSV annotation and split files that datasets ship, with errors that name the line.
+"""Reading the CSV and JSON files that datasets ship (and results folders hold), with errors that
+name the file and the line.
 
 Files are read as downloaded: a UTF-8 byte-order mark is tolerated, header names and values are
 compared with surrounding spaces stripped (SIIM's header is ``ImageId, EncodedPixels``, with a
@@ -8,8 +9,19 @@ space, and its values carry a leading space in some copies but not in others).
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+
+def read_json(path: Path):
+    """The JSON in ``path``; an empty or truncated file is an error naming it and the place."""
+    try:
+        with open(path, encoding="utf-8-sig") as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        state = "is empty" if not Path(path).stat().st_size else f"is not valid JSON ({error})"
+        raise ValueError(f"{path} {state}: was it truncated? Download or write it again.") from None
 
 
 def read_csv_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:

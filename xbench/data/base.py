@@ -210,12 +210,15 @@ class XBenchDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if not 0 < mask_threshold <= 1:
-            raise ValueError(f"mask_threshold must be in (0, 1]; got {mask_threshold}")
-        if image_size < 1 or batch_size < 1 or num_workers < 0:
-            raise ValueError("image_size and batch_size must be positive and num_workers non-negative")
-        if cache_shorter_side < 1:
-            raise ValueError(f"cache_shorter_side must be positive; got {cache_shorter_side}")
+        for option, value, valid, rule in (
+            ("mask_threshold", mask_threshold, 0 < mask_threshold <= 1, "in (0, 1]"),
+            ("image_size", image_size, image_size >= 1, "a positive number of pixels"),
+            ("batch_size", batch_size, batch_size >= 1, "positive"),
+            ("num_workers", num_workers, num_workers >= 0, "0 (load in the main process) or more"),
+            ("cache_shorter_side", cache_shorter_side, cache_shorter_side >= 1, "a positive number of pixels"),
+        ):
+            if not valid:
+                raise ValueError(f"--data.{option} must be {rule}; got {value}")
         self.root = Path(root).expanduser()
         self.classes = check_classes(
             classes if classes is not None else self.default_classes(), allowed=self.supported_classes()

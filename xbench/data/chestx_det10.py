@@ -7,11 +7,11 @@ image. A class's mask is the union of its boxes (filled half-open, as the refere
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from typing import Literal
 
+from xbench.data.annotation_files import read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import finding_key
@@ -29,8 +29,7 @@ class ChestXDet10(XBenchDataModule):
     def index(self) -> list[Sample]:
         annotations = self.require(self.root / f"{self.split}.json", f"the annotation file {self.split}.json")
         image_dir = self.require(self.root / f"{self.split}_data", f"the image folder {self.split}_data/")
-        with open(annotations) as handle:
-            entries = json.load(handle)
+        entries = read_json(annotations)
         if not isinstance(entries, list):
             raise ValueError(f"{annotations}: expected a JSON list of images, got {type(entries).__name__}")
         present = set(os.listdir(image_dir))
@@ -42,6 +41,9 @@ class ChestXDet10(XBenchDataModule):
                 file_name, syms, boxes = entry["file_name"], entry["syms"], entry["boxes"]
             except (KeyError, TypeError) as error:
                 raise ValueError(f"{where}: expected keys file_name, syms, boxes ({error!r})") from None
+            if not isinstance(syms, list) or not isinstance(boxes, list):
+                raise ValueError(f"{where}: syms and boxes must be lists; got {type(syms).__name__} and "
+                                 f"{type(boxes).__name__}")
             if len(syms) != len(boxes):
                 raise ValueError(f"{where}: {len(syms)} syms but {len(boxes)} boxes")
             if file_name not in present:
@@ -52,7 +54,8 @@ class ChestXDet10(XBenchDataModule):
             by_class: dict[str, list] = defaultdict(list)
             for sym, box in zip(syms, boxes):
                 key = finding_key(spelling_set, sym, source=where)
-                if len(box) != 4 or not (box[2] > box[0] and box[3] > box[1]):
+                if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, (int, float)) for v in box) \
+                        or not (box[2] > box[0] and box[3] > box[1]):
                     raise ValueError(f"{where}: box {box} for {sym!r} is not [x1, y1, x2, y2] with x2 > x1, y2 > y1")
                 by_class[key].append(tuple(float(v) for v in box))
             samples.append(

@@ -17,11 +17,11 @@ JSON, or an all-zero RLE, has no region for that class. RLEs stay encoded until 
 from __future__ import annotations
 
 import csv
-import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from xbench.data.annotation_files import read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key
@@ -103,8 +103,7 @@ class CheXlocalize(XBenchDataModule):
 
     def _read_segmentations(self, masks_json: Path) -> dict[str, dict[str, CocoRLE]]:
         """``cxr_id -> {key -> RLE}`` for the non-empty masks (area read from the runs, not drawn)."""
-        with open(masks_json) as handle:
-            entries = json.load(handle)
+        entries = read_json(masks_json)
         if not isinstance(entries, dict):
             raise ValueError(f"{masks_json}: expected a JSON object cxr_id -> {{pathology -> RLE}}")
         regions: dict[str, dict[str, CocoRLE]] = {}

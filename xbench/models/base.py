@@ -81,12 +81,12 @@ class XBenchModel(L.LightningModule):
     ) -> None:
         super().__init__()
         if overlay_pairs < 0:
-            raise ValueError(f"overlay_pairs must be >= 0; got {overlay_pairs}")
+            raise ValueError(f"--model.overlay_pairs must be 0 or more; got {overlay_pairs}")
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
         self.save_hyperparameters(logger=False)
         if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
-            raise ValueError(f"upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
+            raise ValueError(f"--model.upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
         self.upsample_mode = upsample
         self.results_dir = results_dir
         self.overlay_pairs = overlay_pairs

@@ -7,13 +7,14 @@ start quickly.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from xbench.data.annotation_files import read_json
 
 SCHEMA = "xbench.results/1"
 METRICS = "metrics.json"
@@ -45,7 +46,7 @@ def find_result_folders(paths: list[Path]) -> list[Path]:
 def read_results(folder: Path) -> dict:
     """The ``metrics.json`` payload of a results folder, checked for its schema."""
     path = Path(folder) / METRICS
-    payload = json.loads(path.read_text())
+    payload = read_json(path)
     if payload.get("schema") != SCHEMA:
         raise ValueError(
             f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
