@@ -110,3 +110,26 @@ def test_an_empty_metrics_json_is_named_by_the_report(tmp_path, capsys):
         run(lambda: report_main([str(tmp_path / "results"), "--out", str(tmp_path / "report")]), "xbench-report")
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and "metrics.json is empty" in err and "Traceback" not in err, err
+
+
+def test_an_unwritable_results_dir_fails_before_the_run(phantom_root, tmp_path, capsys):
+    """Issue 23.8: '/etc/passwd/results' failed after the whole run, and the results were lost."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    status, err = run_cli(run_args("centre_prior", "phantom", phantom_root, blocker / "results"), capsys)
+    assert status == 1 and f"--model.results_dir {blocker / 'results'} is not a folder XBench can write in" in err
+    assert "Images evaluated" not in capsys.readouterr().out
+
+
+def test_runs_finishing_in_the_same_second_get_their_own_folders(tmp_path):
+    from xbench.reporting.results import claim_folder
+
+    folders = []
+    for n in range(3):
+        staging = tmp_path / f".staging{n}"
+        staging.mkdir()
+        (staging / "metrics.json").write_text(str(n))
+        folders.append(claim_folder(staging, tmp_path, "clip__phantom__20261123-120000"))
+    assert [f.name for f in folders] == ["clip__phantom__20261123-120000", "clip__phantom__20261123-120000-1",
+                                         "clip__phantom__20261123-120000-2"]
+    assert [(f / "metrics.json").read_text() for f in folders] == ["0", "1", "2"]

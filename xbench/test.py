@@ -21,7 +21,7 @@ from xbench.catalog import load_all
 from xbench.data.base import XBenchDataModule
 from xbench.models.base import XBenchModel
 from xbench.reporting.results import summary_footnotes, summary_tables
-from xbench.reporting.wandb import finish_runs
+from xbench.reporting.wandb import abandon_runs, finish_runs
 
 #: Trainer settings the harness depends on for correct numbers (not preferences).
 TRAINER_INVARIANTS = {
@@ -72,7 +72,11 @@ def main(args: list[str] | None = None) -> dict | None:
         parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "description": __doc__, "exit_on_error": False},
     )
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
-    cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    try:
+        cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    except BaseException:
+        abandon_runs(cli.trainer.loggers)
+        raise
     if cli.trainer.is_global_zero:
         offline_runs = finish_runs(cli.trainer.loggers)
         if cli.model.results is not None:

@@ -33,7 +33,7 @@ from xbench.metrics.common import MetricValues
 from xbench.models.preprocess import MapUpsample, Preprocess
 from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
 from xbench.reporting.overlays import OverlayRecords, choose_overlay_pairs, overlay_arrays
-from xbench.reporting.results import build_results, log_keys, write_results
+from xbench.reporting.results import build_results, check_writable, log_keys, write_results
 from xbench.reporting.wandb import log_run
 
 
@@ -145,6 +145,8 @@ class XBenchModel(L.LightningModule):
             self.region_counts = RegionCounts(len(classes))
             self.build(classes)
         datamodule.set_model_transform(self.preprocess)
+        if self.results_dir is not None and self.trainer.is_global_zero:
+            check_writable(Path(self.results_dir))
         choice = choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
         self.overlays = OverlayRecords(choice, datamodule.image_size)
 

@@ -281,6 +281,35 @@ def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
         np.savez_compressed(handle, **overlays)
 
 
+def claim_folder(staging: Path, results_dir: Path, name: str) -> Path:
+    """Rename the finished ``staging`` folder to ``name`` or, when a run that finished in the same
+    second holds it, ``name-1``, ``name-2``, ...: the rename itself is the claim (it fails on a
+    folder with contents), so two runs never share a name and no run replaces another's folder."""
+    for suffix in range(1000):
+        final = results_dir / (name if suffix == 0 else f"{name}-{suffix}")
+        if final.exists():
+            continue
+        try:
+            os.rename(staging, final)
+            return final
+        except OSError:
+            if not final.exists():
+                raise
+    raise RuntimeError(f"{results_dir}: 1000 results folders named {name}[-N]; clear some out")
+
+
+def check_writable(results_dir: Path) -> None:
+    """Fail before a run, not after it: ``results_dir`` must be a folder XBench can write in."""
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=results_dir).close()
+    except OSError as error:
+        raise ValueError(
+            f"--model.results_dir {results_dir} is not a folder XBench can write in ({error.strerror or error}); "
+            "choose another one"
+        ) from None
+
+
 def write_results(
     results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
     overlays: dict[str, np.ndarray] | None = None,
@@ -288,12 +317,8 @@ def write_results(
     """Write the run's folder under ``results_dir`` and return its path."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     results_dir.mkdir(parents=True, exist_ok=True)
-    final = results_dir / f"{results['model']}__{results['dataset']}__{stamp}"
-    suffix = 1
-    while final.exists():
-        final = results_dir / f"{results['model']}__{results['dataset']}__{stamp}-{suffix}"
-        suffix += 1
-    staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{final.name}."))
+    name = f"{results['model']}__{results['dataset']}__{stamp}"
+    staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{name}."))
     try:
         atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
@@ -309,7 +334,7 @@ def write_results(
         atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
             atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
-        os.rename(staging, final)
+        final = claim_folder(staging, results_dir, name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

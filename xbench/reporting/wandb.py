@@ -111,3 +111,11 @@ def finish_runs(loggers: list[Logger]) -> list[str]:
             offline.append(run.settings.sync_dir)
         run.finish()
     return offline
+
+
+def abandon_runs(loggers: list[Logger]) -> None:
+    """Close the W&B runs a failed run had started (marked failed), so that the next run in the
+    same process does not write into them; a run never started is not created here."""
+    for logger in wandb_loggers(loggers):
+        if getattr(logger, "_experiment", None) is not None:
+            logger.experiment.finish(exit_code=1)
