@@ -31,8 +31,18 @@ TRAINER_INVARIANTS = {
     "enable_checkpointing": False,
     "enable_model_summary": False,
 }
-#: User-facing trainer defaults, applied before the user's own configs.
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "lightning_configs" / "trainer" / "default.yaml"
+#: The trainer settings every run starts from; any is overridden by a --config or on the command
+#: line (e.g. --trainer.accelerator gpu --trainer.devices 8). In code, not a file beside the
+#: package, so that an installed wheel starts from them too. The logger is W&B, offline unless
+#: WANDB_MODE=online (or --trainer.logger.init_args.offline false); --trainer.logger false turns it off.
+TRAINER_DEFAULTS = {
+    "accelerator": "auto",
+    "devices": 1,
+    "precision": "32-true",
+    "inference_mode": True,
+    "enable_progress_bar": True,
+    "logger": {"class_path": "xbench.reporting.wandb.XBenchWandbLogger", "init_args": {"project": "xbench"}},
+}
 
 
 def print_summary(results: dict, path: Path | None, offline_runs: list[str]) -> None:
@@ -64,12 +74,12 @@ def main(args: list[str] | None = None) -> dict | None:
         subclass_mode_data=True,
         run=False,
         args=args,
-        trainer_defaults=TRAINER_INVARIANTS,
+        trainer_defaults={**TRAINER_DEFAULTS, **TRAINER_INVARIANTS},
         save_config_callback=None,
         seed_everything_default=0,
         auto_configure_optimizers=False,
         # a wrong value raises (xbench.cli turns it into one line) instead of printing jsonargparse's dump
-        parser_kwargs={"default_config_files": [str(DEFAULT_CONFIG)], "description": __doc__, "exit_on_error": False},
+        parser_kwargs={"description": __doc__, "exit_on_error": False},
     )
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
     try:

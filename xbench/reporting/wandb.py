@@ -1,7 +1,7 @@
 """Weights & Biases logging of a run, offline unless asked otherwise.
 
 ``python -m xbench.test`` logs every run through :class:`XBenchWandbLogger` (the default in
-``lightning_configs/trainer/default.yaml``). It writes an offline run under ``./wandb/`` (or
+``TRAINER_DEFAULTS`` in ``xbench/test.py``). It writes an offline run under ``./wandb/`` (or
 ``$WANDB_DIR``) that ``wandb sync wandb/offline-run-*`` uploads later; ``WANDB_MODE=online`` or
 ``--trainer.logger.init_args.offline false`` logs online; ``--trainer.logger false`` turns it off.
 

@@ -1,0 +1,75 @@
+"""Resampling images: multiplicity weights, folds, percentile intervals, paired differences.
+
+A bootstrap replicate draws N images with replacement; instead of copying them, each replicate
+is a row of per-image multiplicities (how often each image was drawn). Every statistic is then a
+weighted sum over pairs, so all replicates are one matrix product. Row 0 of every weight matrix
+is all ones -- the sample itself -- so the point estimate and the replicates come out of the
+same computation: in every ``[R + 1, ...]`` tensor of this package, row 0 is the estimate and
+rows 1..R the replicates.
+
+Random streams are keyed by (seed, dataset, purpose), so a dataset's replicates do not depend on
+which other datasets are analysed alongside it, and every model on a dataset gets the same ones
+(paired resampling).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def random_stream(seed: int, dataset: str, purpose: str) -> np.random.Generator:
+    """The generator for one (dataset, purpose): ``"test"``, ``"validation"`` or ``"folds"``."""
+    return np.random.default_rng([seed, zlib.crc32(dataset.encode()), zlib.crc32(purpose.encode())])
+
+
+def resample_weights(num_images: int, replicates: int, rng: np.random.Generator) -> Tensor:
+    """float64 [R + 1, N]: row 0 all ones, row r the multiplicities of replicate r (each sums to N)."""
+    draws = rng.integers(0, num_images, size=(replicates, num_images))
+    draws += np.arange(0, replicates * num_images, num_images)[:, None]  # one bincount for all rows
+    weights = np.empty((replicates + 1, num_images))
+    weights[0] = 1
+    weights[1:] = np.bincount(draws.ravel(), minlength=replicates * num_images).reshape(replicates, num_images)
+    return torch.from_numpy(weights)
+
+
+def assign_folds(num_images: int, folds: int, rng: np.random.Generator) -> Tensor:
+    """int64 [N]: the fold of each image, a random partition into ``folds`` near-equal parts."""
+    if not 2 <= folds <= num_images:
+        raise ValueError(f"cross-fitting needs 2 <= folds <= images; got {folds} folds for {num_images} images")
+    fold = np.empty(num_images, dtype=np.int64)
+    fold[rng.permutation(num_images)] = np.arange(num_images) % folds
+    return torch.from_numpy(fold)
+
+
+def percentile_interval(values: Tensor, confidence: float) -> dict[str, Tensor]:
+    """Estimate (row 0) and the percentile interval of rows 1..R, per remaining index.
+
+    Replicates where the statistic is undefined (NaN: e.g. a class drawn without any pair) are
+    left out; ``replicates`` counts the ones used.
+    """
+    alpha = 1 - confidence
+    replicates = values[1:].double()
+    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)
+    lower, upper = torch.nanquantile(replicates, q, dim=0)
+    return {
+        "estimate": values[0].double(),
+        "lower": lower,
+        "upper": upper,
+        "replicates": (~replicates.isnan()).sum(0),
+    }
+
+
+def paired_difference(a: Tensor, b: Tensor, confidence: float) -> dict[str, Tensor]:
+    """``a - b`` of two models resampled with the same weights: interval and P(a > b).
+
+    ``a_better`` is the fraction of replicates where ``a > b`` among those where both are defined.
+    """
+    difference = a.double() - b.double()
+    out = percentile_interval(difference, confidence)
+    defined = ~difference[1:].isnan()
+    out["a_better"] = ((difference[1:] > 0) & defined).sum(0).double() / defined.sum(0)
+    return out

@@ -1,0 +1,124 @@
+"""From results folders to every analysis: group by dataset, resample once, compute per run.
+
+:func:`analyze` is the one entry point (the CLI and the report call it); the tables in
+:mod:`xbench.analysis.tables` read its :class:`Analysis`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from xbench.analysis.bootstrap import assign_folds, random_stream, resample_weights
+from xbench.analysis.grounding import (
+    CrossFitting,
+    ValidationChoice,
+    grounding_statistics,
+    size_strata,
+    stratum_means,
+)
+from xbench.analysis.recognition import recognition_statistics
+from xbench.analysis.runs import DatasetRuns, Run, find_run_folders, group_runs, load_run
+from xbench.analysis.settings import Settings
+
+
+def stratum_labels(size_bins: Sequence[float]) -> list[str]:
+    """``["< 1%", "1–10%", "≥ 10%"]`` for the default boundaries."""
+    pct = [f"{100 * b:g}%" for b in size_bins]
+    if not pct:
+        return ["all sizes"]
+    return [f"< {pct[0]}", *(f"{a[:-1]}–{b}" for a, b in zip(pct, pct[1:])), f"≥ {pct[-1]}"]
+
+
+@dataclass(frozen=True)
+class RunAnalysis:
+    """One model on one dataset. Tensors: row 0 the estimate, rows 1..R the replicates.
+
+    ``values``: metric -> float64 [R + 1, C] (grounding and recognition, per class);
+    ``calibrated_tau``: curve -> float64 [R + 1, C, K] (K folds, or 1 for a validation choice);
+    ``strata``: metric -> float64 [R + 1, C + 1, S] (index C pools all classes' pairs).
+    """
+
+    label: str
+    run: Run
+    validation: Run | None
+    values: dict[str, Tensor]
+    calibrated_tau: dict[str, Tensor]
+    strata: dict[str, Tensor]
+
+    @property
+    def calibration(self) -> str:
+        if self.validation is not None:
+            return f"validation ({self.validation.name})"
+        return f"cross-fitting ({self.calibrated_tau['dice'].shape[-1]} folds)"
+
+    def macro(self, metric: str) -> Tensor:
+        """float64 [R + 1]: mean over the classes where the metric is defined in each row."""
+        return torch.nanmean(self.values[metric], dim=1)
+
+    def series(self, metric: str, c: int | None) -> Tensor:
+        """float64 [R + 1]: class ``c``'s values, or the macro mean where ``c`` is None."""
+        return self.macro(metric) if c is None else self.values[metric][:, c]
+
+
+@dataclass(frozen=True)
+class DatasetAnalysis:
+    dataset: str
+    classes: tuple[str, ...]
+    num_images: int
+    strata: list[str]
+    runs: list[RunAnalysis]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    settings: Settings
+    datasets: list[DatasetAnalysis]
+
+
+def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
+    """Every run of one dataset, resampled with the same image weights (paired)."""
+    num_images, num_classes = len(group.image_ids), len(group.classes)
+    weights = resample_weights(num_images, settings.replicates, random_stream(settings.seed, group.dataset, "test"))
+    if group.validation:
+        reference = next(iter(group.validation.values()))
+        validation_weights = resample_weights(
+            len(reference.image_ids), settings.replicates, random_stream(settings.seed, group.dataset, "validation"))
+    else:
+        folds = assign_folds(num_images, settings.folds, random_stream(settings.seed, group.dataset, "folds"))
+    results = []
+    for label, run in group.runs.items():
+        validation = group.validation.get(label)
+        if validation is not None:
+            chosen = grounding_statistics(validation.pairs, num_classes, validation_weights)
+            calibration = ValidationChoice(chosen.best_index)
+        else:
+            calibration = CrossFitting(folds, settings.folds)
+        strata = size_strata(run.pairs.region, run.image_size, settings.size_bins)
+        grounding = grounding_statistics(
+            run.pairs, num_classes, weights, calibration, strata, len(settings.size_bins) + 1)
+        values = {**grounding.per_class, **recognition_statistics(run.labels, run.logits, weights)}
+        results.append(RunAnalysis(label, run, validation, values, grounding.calibrated_tau,
+                                   stratum_means(grounding.strata)))
+    return DatasetAnalysis(group.dataset, group.classes, num_images, stratum_labels(settings.size_bins), results)
+
+
+def analyze(
+    results: Iterable[str | Path], validation: Iterable[str | Path] = (), settings: Settings | None = None
+) -> Analysis:
+    """Read results folders (or folders of them), group them by dataset and analyse each dataset.
+
+    Args:
+        results: test-split results folders; models on one dataset must cover the same images.
+        validation: results folders of the same models on the dataset's validation split; each
+            calibrates its model's tau. Without them, tau is cross-fitted over the test images.
+    """
+    settings = settings or Settings()
+    runs = [load_run(folder) for folder in find_run_folders(results)]
+    validation = list(validation)
+    validation_runs = [load_run(folder) for folder in find_run_folders(validation)] if validation else []
+    return Analysis(settings, [analyze_dataset(group, settings) for group in group_runs(runs, validation_runs)])

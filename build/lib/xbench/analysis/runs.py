@@ -1,0 +1,257 @@
+"""Results folders read back as tensors, and runs grouped by dataset for paired analyses.
+
+A results folder (``xbench.reporting.results``) keeps one row per (image, class) in
+``pairs.csv.gz``: the label and logit, and for graded pairs ``|R|``, the Pointing Game hit and
+the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
+
+Every run's images are put in the order of their sorted ``image_id``, so two runs on the same
+images line up row for row, whatever order their loaders used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from xbench.metrics.grounding import NUM_THRESHOLDS
+from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, count_columns, read_results
+
+PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
+PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit",
+                *PREDICTED_COLUMNS, *INTER_COLUMNS)
+
+
+@dataclass(frozen=True)
+class GradedPairs:
+    """The graded (image, class) pairs of a run: at most one per image and class."""
+
+    image: Tensor  # int64 [P]: row of the image in the run's sorted image ids
+    cls: Tensor  # int64 [P]: index into the run's classes
+    region: Tensor  # int64 [P]: |R|
+    hit: Tensor  # bool [P]: Pointing Game hit
+    predicted: Tensor  # int64 [P, 101]: |B_k|
+    inter: Tensor  # int64 [P, 101]: |B_k & R|
+
+
+@dataclass(frozen=True)
+class Run:
+    """One results folder, read back: the run's identity and its per-pair records."""
+
+    path: Path
+    model: str
+    dataset: str
+    classes: tuple[str, ...]
+    image_size: int
+    #: ``{"class_path", "init_args"}`` of the model without ``results_dir``: what makes two runs the same model.
+    model_config: dict
+    image_ids: tuple[str, ...]  # sorted
+    labels: Tensor  # int64 [N, C]: 1, 0, -1 unknown
+    logits: Tensor  # float64 [N, C]
+    pairs: GradedPairs
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def find_run_folders(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path is a results folder (it holds ``metrics.json``) or a folder of them."""
+    folders: list[Path] = []
+    for path in map(Path, paths):
+        if (path / METRICS_FILE).is_file():
+            folders.append(path)
+            continue
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such results folder")
+        children = sorted(p for p in path.iterdir() if not p.name.startswith(".") and (p / METRICS_FILE).is_file())
+        if not children:
+            raise FileNotFoundError(
+                f"{path}: neither a results folder (no {METRICS_FILE}) nor a folder of results folders; "
+                "name the folders `python -m xbench.test` wrote, <model>__<dataset>__<time>/"
+            )
+        folders.extend(children)
+    if len(set(map(Path.resolve, folders))) != len(folders):
+        raise ValueError("the same results folder was named twice: " + ", ".join(map(str, folders)))
+    return folders
+
+
+def load_run(folder: str | Path) -> Run:
+    """Read ``metrics.json`` and ``pairs.csv.gz`` of one results folder, checking them."""
+    folder = Path(folder)
+    metrics_path, pairs_path = folder / METRICS_FILE, folder / PAIRS_FILE
+    for path in (metrics_path, pairs_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
+    metrics = read_results(folder)
+    classes = tuple(metrics["classes"])
+    table = pd.read_csv(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+                        na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})
+    missing = [c for c in PAIR_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{pairs_path}: columns missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    where = lambda rows: f"{pairs_path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
+
+    class_index = pd.Categorical(table["class"], categories=classes).codes.astype(np.int64)
+    if (class_index < 0).any():
+        raise ValueError(f"{where(class_index < 0)}: class not among metrics.json's classes {list(classes)}")
+    image_ids, image_row = np.unique(table["image_id"].to_numpy(dtype=str), return_inverse=True)
+    if (table.groupby("image_id")["image_index"].nunique() > 1).any():
+        raise ValueError(f"{pairs_path}: an image_id appears under two image_index values (two images, one id)")
+    cell = image_row * len(classes) + class_index
+    if len(table) != len(image_ids) * len(classes) or len(np.unique(cell)) != len(table):
+        raise ValueError(
+            f"{pairs_path}: expected one row per (image, class), {len(image_ids)} images x {len(classes)} classes"
+            f" = {len(image_ids) * len(classes)} rows; found {len(table)} rows"
+        )
+    order = np.argsort(cell)
+    labels = table["label"].to_numpy()[order].reshape(len(image_ids), len(classes))
+    if not np.isin(labels, (-1, 0, 1)).all():
+        raise ValueError(f"{pairs_path}: labels must be 1, 0 or -1 (unknown)")
+    logits = table["logit"].to_numpy(dtype=np.float64)[order].reshape(len(image_ids), len(classes))
+    if not np.isfinite(logits).all():
+        raise ValueError(f"{where(~np.isfinite(table['logit'].to_numpy(dtype=np.float64)))}: logit is not a finite number")
+
+    graded = table["graded"].to_numpy(dtype=bool)
+    counts = table.loc[graded, ["region_px", "hit", *PREDICTED_COLUMNS, *INTER_COLUMNS]].to_numpy(dtype=np.float64)
+    if np.isnan(counts).any():
+        rows = np.zeros(len(table), dtype=bool)
+        rows[np.flatnonzero(graded)[np.isnan(counts).any(1)]] = True
+        raise ValueError(f"{where(rows)}: a graded pair lacks region_px, hit or a pred_/inter_ count")
+    counts = torch.from_numpy(counts.astype(np.int64))
+    region, hit = counts[:, 0], counts[:, 1].bool()
+    predicted, inter = counts[:, 2:2 + NUM_THRESHOLDS], counts[:, 2 + NUM_THRESHOLDS:]
+    consistent = (
+        (inter[:, 0] == region) & (region > 0) & (inter <= predicted).all(1)
+        & (predicted[:, 1:] <= predicted[:, :-1]).all(1) & (inter[:, 1:] <= inter[:, :-1]).all(1)
+    )
+    if not bool(consistent.all()):
+        rows = np.zeros(len(table), dtype=bool)
+        rows[np.flatnonzero(graded)[~consistent.numpy()]] = True
+        raise ValueError(
+            f"{where(rows)}: counts are inconsistent (need inter_000 = region_px > 0, inter_k <= pred_k, "
+            "both non-increasing in k); the file was edited or damaged"
+        )
+    model_section = metrics["config"]["model"]
+    return Run(
+        path=folder,
+        model=metrics["model"],
+        dataset=metrics["dataset"],
+        classes=classes,
+        image_size=int(metrics["data"]["image_size"]),
+        model_config={
+            "class_path": model_section["class_path"],
+            "init_args": {k: v for k, v in model_section.get("init_args", {}).items() if k != "results_dir"},
+        },
+        image_ids=tuple(image_ids.tolist()),
+        labels=torch.from_numpy(labels.astype(np.int64)),
+        logits=torch.from_numpy(logits),
+        pairs=GradedPairs(
+            image=torch.from_numpy(image_row[graded]),
+            cls=torch.from_numpy(class_index[graded]),
+            region=region,
+            hit=hit,
+            predicted=predicted,
+            inter=inter,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class DatasetRuns:
+    """The runs of several models on one dataset's same images, ready to be resampled together.
+
+    ``runs`` maps a label (the model name; the folder name where two runs share a model name) to
+    the run; ``validation`` maps the same labels to the run of that model on the dataset's
+    validation split (all runs have one, or none does).
+    """
+
+    dataset: str
+    classes: tuple[str, ...]
+    image_ids: tuple[str, ...]
+    runs: dict[str, Run]
+    validation: dict[str, Run]
+
+
+def _id_difference(a: Run, b: Run) -> str:
+    only_a = sorted(set(a.image_ids) - set(b.image_ids))
+    only_b = sorted(set(b.image_ids) - set(a.image_ids))
+    return (f"{len(only_a)} image ids only in {a.path} (e.g. {only_a[:3]}), "
+            f"{len(only_b)} only in {b.path} (e.g. {only_b[:3]})")
+
+
+def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[DatasetRuns]:
+    """Group test runs by dataset and attach each model's validation run.
+
+    Runs on one dataset must cover the same image ids with the same classes (the paired
+    bootstrap resamples images shared by all models). A validation run belongs to the test run of
+    the same dataset and the same model configuration (class path and init args, ``results_dir``
+    aside); its images must not overlap the test images.
+    """
+    by_dataset: dict[str, list[Run]] = {}
+    for run in runs:
+        by_dataset.setdefault(run.dataset, []).append(run)
+    unused = list(validation)
+    groups = []
+    for dataset, members in by_dataset.items():
+        first = members[0]
+        for run in members[1:]:
+            if run.classes != first.classes:
+                raise ValueError(
+                    f"{run.path} and {first.path} are both on {dataset} but with different classes "
+                    f"({list(run.classes)} vs {list(first.classes)}); run every model with the same `data.classes`"
+                )
+            if run.image_ids != first.image_ids:
+                raise ValueError(
+                    f"{run.path} and {first.path} are both on {dataset} but not on the same images: "
+                    f"{_id_difference(run, first)}. Paired comparisons need every model on the same split."
+                )
+        names = [run.model for run in members]
+        labels = [run.model if names.count(run.model) == 1 else run.name for run in members]
+        attached: dict[str, Run] = {}
+        for label, run in zip(labels, members):
+            matches = [v for v in unused if v.dataset == dataset and v.model_config == run.model_config]
+            if len(matches) > 1:
+                raise ValueError(
+                    f"{len(matches)} validation folders fit {run.path} (same model settings on {dataset}): "
+                    + ", ".join(str(v.path) for v in matches) + "; name one"
+                )
+            if matches:
+                attached[label] = matches[0]
+                unused.remove(matches[0])
+        if attached and len(attached) != len(members):
+            lacking = [str(run.path) for label, run in zip(labels, members) if label not in attached]
+            raise ValueError(
+                f"on {dataset}, some models have a validation folder and these do not: {', '.join(lacking)}. "
+                "Give every model its validation run, or none (then thresholds are cross-fitted)"
+            )
+        for label, val in attached.items():
+            test = members[labels.index(label)]
+            shared = set(val.image_ids) & set(test.image_ids)
+            if shared:
+                raise ValueError(
+                    f"validation folder {val.path} shares {len(shared)} images with test folder {test.path} "
+                    f"(e.g. {sorted(shared)[:3]}): a threshold chosen there is not held out"
+                )
+            if val.classes != test.classes:
+                raise ValueError(f"validation folder {val.path} has classes {list(val.classes)}, "
+                                 f"test folder {test.path} has {list(test.classes)}")
+        reference = next(iter(attached.values()), None)
+        for val in attached.values():
+            if val.image_ids != reference.image_ids:
+                raise ValueError(
+                    f"validation folders {val.path} and {reference.path} are not on the same images: "
+                    f"{_id_difference(val, reference)}"
+                )
+        groups.append(DatasetRuns(dataset, first.classes, first.image_ids, dict(zip(labels, members)), attached))
+    if unused:
+        raise ValueError(
+            "no test folder runs the same model on the same dataset as validation folder(s) "
+            + ", ".join(f"{v.path} ({v.model} on {v.dataset})" for v in unused)
+        )
+    return groups

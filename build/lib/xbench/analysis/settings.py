@@ -1,0 +1,55 @@
+"""The analysis settings and their command-line options, shared by ``xbench.analyze`` and
+``xbench.report``. Free of torch, so that a CLI parses its arguments before loading anything heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+#: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
+DEFAULT_SIZE_BINS = (0.01, 0.1)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """replicates: bootstrap replicates; seed: of every random stream; confidence: interval level;
+    folds: K of the cross-fitted threshold; size_bins: ascending area-fraction boundaries."""
+
+    replicates: int = 1000
+    seed: int = 0
+    confidence: float = 0.95
+    folds: int = 5
+    size_bins: tuple[float, ...] = field(default=DEFAULT_SIZE_BINS)
+
+    def __post_init__(self) -> None:
+        if self.replicates < 1:
+            raise ValueError(f"replicates must be at least 1; got {self.replicates}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must lie in (0, 1); got {self.confidence}")
+        if self.folds < 2:
+            raise ValueError(f"folds must be at least 2; got {self.folds}")
+        bins = tuple(float(b) for b in self.size_bins)
+        if not all(0 < b < 1 for b in bins) or list(bins) != sorted(set(bins)):
+            raise ValueError(f"size_bins must be strictly increasing fractions in (0, 1); got {list(self.size_bins)}")
+        object.__setattr__(self, "size_bins", bins)
+
+
+def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--validation``, ``--replicates``, ``--seed``, ``--confidence``, ``--folds``, ``--size-bins``."""
+    defaults = Settings()
+    parser.add_argument("--validation", nargs="+", default=[], metavar="VAL_DIR",
+                        help="results folders of the same models on the dataset's validation split: each sets "
+                             "its model's calibrated τ. Without them τ is cross-fitted over the test images.")
+    parser.add_argument("--replicates", type=int, default=defaults.replicates, help="bootstrap replicates")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of resampling and folds")
+    parser.add_argument("--confidence", type=float, default=defaults.confidence, help="interval level")
+    parser.add_argument("--folds", type=int, default=defaults.folds, help="K of the cross-fitted τ")
+    parser.add_argument("--size-bins", type=float, nargs="*", default=list(DEFAULT_SIZE_BINS), metavar="FRACTION",
+                        help="lesion-area boundaries as fractions of the image (default: 0.01 0.1)")
+
+
+def from_arguments(options: argparse.Namespace) -> Settings:
+    """The :class:`Settings` the options of :func:`add_arguments` name."""
+    return Settings(replicates=options.replicates, seed=options.seed, confidence=options.confidence,
+                    folds=options.folds, size_bins=tuple(options.size_bins))

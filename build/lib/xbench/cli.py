@@ -1,0 +1,80 @@
+"""How every XBench command ends: its output, or a short message on stderr and an exit status.
+
+A failure prints ``<command>: error: <what went wrong>`` and exits 1 (argparse's usage errors exit
+2 as usual); the traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The
+third-party notices a user cannot act on are silenced here, in the commands only: a script that
+imports XBench keeps its warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+from argparse import ArgumentError
+from collections.abc import Callable
+
+DEBUG_FLAG = "--debug"
+
+#: (message regex, category) of warnings no XBench user can act on.
+QUIET_WARNINGS = (
+    (".*LeafSpec.*", FutureWarning),
+    (".*anonymous.*", UserWarning),  # W&B's anonymous-setting deprecation
+    (".*", DeprecationWarning),  # jsonargparse's and others' API deprecations
+)
+#: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement).
+QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
+#: Lines of jsonargparse's report that are its structure, not a reason.
+STRUCTURE = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value", "- Problem with given class_path")
+
+
+def invalid_value_message(error: BaseException) -> str:
+    """The lines of a configuration error that say what is wrong. jsonargparse tries each subtype
+    of ``model``/``data`` and reports every attempt (a ~70-line dump ending in "Expected a <class
+    'NoneType'>"): kept are the reasons that are not about ``NoneType`` (XBench's own check, an
+    unknown option, the type expected), the option a type error is about and the value given."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reasons = [line.removeprefix("- ") for line in lines
+               if not line.startswith(STRUCTURE) and "NoneType" not in line]
+    if not reasons:
+        return lines[0] if lines else type(error).__name__
+    keys = [(n, line.split('"')[1]) for n, line in enumerate(lines) if line.startswith('Parser key "')]
+    if len(keys) < 2:  # about a whole model or dataset: the reason says it all
+        return "; ".join(reasons)
+    position, key = keys[-1]
+    given = next((line.removeprefix("Given value:").strip() for line in lines[position:]
+                  if line.startswith("Given value:")), None)
+    return f"option {key!r}: " + "; ".join(reasons) + (f" (given: {given})" if given is not None else "")
+
+
+def run(main: Callable[[], object], name: str) -> None:
+    """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
+    error (message only, unless debugging), 130 when interrupted."""
+    debug = os.environ.get("XBENCH_DEBUG") == "1" or DEBUG_FLAG in sys.argv
+    if DEBUG_FLAG in sys.argv:
+        sys.argv.remove(DEBUG_FLAG)
+    if not debug:
+        for message, category in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)
+        for logger in QUIET_LOGGERS:
+            logging.getLogger(logger).setLevel(logging.WARNING)
+    try:
+        status = main()
+    except ArgumentError as error:  # a value of the wrong type, when the parser does not exit itself
+        if debug:
+            raise
+        print(f"{name}: error: {invalid_value_message(error)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as error:  # noqa: BLE001 -- every failure reaches the user as one message
+        if debug:
+            raise
+        print(f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)",
+              file=sys.stderr)
+        sys.exit(1)
+    sys.exit(status if isinstance(status, int) else 0)

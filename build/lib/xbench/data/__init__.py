@@ -1,0 +1,1 @@
+"""Datasets as LightningDataModules, read exactly as their releases are downloaded."""

@@ -1,0 +1,361 @@
+"""The DataModule every dataset subclasses, the sample record, and the exactly-once sampler.
+
+A dataset module only reads its annotation files into :class:`Sample` records (``index``); the
+base decodes images in DataLoader workers, draws regions at native size, resizes image and masks
+to the batch geometry and yields the batch dict of the architecture contract:
+
+``image`` float32 [B,1,S,S] in [0,1]; ``labels`` float32 [B,C] (1, 0, -1 unknown); ``masks``
+bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
+data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
+outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame,
+also when an augmentation pushed it out). When the model handed the datamodule its transform
+(:meth:`XBenchDataModule.set_model_transform`), also ``model_input`` float32 [B,3,s,s], made in the
+workers from the native image (after decoding, the cache and any augmentation), and ``window``
+float32 [B,4], the (top, left, height, width) that input covers in the frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+import warnings
+from typing import TYPE_CHECKING, ClassVar
+
+import lightning as L
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from rich.console import Console
+
+from xbench.cache import cache_root
+from xbench.data import augment, cache, io, regions, transforms
+from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
+from xbench.data.cache import (
+    NATIVE_SHORTER_SIDE,
+    CachedDataset,
+    build_cache,
+    code_digest,
+    fingerprint,
+    folder_size,
+    quantise,
+)
+from xbench.data.io import read_image
+from xbench.data.regions import Region
+from xbench.data.transforms import resize_image, resize_mask
+from xbench.findings import PAPER_CLASSES, SPELLINGS, check_classes
+
+if TYPE_CHECKING:
+    from xbench.models.preprocess import Preprocess
+
+
+@dataclass
+class Sample:
+    """One image of a split: where it is, its labels and its regions, by canonical class key."""
+
+    image_id: str
+    path: Path
+    labels: dict[str, int]
+    regions: dict[str, Region] = field(default_factory=dict)
+
+
+class ExactlyOnceSampler(Sampler[int]):
+    """Rank ``r`` of ``w`` takes samples ``r, r + w, r + 2w, ...``: every sample once, no padding.
+
+    Lightning's default DistributedSampler pads ranks to equal length by repeating samples, which
+    would count those images twice; this sampler needs ``use_distributed_sampler=False``.
+    """
+
+    def __init__(self, num_samples: int, num_replicas: int | None = None, rank: int | None = None) -> None:
+        if num_replicas is None or rank is None:
+            initialised = dist.is_available() and dist.is_initialized()
+            num_replicas = dist.get_world_size() if initialised else 1
+            rank = dist.get_rank() if initialised else 0
+        self.indices = range(rank, num_samples, num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class XBenchDataset(Dataset):
+    """Decodes, rasterises, optionally augments and resizes one sample; runs in DataLoader workers."""
+
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        classes: Sequence[str],
+        image_size: int,
+        mask_threshold: float,
+        augment: AugmentConfig | None = None,
+        augment_seed: int = 0,
+    ):
+        self.samples = samples
+        self.classes = list(classes)
+        self.image_size = image_size
+        self.mask_threshold = mask_threshold
+        self.pipeline = build_pipeline(augment) if augment is not None else None
+        self.augment_seed = augment_seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.item(index, with_native=False)[0]
+
+    def item(self, index: int, with_native: bool) -> tuple[dict, np.ndarray | None]:
+        """The sample dict and, if asked, the native image as decoded (after any augmentation)."""
+        sample = self.samples[index]
+        image = read_image(sample.path)
+        height, width = image.shape
+        size, num_classes = self.image_size, len(self.classes)
+        native: dict[int, np.ndarray] = {}
+        clipped = 0
+        for c, key in enumerate(self.classes):
+            region = sample.regions.get(key)
+            if region is not None:
+                native[c], clipped_shapes = region.to_mask(height, width)
+                clipped += clipped_shapes
+        if self.pipeline is not None:
+            image, augmented = augment_sample(self.pipeline, self.augment_seed, index, image, list(native.values()))
+            native = dict(zip(native, augmented))
+        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
+        has_mask = torch.zeros(num_classes, dtype=torch.bool)
+        lost = torch.zeros(num_classes, dtype=torch.bool)
+        for c, mask in native.items():
+            if mask.any():
+                masks[c] = resize_mask(mask, size, self.mask_threshold)
+                has_mask[c] = True
+            else:
+                lost[c] = True
+        record = {
+            "image": quantise(resize_image(image, size)),
+            "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
+            "masks": masks,
+            "has_mask": has_mask,
+            "index": index,
+            "image_id": sample.image_id,
+            "clipped_shapes": clipped,
+            "lost_regions": lost,
+        }
+        return record, image if with_native else None
+
+
+#: The code that decides the cached pixels; its source is part of the cache's fingerprint.
+PIXEL_CODE = (io, regions, transforms, augment, cache, XBenchDataset)
+
+
+class ModelInputDataset(Dataset):
+    """The test set with the model's own input and its window added to every sample, made in the
+    DataLoader workers from the native image the decoded (or cached) sample comes with."""
+
+    def __init__(self, decoded: XBenchDataset | CachedDataset, transform: Preprocess, frame: int) -> None:
+        self.decoded = decoded
+        self.transform = transform
+        self.frame = frame
+
+    def __len__(self) -> int:
+        return len(self.decoded)
+
+    def __getitem__(self, index: int) -> dict:
+        record, native = self.decoded.item(index, with_native=True)
+        record["model_input"], record["window"] = self.transform(native, self.frame)
+        return record
+
+
+class XBenchDataModule(L.LightningDataModule):
+    """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
+
+    Subclasses set ``name`` (and ``spellings`` if it differs: the key of the dataset in
+    ``xbench.findings``) and implement :meth:`index`, which reads the annotation files, checks that
+    every image file exists (without decoding it) and returns the split's samples in a stable
+    order. Anything the loader skipped or merged goes into ``self.notes`` for the results.
+
+    Args:
+        root: the dataset folder, exactly as downloaded.
+        classes: canonical finding keys; default: the paper's classes for this dataset.
+        image_size: side of the square batch geometry (the paper: 224).
+        mask_threshold: gamma, the area fraction at which a resized mask pixel is set.
+        batch_size: images per batch (the paper: 8).
+        num_workers: DataLoader worker processes that decode images.
+        augment: an albumentations pipeline applied to image and masks together at native size, for
+            robustness studies (see ``xbench.data.augment``); default none, the paper's protocol.
+        augment_seed: with the sample index, seeds the pipeline for each sample.
+        cache: decode each image once into the decoded-image cache under ``$XBENCH_CACHE``
+            (``xbench.data.cache``) and read it from there in later runs.
+        cache_shorter_side: the cache keeps the native image with its shorter side at most this
+            (aspect kept; default 1024, enough for every model's input); without the cache the
+            models' transforms read the native file at full resolution.
+    """
+
+    name: ClassVar[str]
+    spellings: ClassVar[str | None] = None
+
+    def __init__(
+        self,
+        root: str,
+        classes: list[str] | None = None,
+        image_size: int = 224,
+        mask_threshold: float = 0.5,
+        batch_size: int = 8,
+        num_workers: int = 2,
+        augment: AugmentConfig | None = None,
+        augment_seed: int = 0,
+        cache: bool = True,
+        cache_shorter_side: int = NATIVE_SHORTER_SIDE,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        for option, value, valid, rule in (
+            ("mask_threshold", mask_threshold, 0 < mask_threshold <= 1, "in (0, 1]"),
+            ("image_size", image_size, image_size >= 1, "a positive number of pixels"),
+            ("batch_size", batch_size, batch_size >= 1, "positive"),
+            ("num_workers", num_workers, num_workers >= 0, "0 (load in the main process) or more"),
+            ("cache_shorter_side", cache_shorter_side, cache_shorter_side >= 1, "a positive number of pixels"),
+        ):
+            if not valid:
+                raise ValueError(f"--data.{option} must be {rule}; got {value}")
+        self.root = Path(root).expanduser()
+        self.classes = check_classes(
+            classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
+        )
+        self.image_size = image_size
+        self.mask_threshold = mask_threshold
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.augment = augment
+        self.augment_seed = augment_seed
+        self.cache = cache
+        self.cache_shorter_side = cache_shorter_side
+        self.model_transform: Preprocess | None = None
+        self._cache_folder: Path | None = None
+        if augment is not None:
+            build_pipeline(augment)  # fail at configuration time, naming the bad entry
+        self.notes: dict[str, object] = {}
+        self._samples: list[Sample] | None = None
+
+    @classmethod
+    def spelling_table(cls) -> dict[str, str]:
+        return SPELLINGS[cls.spellings or cls.name]
+
+    @classmethod
+    def default_classes(cls) -> tuple[str, ...]:
+        return PAPER_CLASSES[cls.spellings or cls.name]
+
+    @classmethod
+    def supported_classes(cls) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(cls.spelling_table().values()))
+
+    def index(self) -> list[Sample]:
+        """Read the annotation files into samples (stable order); check image files exist."""
+        raise NotImplementedError
+
+    def require(self, path: Path, what: str) -> Path:
+        """``path`` if it exists, else an error that says what was expected where."""
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{type(self).__name__}: {what} not found at {path}. Point `data.root` at the dataset "
+                f"folder as downloaded (currently {self.root})."
+            )
+        return path
+
+    @property
+    def samples(self) -> list[Sample]:
+        if self._samples is None:
+            self.require(self.root, "the dataset folder")
+            samples = self.index()
+            if not samples:
+                raise ValueError(f"{type(self).__name__}: no samples found under {self.root}")
+            self.refuse_repeated_images(samples)
+            self._samples = samples
+        return self._samples
+
+    def refuse_repeated_images(self, samples: list[Sample]) -> None:
+        """Every image once: an image listed twice would be evaluated, and counted, twice. Formats
+        that list an image on several rows (RSNA's boxes, VinDr's readers) merge them in ``index``."""
+        rows: dict[str, list[int]] = {}
+        for row, sample in enumerate(samples):
+            rows.setdefault(sample.image_id, []).append(row)
+        repeated = {image_id: found for image_id, found in rows.items() if len(found) > 1}
+        if repeated:
+            shown = "; ".join(f"{image_id} ({samples[found[0]].path.name}) at entries {', '.join(map(str, found))}"
+                              for image_id, found in list(repeated.items())[:5])
+            raise ValueError(
+                f"{type(self).__name__}: {len(repeated)} image(s) are listed more than once in the annotation "
+                f"files under {self.root} (entries counted from 0 in the split's order): {shown}. Keep one "
+                "entry per image in the annotation file."
+            )
+
+    def decoding_dataset(self) -> XBenchDataset:
+        return XBenchDataset(
+            self.samples, self.classes, self.image_size, self.mask_threshold, self.augment, self.augment_seed
+        )
+
+    def cache_folder(self) -> Path:
+        """This split's cache folder, named by the fingerprint of its samples and settings."""
+        if self._cache_folder is None:
+            settings = {
+                "dataset": f"{type(self).__module__}.{type(self).__qualname__}",
+                "classes": self.classes,
+                "image_size": self.image_size,
+                "mask_threshold": self.mask_threshold,
+                "augment": self.augment,
+                "augment_seed": self.augment_seed,
+                "native_shorter_side": self.cache_shorter_side,
+                "code": code_digest(*PIXEL_CODE),
+            }
+            self._cache_folder = cache_root() / "decoded" / f"{self.name}-{fingerprint(self.samples, settings)}"
+        return self._cache_folder
+
+    def prepare_data(self) -> None:
+        """Write the decoded-image cache unless it exists (once per node, before ``setup``)."""
+        if not self.cache:
+            return
+        folder = self.cache_folder()
+        reused = folder.exists()
+        if not reused:
+            build_cache(
+                folder, self.decoding_dataset(), self.cache_shorter_side, self.image_size, self.batch_size, self.num_workers
+            )
+        action = "reading" if reused else "written"
+        Console(stderr=True, soft_wrap=True).print(
+            f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.cache and self.cache_folder().exists():
+            self.test_set = CachedDataset(self.cache_folder(), self.samples, self.classes, self.image_size)
+        else:
+            self.test_set = self.decoding_dataset()
+
+    def set_model_transform(self, transform: Preprocess | None) -> None:
+        """The model's own transform (its ``setup`` hands it over, after this datamodule's):
+        batches then carry ``model_input`` and ``window``; ``None`` (baselines, the Oracle): no
+        model input."""
+        self.model_transform = transform
+        if transform is not None and self.cache and transform.target > self.cache_shorter_side:
+            warnings.warn(
+                f"the model resizes to {transform.target} px but the decoded-image cache keeps native images "
+                f"at most {self.cache_shorter_side} px on their shorter side: larger images are upsampled from "
+                f"the cache. Run with --data.cache_shorter_side {transform.target} (or --data.cache false).",
+                stacklevel=2,
+            )
+
+    def test_dataloader(self) -> DataLoader:
+        dataset = self.test_set
+        if self.model_transform is not None:
+            dataset = ModelInputDataset(dataset, self.model_transform, self.image_size)
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=ExactlyOnceSampler(len(dataset)),
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def image_ids(self) -> list[str]:
+        return [sample.image_id for sample in self.samples]

@@ -1,0 +1,194 @@
+"""Reading radiographs: every loader goes through :func:`read_image`.
+
+The result is always a float32 array [H, W] in [0, 1] at the file's native resolution, grey.
+PNG and JPEG go through Pillow; DICOM through pydicom, with JPEG Baseline decoded by Pillow and
+JPEG 2000 by pylibjpeg-openjpeg (both permissively licensed; the GPL pylibjpeg-libjpeg is not used).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from PIL import Image, UnidentifiedImageError
+from pydicom.errors import InvalidDicomError
+from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing
+from pydicom.pixels.decoders.base import get_decoder
+from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGBaseline8Bit
+
+DICOM_SUFFIXES = (".dcm", ".dicom")
+
+#: The permissively licensed package that decodes each compressed pixel format chest X-ray
+#: datasets ship (pydicom finds it by itself once installed).
+CODECS = {
+    JPEGBaseline8Bit: "Pillow",
+    JPEG2000Lossless: "pylibjpeg-openjpeg (or Pillow built with OpenJPEG)",
+    JPEG2000: "pylibjpeg-openjpeg (or Pillow built with OpenJPEG)",
+}
+
+
+class ImageReadError(OSError):
+    """An image file exists but cannot be decoded."""
+
+
+def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> dict[str, Path]:
+    """Every file below ``folder`` whose suffix is in ``suffixes``, keyed by its name's stem.
+
+    Release trees nest images by study and series and name each by its id, so the stem finds an
+    image wherever the tree puts it. One walk of the listing; no file is opened. A stem found
+    twice is an error, since either copy could be the one meant.
+    """
+    found: dict[str, Path] = {}
+    for directory, _, names in os.walk(folder, followlinks=True):
+        for name in names:
+            stem, suffix = os.path.splitext(name)
+            if suffix.lower() not in suffixes:
+                continue
+            path = Path(directory, name)
+            if stem in found:
+                raise ValueError(f"two files named {stem}{suffix} below {folder}: {found[stem]} and {path}; keep one")
+            found[stem] = path
+    return found
+
+
+def read_image(path: str | Path) -> np.ndarray:
+    """Decode ``path`` into a float32 grey image in [0, 1] (PNG/JPEG, 8 or 16 bit)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    if path.suffix.lower() in DICOM_SUFFIXES:
+        return read_dicom(path)
+    return read_raster(path)
+
+
+def read_raster(path: Path) -> np.ndarray:
+    """PNG/JPEG through Pillow; 8-bit scales by 255, 16-bit by 65535; colour-stored grey averages."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            mode = image.mode
+            if mode in ("RGBA", "LA", "P", "PA", "CMYK", "YCbCr", "1"):
+                image = image.convert("RGB" if mode in ("RGBA", "P", "PA", "CMYK", "YCbCr") else "L")
+                mode = image.mode
+            pixels = np.asarray(image)
+    except UnidentifiedImageError as error:
+        raise ImageReadError(f"cannot decode image {path}: not a format Pillow reads ({error})") from error
+    except OSError as error:
+        raise ImageReadError(f"cannot decode image {path}: {error}") from error
+    if mode == "RGB":
+        return pixels.mean(axis=2, dtype=np.float32) / 255
+    if mode == "L":
+        return pixels.astype(np.float32) / 255
+    if mode.startswith("I;16") or mode == "I":
+        if pixels.min() < 0 or pixels.max() > 65535:
+            raise ImageReadError(f"cannot decode image {path}: integer pixels outside the 16-bit range")
+        return pixels.astype(np.float32) / 65535
+    raise ImageReadError(f"cannot decode image {path}: unsupported pixel mode {mode!r}")
+
+
+def read_dicom(path: Path) -> np.ndarray:
+    """DICOM -> [0, 1]: Modality LUT, then VOI LUT or window if present, then MONOCHROME1
+    inversion, then scaling over the output range of the last step (the VOI LUT's or window's
+    output range, or the stored bit depth's range when there is neither)."""
+    dataset = _read_dataset(path)
+    stored = _decode_pixels(dataset, path)
+    _widen_bits_stored(dataset, stored, path)
+    values = apply_modality_lut(stored, dataset)
+    if "VOILUTSequence" in dataset:
+        values = apply_voi(values, dataset)
+        low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
+    elif "WindowCenter" in dataset and "WindowWidth" in dataset:
+        values = apply_windowing(values, dataset)
+        low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
+    else:
+        low, high = sorted(_modality_output_range(dataset))
+    image = np.asarray(values, dtype=np.float32)  # exact for stored integers; in-place from here on
+    image -= low
+    image /= high - low
+    np.clip(image, 0, 1, out=image)
+    if dataset.get("PhotometricInterpretation") == "MONOCHROME1":
+        np.subtract(1, image, out=image)
+    return image
+
+
+def _read_dataset(path: Path) -> pydicom.Dataset:
+    """``dcmread``, with a file that ends early as an error: pydicom only warns and drops the
+    unfinished element (often the pixel data), which would read as "no pixel data"."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            dataset = pydicom.dcmread(path)
+        except (InvalidDicomError, EOFError, OSError, ValueError) as error:
+            raise ImageReadError(f"cannot read DICOM {path}: {error}") from error
+    for warning in caught:
+        if "end of file" in str(warning.message).lower():
+            raise ImageReadError(
+                f"DICOM {path} is truncated ({warning.message}); copy or download the file again"
+            )
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    if "PixelData" not in dataset:
+        raise ImageReadError(f"DICOM {path} has no pixel data (no PixelData element)")
+    return dataset
+
+
+def _decode_pixels(dataset: pydicom.Dataset, path: Path) -> np.ndarray:
+    """The stored values of the one grey frame; a missing codec or a corrupt stream is an error
+    that says which."""
+    syntax = dataset.file_meta.get("TransferSyntaxUID")
+    if syntax is None:
+        raise ImageReadError(f"DICOM {path} has no Transfer Syntax UID in its file meta: its pixel encoding is unknown")
+    try:
+        decoder = get_decoder(syntax)
+    except NotImplementedError as error:
+        raise ImageReadError(f"cannot decode {path}: pydicom has no decoder for its transfer syntax ({error})") from None
+    if not decoder.is_available:
+        needed = CODECS.get(syntax, "; ".join(decoder.missing_dependencies))
+        raise ImageReadError(
+            f"cannot decode {path}: its pixel data is {syntax.name} ({syntax}) and no codec for it is "
+            f"installed; install {needed}"
+        )
+    try:
+        stored = dataset.pixel_array
+    except Exception as error:  # pydicom raises several types for a corrupt stream
+        raise ImageReadError(
+            f"cannot decode the pixel data of {path} ({syntax.name}): {error}. The file may be truncated "
+            "or corrupt; copy or download it again"
+        ) from error
+    if stored.ndim != 2:
+        raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
+    return stored
+
+
+def _widen_bits_stored(dataset: pydicom.Dataset, stored: np.ndarray, path: Path) -> None:
+    """Raise *Bits Stored* to what the pixels need when they exceed it (a header that says 12 bits
+    over 16-bit data), so the image is scaled over its real range instead of clipped to white."""
+    declared = int(dataset.BitsStored)
+    if dataset.PixelRepresentation == 0:
+        needed = int(stored.max()).bit_length()
+    else:
+        needed = max(int(stored.max()).bit_length(), (-int(stored.min()) - 1).bit_length()) + 1
+    if needed > declared:
+        warnings.warn(
+            f"DICOM {path}: pixel values need {needed} bits but Bits Stored says {declared}; scaling over "
+            f"{needed} bits instead of clipping",
+            stacklevel=3,
+        )
+        dataset.BitsStored = needed
+
+
+def _modality_output_range(dataset: pydicom.Dataset) -> tuple[float, float]:
+    """The values the Modality LUT step maps the stored range's ends to, exactly as pydicom's
+    windowing computes its output range (so below-window pixels land on the first value)."""
+    if "ModalityLUTSequence" in dataset:
+        low, high = 0.0, float(2 ** int(dataset.ModalityLUTSequence[0].LUTDescriptor[2]) - 1)
+    elif dataset.PixelRepresentation == 0:
+        low, high = 0.0, float(2 ** int(dataset.BitsStored) - 1)
+    else:
+        low, high = float(-(2 ** (int(dataset.BitsStored) - 1))), float(2 ** (int(dataset.BitsStored) - 1) - 1)
+    slope, intercept = dataset.get("RescaleSlope"), dataset.get("RescaleIntercept")
+    if slope is not None and intercept is not None:
+        low, high = low * float(slope) + float(intercept), high * float(slope) + float(intercept)
+    return low, high

@@ -1,0 +1,124 @@
+"""Synthetic radiographs with lesions of known class, position and size, in ChestX-Det10's format.
+
+The demo and the end-to-end tests run through the real ChestX-Det10 loader on these files: grey
+images with dark lung fields, a bright mediastinum and spine, rib-like texture and noise; each
+lesion is a soft bright opacity inside a lung whose class is its size -- ``nodule`` small,
+``mass`` medium, ``consolidation`` large -- and whose box is its tight bounding box. About a
+quarter of the images are negatives. Everything follows from ``seed``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from xbench.cache import cache_root
+from xbench.data.chestx_det10 import ChestXDet10
+
+#: class key -> (raw ChestX-Det10 spelling, lesion radius range as a fraction of the image side)
+LESIONS = {
+    "nodule": ("Nodule", (0.025, 0.04)),
+    "mass": ("Mass", (0.06, 0.09)),
+    "consolidation": ("Consolidation", (0.12, 0.17)),
+}
+GENERATOR_VERSION = 1
+
+
+def _ellipse(xx, yy, cx, cy, rx, ry):
+    return ((xx - cx) / rx) ** 2 + ((yy - cy) / ry) ** 2
+
+
+def _radiograph(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[str], list[list[int]]]:
+    axis = (np.arange(size) + 0.5) / size * 2 - 1
+    xx, yy = np.meshgrid(axis, axis)
+    image = np.full((size, size), 0.06)
+    image[_ellipse(xx, yy, 0, 0.05, 0.92, 1.0) < 1] = 0.55
+    lungs = []
+    for side in (-1, 1):
+        cx, cy, rx, ry = side * rng.uniform(0.34, 0.4), rng.uniform(-0.12, -0.02), rng.uniform(0.25, 0.3), rng.uniform(0.5, 0.6)
+        lungs.append((cx, cy, rx, ry))
+        image[_ellipse(xx, yy, cx, cy, rx, ry) < 1] = 0.24
+    image[_ellipse(xx, yy, rng.uniform(0.02, 0.1), 0.3, 0.27, 0.32) < 1] = 0.72
+    image[np.abs(xx) < 0.07] += 0.1
+    in_lung = np.zeros_like(image, dtype=bool)
+    for cx, cy, rx, ry in lungs:
+        in_lung |= _ellipse(xx, yy, cx, cy, rx, ry) < 1
+    ribs = 0.5 + 0.5 * np.sin(2 * np.pi * 6.5 * (yy + 0.25 * xx**2) + rng.uniform(0, 2 * np.pi))
+    image += np.where(in_lung, 0.09 * ribs**4, 0)
+
+    syms, boxes = [], []
+    count = 0 if rng.random() < 0.25 else int(rng.integers(1, 3))
+    for _ in range(count):
+        key = rng.choice(list(LESIONS))
+        raw, (low, high) = LESIONS[key]
+        radius = rng.uniform(low, high) * 2  # in the [-1, 1] coordinate frame
+        cx, cy, rx, ry = lungs[int(rng.integers(0, 2))]
+        angle, reach = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.6)
+        lx, ly = cx + reach * rx * np.cos(angle), cy + reach * ry * np.sin(angle)
+        aspect = rng.uniform(0.75, 1.3)
+        distance = np.sqrt(_ellipse(xx, yy, lx, ly, radius * aspect, radius / aspect))
+        image += 0.28 * np.clip(1.6 * (1 - distance), 0, 1)
+        rows, cols = np.nonzero(distance < 1)
+        syms.append(raw)
+        boxes.append([int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1])
+    image += rng.normal(0, 0.025, size=image.shape)
+    return (np.clip(image, 0, 1) * 255).round().astype(np.uint8), syms, boxes
+
+
+def generate_phantom(root: Path, num_images: int, size: int, seed: int) -> None:
+    """Write ``test.json`` and ``test_data/*.png`` under ``root`` (atomically: all or nothing)."""
+    root = Path(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        (staging / "test_data").mkdir()
+        rng = np.random.default_rng(seed)
+        entries = []
+        for i in range(num_images):
+            pixels, syms, boxes = _radiograph(rng, size)
+            file_name = f"{i:05d}.png"
+            Image.fromarray(pixels).save(staging / "test_data" / file_name)
+            entries.append({"file_name": file_name, "syms": syms, "boxes": boxes})
+        (staging / "test.json").write_text(json.dumps(entries))
+        os.replace(staging, root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+class Phantom(ChestXDet10):
+    """The phantom set, generated on first use into ``root`` (default: a cache folder keyed by
+    the settings), then read by the ChestX-Det10 loader.
+
+    Args:
+        root: where the files are (or will be) written; default ``$XBENCH_CACHE`` or ``~/.cache/xbench``.
+        num_images: images in the split. native_size: side of the written PNGs. seed: the generator's seed.
+    """
+
+    name = "phantom"
+    spellings = "chestx_det10"
+
+    def __init__(
+        self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0, **kwargs
+    ) -> None:
+        if root is None:
+            root = str(cache_root() / f"phantom-v{GENERATOR_VERSION}-n{num_images}-s{native_size}-seed{seed}")
+        super().__init__(root=root, split="test", **kwargs)
+        self.num_images = num_images
+        self.native_size = native_size
+        self.seed = seed
+
+    @classmethod
+    def default_classes(cls) -> tuple[str, ...]:
+        return tuple(LESIONS)
+
+    def prepare_data(self) -> None:
+        if not (self.root / "test.json").exists():
+            generate_phantom(self.root, self.num_images, self.native_size, self.seed)
+        super().prepare_data()

@@ -1,0 +1,231 @@
+"""VinDr-CXR: clinical DICOMs with boxes by one or several radiologists per image.
+
+Two layouts are read, found from what ``root`` holds:
+
+- PhysioNet 1.0.0: ``{train,test}/<image_id>.dicom``, ``annotations/annotations_{train,test}.csv``
+  (``image_id, [rad_id,] class_name, x_min, y_min, x_max, y_max``) and
+  ``annotations/image_labels_{train,test}.csv`` (one 0/1 column per label; train has a row per
+  radiologist, test one consensus row and spells ``Other disease`` where train has ``Other
+  diseases``). Labels come from the image-label file, regions from the boxes.
+- Kaggle (VinBigData competition): ``train.csv`` + ``train/<image_id>.dicom``, train split only,
+  14 of the 22 local labels; labels come from the boxes, the 8 others are unknown (-1).
+
+Boxes are xyxy floats in the native pixel grid; ``No finding`` rows carry no box. The test split
+has one consensus reader (its label file has no ``rad_id``, so every test box is the consensus's,
+whatever ``rad_id`` the box file gives); the train split has three per image, merged by
+``readers``: ``union`` (any radiologist) or ``majority`` (more than half of the image's
+radiologists, for labels and pixel by pixel for regions). Images are decoded by :func:`xbench.data.io.read_dicom`
+(MONOCHROME1, 10-16 bit, JPEG 2000).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import warnings
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Literal
+
+from xbench.data.annotation_files import read_csv_rows
+from xbench.data.base import Sample, XBenchDataModule
+from xbench.data.regions import Boxes, MajorityVote
+from xbench.findings import SPELLINGS, finding_key
+
+NO_FINDING = "No finding"
+#: Image-label columns that are global (image-level) labels, not local findings with boxes.
+GLOBAL_LABELS = ("COPD", "Lung tumor", "Pneumonia", "Tuberculosis", "Other disease", "Other diseases", NO_FINDING)
+BOX_COLUMNS = ("x_min", "y_min", "x_max", "y_max")
+#: The reader of a file without ``rad_id`` (the test split's consensus).
+CONSENSUS = "consensus"
+
+
+class VinDrCXR(XBenchDataModule):
+    """VinDr-CXR; ``split="test"`` (3,000 images, consensus of 5 radiologists) is the benchmark split.
+
+    Args:
+        split: ``test`` or ``train`` (the Kaggle layout has only ``train``).
+        readers: how the train split's radiologists are merged: ``union`` or ``majority``.
+    """
+
+    name = "vindr"
+
+    def __init__(
+        self,
+        root: str,
+        split: Literal["test", "train"] = "test",
+        readers: Literal["union", "majority"] = "union",
+        **kwargs,
+    ) -> None:
+        super().__init__(root=root, **kwargs)
+        if readers not in ("union", "majority"):
+            raise ValueError(f"readers must be 'union' or 'majority'; got {readers!r}")
+        self.split = split
+        self.readers = readers
+
+    def index(self) -> list[Sample]:
+        if (self.root / "annotations").is_dir():
+            layout, spelling_set = "physionet", self.name
+            box_file = self.require(self.root / "annotations" / f"annotations_{self.split}.csv", "the box file")
+            label_file = self.require(
+                self.root / "annotations" / f"image_labels_{self.split}.csv", "the image-label file"
+            )
+        elif (self.root / "train.csv").is_file():
+            if self.split != "train":
+                raise ValueError(
+                    f"VinDrCXR: {self.root} is the Kaggle layout (train.csv), which has only the train split; "
+                    "use split: train, or the PhysioNet download for the test split."
+                )
+            layout, spelling_set, box_file, label_file = "kaggle", "vindr_kaggle", self.root / "train.csv", None
+        else:
+            raise FileNotFoundError(
+                f"VinDrCXR: {self.root} holds neither annotations/ (PhysioNet) nor train.csv (Kaggle). Point "
+                "`data.root` at the folder with those files."
+            )
+        image_dir = self.require(self.root / self.split, f"the image folder {self.split}/")
+        annotated = set(SPELLINGS[spelling_set].values())
+        if label_file is not None:
+            votes, readers, per_reader = self._read_labels(label_file)
+            boxes, box_readers, skipped = self._read_boxes(box_file, spelling_set, per_reader)
+            self._check_readers(box_readers, readers, label_file)
+        else:
+            boxes, readers, skipped = self._read_boxes(box_file, spelling_set, per_reader=True)
+            votes = {
+                image: {key: len(by_reader) for key, by_reader in by_class.items()} for image, by_class in boxes.items()
+            }
+        present = set(os.listdir(image_dir))
+        supported = self.supported_classes()
+        samples = []
+        for image_id, image_readers in readers.items():
+            if f"{image_id}.dicom" not in present:
+                raise FileNotFoundError(
+                    f"{label_file or box_file}, line {min(image_readers.values())}: image {image_id} has no file "
+                    f"{image_dir / image_id}.dicom. Download the {self.split}/ folder of VinDr-CXR into {self.root}."
+                )
+            count = len(image_readers)
+            labels = {
+                key: self._merge(votes.get(image_id, {}).get(key, 0), count) if key in annotated else -1
+                for key in supported
+            }
+            regions = {}
+            for key, by_reader in boxes.get(image_id, {}).items():
+                if self.readers == "union":
+                    regions[key] = Boxes(tuple(box for found in by_reader.values() for box in found))
+                elif self._merge(len(by_reader), count):
+                    regions[key] = MajorityVote(tuple(Boxes(tuple(found)) for found in by_reader.values()), count)
+            path = image_dir / f"{image_id}.dicom"
+            samples.append(Sample(image_id=image_id, path=path, labels=labels, regions=regions))
+        if not annotated >= set(self.classes):
+            warnings.warn(
+                f"VinDrCXR: the Kaggle layout does not annotate {sorted(set(self.classes) - annotated)}; their labels "
+                "are unknown and they have no regions.",
+                stacklevel=2,
+            )
+        self._note(samples, layout, box_file, label_file, readers, skipped, annotated)
+        return samples
+
+    def _merge(self, votes: int, readers: int) -> int:
+        return int(votes > 0) if self.readers == "union" else int(2 * votes > readers)
+
+    def _read_boxes(self, box_file: Path, spelling_set: str, per_reader: bool):
+        """``image -> key -> reader -> [xyxy]`` and ``image -> reader -> first line``, in file order;
+        boxes of zero width or height skipped and counted.
+
+        Without ``per_reader`` (the test split, whose labels are one consensus row per image) every
+        box belongs to the consensus, whatever its ``rad_id``.
+        """
+        boxes: dict[str, dict[str, dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+        readers: dict[str, dict[str, int]] = defaultdict(dict)
+        skipped = 0
+        columns = ["image_id", "class_name", *BOX_COLUMNS, *(["rad_id"] if per_reader else [])]
+        for line, row in read_csv_rows(box_file, columns):
+            where = f"{box_file}, line {line}"
+            image_id, class_name = row["image_id"], row["class_name"]
+            reader = row["rad_id"] if per_reader else CONSENSUS
+            readers[image_id].setdefault(reader, line)
+            corners = [row[name] for name in BOX_COLUMNS]
+            if class_name == NO_FINDING:
+                if any(corners):
+                    raise ValueError(f"{where}: a 'No finding' row must have empty coordinates, got {corners}")
+                continue
+            key = finding_key(spelling_set, class_name, source=where)
+            try:
+                x1, y1, x2, y2 = (float(v) for v in corners)
+            except ValueError:
+                raise ValueError(
+                    f"{where}: {class_name!r} needs numeric {', '.join(BOX_COLUMNS)}, got {corners}"
+                ) from None
+            if not all(map(math.isfinite, (x1, y1, x2, y2))):
+                raise ValueError(f"{where}: box {corners} is not finite")
+            if not (x2 > x1 and y2 > y1):
+                skipped += 1
+                continue
+            boxes[image_id][key][reader].append((x1, y1, x2, y2))
+        if skipped:
+            warnings.warn(f"VinDrCXR: skipped {skipped} boxes of zero width or height in {box_file}", stacklevel=3)
+        return boxes, readers, skipped
+
+    def _read_labels(self, label_file: Path):
+        """Per image, per key, the number of readers whose label is 1; ``image -> reader -> line``;
+        whether the file has a row per reader (``rad_id``) or one consensus row."""
+        votes: dict[str, Counter] = defaultdict(Counter)
+        readers: dict[str, dict[str, int]] = defaultdict(dict)
+        with open(label_file, newline="") as handle:
+            rows = csv.reader(handle)
+            header = next(rows, [])
+            if not header or header[0] != "image_id":
+                raise ValueError(f"{label_file}: expected a header starting with image_id, got {header[:3]}")
+            per_reader = len(header) > 1 and header[1] == "rad_id"
+            first = 2 if per_reader else 1
+            columns = {}
+            for i, name in enumerate(header[first:], start=first):
+                if name.strip() not in GLOBAL_LABELS:
+                    columns[i] = finding_key(self.name, name, source=f"{label_file}, header")
+            missing = set(self.supported_classes()) - set(columns.values())
+            if missing:
+                raise ValueError(f"{label_file}: no column for {sorted(missing)}")
+            for line, row in enumerate(rows, start=2):
+                where = f"{label_file}, line {line}"
+                if len(row) != len(header):
+                    raise ValueError(f"{where}: {len(row)} fields, the header has {len(header)}")
+                image_id = row[0].strip()
+                reader = row[1].strip() if per_reader else CONSENSUS
+                if reader in readers[image_id]:
+                    raise ValueError(f"{where}: a second row for image {image_id}, reader {reader}")
+                readers[image_id][reader] = line
+                for i, key in columns.items():
+                    value = row[i].strip()
+                    if value not in ("0", "1", "0.0", "1.0"):
+                        raise ValueError(f"{where}: {header[i]} is {row[i]!r}; expected 0 or 1")
+                    votes[image_id][key] += value.startswith("1")
+        return votes, readers, per_reader
+
+    @staticmethod
+    def _check_readers(box_readers: dict, label_readers: dict, label_file: Path) -> None:
+        """Every (image, reader) with boxes has its label row: both files are of the same split."""
+        for image_id, image_readers in box_readers.items():
+            unlabelled = set(image_readers) - set(label_readers.get(image_id, ()))
+            if unlabelled:
+                raise ValueError(
+                    f"{label_file}: no label row for image {image_id}, reader {sorted(unlabelled)[0]}, which has "
+                    "rows in the box file; the two files must be of the same split."
+                )
+
+    def _note(self, samples, layout, box_file, label_file, readers, skipped, annotated) -> None:
+        entered, unboxed = Counter(), Counter()
+        for sample in samples:
+            entered.update(sample.regions.keys())
+            unboxed.update(key for key, label in sample.labels.items() if label == 1 and key not in sample.regions)
+        self.notes = {
+            "layout": layout,
+            "split": self.split,
+            "readers": self.readers,
+            "images": len(samples),
+            "readers_per_image": {str(n): c for n, c in sorted(Counter(map(len, readers.values())).items())},
+            "label_source": (label_file or box_file).name,
+            "degenerate_boxes_skipped": skipped,
+            "classes_not_annotated": [key for key in self.classes if key not in annotated],
+            "images_entered_grounding": {key: entered[key] for key in self.classes},
+            "positive_labels_without_region": {key: unboxed[key] for key in self.classes},
+        }

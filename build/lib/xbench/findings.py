@@ -1,0 +1,251 @@
+"""The one table of findings: canonical keys, display names, short names and raw spellings.
+
+Every other module refers to a finding by its canonical key (``pleural_effusion``), never by a
+dataset's own spelling. Loaders translate raw spellings with :func:`finding_key`; reports use
+:func:`display_name` and :func:`short_name`. The short names follow the paper's table style
+(ATE, CARD, EFF, ...); where the paper does not print one, the abbreviation is ours.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Finding:
+    key: str
+    display: str
+    short: str
+
+
+FINDINGS: dict[str, Finding] = {
+    f.key: f
+    for f in (
+        Finding("aortic_enlargement", "Aortic Enlargement", "AE"),
+        Finding("atelectasis", "Atelectasis", "ATE"),
+        Finding("calcification", "Calcification", "CAL"),
+        Finding("cardiomegaly", "Cardiomegaly", "CARD"),
+        Finding("clavicle_fracture", "Clavicle Fracture", "CF"),
+        Finding("consolidation", "Consolidation", "CONS"),
+        Finding("covid19", "COVID-19", "COV"),
+        Finding("edema", "Edema", "EDE"),
+        Finding("emphysema", "Emphysema", "EMPH"),
+        Finding("enlarged_cardiomediastinum", "Enlarged Cardiomediastinum", "EC"),
+        Finding("enlarged_pa", "Enlarged PA", "EPA"),
+        Finding("fibrosis", "Fibrosis", "FIB"),
+        Finding("fracture", "Fracture", "FRAC"),
+        Finding("hernia", "Hernia", "HER"),
+        Finding("infiltration", "Infiltration", "INF"),
+        Finding("interstitial_lung_disease", "Interstitial Lung Disease", "ILD"),
+        Finding("lung_cavity", "Lung Cavity", "LCAV"),
+        Finding("lung_cyst", "Lung Cyst", "LCYS"),
+        Finding("lung_lesion", "Lung Lesion", "LL"),
+        Finding("lung_opacity", "Lung Opacity", "LO"),
+        Finding("mass", "Mass", "MASS"),
+        Finding("mediastinal_shift", "Mediastinal Shift", "MS"),
+        Finding("nodule", "Nodule", "NOD"),
+        Finding("nodule_mass", "Nodule/Mass", "NM"),
+        Finding("other_lesion", "Other Lesion", "OL"),
+        Finding("pleural_effusion", "Pleural Effusion", "EFF"),
+        Finding("pleural_other", "Pleural Other", "PO"),
+        Finding("pleural_thickening", "Pleural Thickening", "PT"),
+        Finding("pneumonia", "Pneumonia", "PNA"),
+        Finding("pneumothorax", "Pneumothorax", "PTX"),
+        Finding("pulmonary_fibrosis", "Pulmonary Fibrosis", "PF"),
+        Finding("rib_fracture", "Rib Fracture", "RF"),
+        Finding("support_devices", "Support Devices", "SD"),
+    )
+}
+
+#: Each dataset's raw spellings (every file it ships: box files, label CSVs, JSON keys) -> key.
+SPELLINGS: dict[str, dict[str, str]] = {
+    "rsna": {"Lung Opacity": "pneumonia", "Pneumonia": "pneumonia"},
+    "siim": {"Pneumothorax": "pneumothorax"},
+    "covid_rural": {"COVID-19": "covid19"},
+    "chestx_det10": {
+        "Atelectasis": "atelectasis",
+        "Calcification": "calcification",
+        "Consolidation": "consolidation",
+        "Effusion": "pleural_effusion",
+        "Emphysema": "emphysema",
+        "Fibrosis": "fibrosis",
+        "Fracture": "fracture",
+        "Mass": "mass",
+        "Nodule": "nodule",
+        "Pneumothorax": "pneumothorax",
+    },
+    "chexlocalize": {
+        "Enlarged Cardiomediastinum": "enlarged_cardiomediastinum",
+        "Cardiomegaly": "cardiomegaly",
+        "Lung Opacity": "lung_opacity",
+        "Airspace Opacity": "lung_opacity",
+        "Lung Lesion": "lung_lesion",
+        "Edema": "edema",
+        "Consolidation": "consolidation",
+        "Pneumonia": "pneumonia",
+        "Atelectasis": "atelectasis",
+        "Pneumothorax": "pneumothorax",
+        "Pleural Effusion": "pleural_effusion",
+        "Pleural Other": "pleural_other",
+        "Fracture": "fracture",
+        "Support Devices": "support_devices",
+    },
+    "chestxray14": {
+        "Atelectasis": "atelectasis",
+        "Cardiomegaly": "cardiomegaly",
+        "Consolidation": "consolidation",
+        "Edema": "edema",
+        "Effusion": "pleural_effusion",
+        "Emphysema": "emphysema",
+        "Fibrosis": "fibrosis",
+        "Hernia": "hernia",
+        "Infiltrate": "infiltration",
+        "Infiltration": "infiltration",
+        "Mass": "mass",
+        "Nodule": "nodule",
+        "Pleural_Thickening": "pleural_thickening",
+        "Pneumonia": "pneumonia",
+        "Pneumothorax": "pneumothorax",
+    },
+    "vindr": {
+        "Aortic enlargement": "aortic_enlargement",
+        "Atelectasis": "atelectasis",
+        "Calcification": "calcification",
+        "Cardiomegaly": "cardiomegaly",
+        "Clavicle fracture": "clavicle_fracture",
+        "Consolidation": "consolidation",
+        "Edema": "edema",
+        "Emphysema": "emphysema",
+        "Enlarged PA": "enlarged_pa",
+        "ILD": "interstitial_lung_disease",
+        "Infiltration": "infiltration",
+        "Lung Opacity": "lung_opacity",
+        "Lung cavity": "lung_cavity",
+        "Lung cyst": "lung_cyst",
+        "Mediastinal shift": "mediastinal_shift",
+        "Nodule/Mass": "nodule_mass",
+        "Pleural effusion": "pleural_effusion",
+        "Pleural thickening": "pleural_thickening",
+        "Pneumothorax": "pneumothorax",
+        "Pulmonary fibrosis": "pulmonary_fibrosis",
+        "Rib fracture": "rib_fracture",
+        "Other lesion": "other_lesion",
+    },
+    # The Kaggle packaging of VinDr-CXR train (VinBigData competition ``train.csv``) keeps only
+    # these 14 of the 22 local labels; the other 8 are not annotated there at all.
+    "vindr_kaggle": {
+        "Aortic enlargement": "aortic_enlargement",
+        "Atelectasis": "atelectasis",
+        "Calcification": "calcification",
+        "Cardiomegaly": "cardiomegaly",
+        "Consolidation": "consolidation",
+        "ILD": "interstitial_lung_disease",
+        "Infiltration": "infiltration",
+        "Lung Opacity": "lung_opacity",
+        "Nodule/Mass": "nodule_mass",
+        "Other lesion": "other_lesion",
+        "Pleural effusion": "pleural_effusion",
+        "Pleural thickening": "pleural_thickening",
+        "Pneumothorax": "pneumothorax",
+        "Pulmonary fibrosis": "pulmonary_fibrosis",
+    },
+}
+
+#: The classes the paper reports per dataset, in its table order (55 pairs in all).
+PAPER_CLASSES: dict[str, tuple[str, ...]] = {
+    "rsna": ("pneumonia",),
+    "siim": ("pneumothorax",),
+    "covid_rural": ("covid19",),
+    "chestx_det10": (
+        "atelectasis", "calcification", "consolidation", "pleural_effusion", "emphysema",
+        "fibrosis", "fracture", "mass", "nodule", "pneumothorax",
+    ),
+    "chexlocalize": (
+        "lung_opacity", "atelectasis", "cardiomegaly", "consolidation", "edema",
+        "enlarged_cardiomediastinum", "fracture", "lung_lesion", "pleural_effusion",
+        "pleural_other", "pneumonia", "pneumothorax", "support_devices",
+    ),
+    "chestxray14": (
+        "atelectasis", "cardiomegaly", "pleural_effusion", "infiltration", "mass", "nodule",
+        "pneumonia", "pneumothorax",
+    ),
+    "vindr": (
+        "aortic_enlargement", "atelectasis", "calcification", "cardiomegaly", "clavicle_fracture",
+        "consolidation", "emphysema", "enlarged_pa", "interstitial_lung_disease", "infiltration",
+        "lung_opacity", "lung_cavity", "lung_cyst", "mediastinal_shift", "nodule_mass",
+        "pleural_effusion", "pleural_thickening", "pneumothorax", "pulmonary_fibrosis",
+        "rib_fracture", "other_lesion",
+    ),
+}
+
+
+#: The paper's name of each dataset (its ``XBenchDataModule.name``), for tables and figures.
+DATASET_NAMES: dict[str, str] = {
+    "rsna": "RSNA Pneumonia",
+    "siim": "SIIM-ACR",
+    "covid_rural": "COVID-Rural",
+    "chestx_det10": "ChestX-Det10",
+    "chexlocalize": "CheXlocalize",
+    "chestxray14": "ChestX-ray14",
+    "vindr": "VinDr-CXR",
+    "phantom": "Phantom",
+}
+
+
+def finding_key(dataset: str, raw: str, *, source: str = "") -> str:
+    """Translate ``raw`` as spelled in ``dataset``'s files into the canonical key."""
+    spellings = SPELLINGS.get(dataset)
+    if spellings is None:
+        raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(SPELLINGS)}")
+    key = spellings.get(raw.strip())
+    if key is None:
+        where = f" in {source}" if source else ""
+        raise ValueError(
+            f"unknown {dataset} label spelling {raw!r}{where}; known spellings: "
+            f"{sorted(spellings)}. If the file is right, add the spelling to "
+            "xbench/findings.py SPELLINGS."
+        )
+    return key
+
+
+def check_classes(classes: list[str] | tuple[str, ...], *, allowed: tuple[str, ...] | None = None) -> list[str]:
+    """Validate class keys against the table (and ``allowed``, a dataset's supported keys)."""
+    classes = list(classes)
+    if not classes:
+        raise ValueError("the class list is empty; give at least one finding key")
+    if len(set(classes)) != len(classes):
+        raise ValueError(f"the class list repeats a key: {classes}")
+    for key in classes:
+        if key not in FINDINGS:
+            raise ValueError(
+                f"class {key!r} is not a finding key in xbench/findings.py; known keys: {sorted(FINDINGS)}"
+            )
+        if allowed is not None and key not in allowed:
+            raise ValueError(f"class {key!r} is not annotated in this dataset; it supports: {list(allowed)}")
+    return classes
+
+
+def display_name(key: str) -> str:
+    return FINDINGS[key].display
+
+
+def finding_text(key: str) -> str:
+    """The words a prompt names a finding with: its display name in lower case (the specs'
+    recommendation; the models' tokenizers lower-case anyway). A key outside this table falls
+    back to its own words, with a warning."""
+    finding = FINDINGS.get(key)
+    if finding is not None:
+        return finding.display.lower()
+    text = key.replace("_", " ")
+    warnings.warn(f"finding {key!r} is not in xbench/findings.py; prompting with {text!r}", stacklevel=2)
+    return text
+
+
+def short_name(key: str) -> str:
+    return FINDINGS[key].short
+
+
+def dataset_name(name: str) -> str:
+    """The display name of a dataset (its own ``name`` if the table has none)."""
+    return DATASET_NAMES.get(name, name)

@@ -1,0 +1,299 @@
+"""Grounding metrics: Pointing Game, Dice and IoU at all 101 thresholds from one histogram.
+
+A saliency map ``s`` (min-max normalised to [0, 1]) is compared with the radiologist region ``R``.
+For the float32 thresholds ``tau_k = k / 100`` (k = 0..100) a pixel belongs to ``B_k`` when
+``s >= tau_k``. The bin of a pixel is the largest ``k`` with ``s >= tau_k`` -- exactly what
+``torch.bucketize(s, THRESHOLDS, right=True) - 1`` returns. Histograms of all pixels and of the
+pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every threshold at once.
+
+Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
+(exact under DDP) plus per-pair records (concatenated) for later analyses.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities import dim_zero_cat
+
+from xbench.metrics.common import MetricValues, RecordsMetric
+
+NUM_THRESHOLDS = 101
+#: The 101 thresholds tau_k = k/100 as float32; bins and reported tau values refer to this tensor.
+THRESHOLDS = torch.arange(NUM_THRESHOLDS, dtype=torch.float32) / 100
+#: Index of tau = 0.5, the fixed threshold.
+FIXED_TAU_INDEX = 50
+_CODES_PER_PAIR = 2 * NUM_THRESHOLDS
+# Codes are built in float32 before the integer cast; integers stay exact below 2**24.
+_MAX_PAIRS_PER_UPDATE = (1 << 24) // _CODES_PER_PAIR
+# CPU works through cache-sized slices of pairs; CUDA takes the batch in one slice.
+_CPU_SLICE_ELEMENTS = 1 << 20
+
+
+def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
+    """``|B_k|`` and ``|B_k & R|`` for every (image, class) pair and all 101 thresholds.
+
+    Args:
+        saliency: float [B, C, H, W] with values in [0, 1].
+        masks: bool [B, C, H, W], the regions ``R``.
+
+    Returns:
+        Two int64 tensors [B, C, 101]: predicted-pixel counts and intersection counts.
+
+    The bin of each pixel is ``r - 1 + (s >= r / 100)`` with ``r = round(100 s)``: ``100 s`` is
+    within half a bin of the true bin edge, and the comparison against the float32 threshold
+    ``r / 100`` (bitwise equal to ``THRESHOLDS[r]``) settles the pixels that rounding puts on the
+    wrong side. Inside-mask and outside pixels of every pair get distinct codes, so one histogram
+    over the whole batch yields both. It is an ``index_add_`` of ones, not ``torch.bincount``: on CUDA
+    bincount reads the codes' minimum and maximum back to the host, which stalls every step.
+    """
+    if saliency.shape != masks.shape or saliency.ndim != 4:
+        raise ValueError(
+            f"saliency and masks must both be [B, C, H, W]; got {tuple(saliency.shape)} and {tuple(masks.shape)}"
+        )
+    batch, classes, height, width = saliency.shape
+    pairs, pixels = batch * classes, height * width
+    if pairs > _MAX_PAIRS_PER_UPDATE:
+        raise ValueError(
+            f"{pairs} (image, class) pairs in one update exceed {_MAX_PAIRS_PER_UPDATE}; "
+            "update with smaller batches"
+        )
+    device = saliency.device
+    flat_saliency = saliency.reshape(pairs, pixels).float()
+    flat_masks = masks.reshape(pairs, pixels)
+    # Code of a pixel: pair * 202 + inside * 101 + bin; the "- 1" of the bin formula rides along.
+    offsets = (torch.arange(pairs, dtype=torch.float32, device=device) * _CODES_PER_PAIR - 1).unsqueeze(1)
+    if device.type == "cuda":
+        rows, columns = pairs, pixels
+    else:  # blocks of whole pairs, or of one pair's pixels for a large (native-size) map
+        columns = min(pixels, _CPU_SLICE_ELEMENTS)
+        rows = max(1, _CPU_SLICE_ELEMENTS // max(columns, 1))
+    size = min(rows, pairs) * columns  # one block's elements; the buffers are reused by every block
+    scaled, edge = torch.empty(size, device=device), torch.empty(size, device=device)
+    above = torch.empty(size, dtype=torch.bool, device=device)
+    codes = torch.empty(size, dtype=torch.int32, device=device)
+    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
+    ones = torch.ones((), dtype=torch.int64, device=device).expand(size)
+    for start in range(0, pairs, rows):
+        stop = min(start + rows, pairs)
+        for left in range(0, pixels, columns):
+            right = min(left + columns, pixels)
+            n = (stop - start) * (right - left)
+            block = (stop - start, right - left)
+            s = flat_saliency[start:stop, left:right]
+            y = torch.mul(s, 100, out=scaled[:n].view(block))
+            torch.round(y, out=y)
+            torch.ge(s, torch.div(y, 100, out=edge[:n].view(block)), out=above[:n].view(block))
+            y.add_(above[:n].view(block)).add_(flat_masks[start:stop, left:right], alpha=NUM_THRESHOLDS)
+            y.add_(offsets[start:stop])
+            hist.index_add_(0, codes[:n].copy_(y.view(-1)), ones[:n])
+    hist = hist.view(batch, classes, 2, NUM_THRESHOLDS)
+    inside = hist[:, :, 1]
+    predicted = _suffix_sum(hist[:, :, 0] + inside)
+    return predicted, _suffix_sum(inside)
+
+
+def _suffix_sum(hist: Tensor) -> Tensor:
+    return hist.flip(-1).cumsum(-1).flip(-1)
+
+
+def pair_scores(predicted: Tensor, inter: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-pair Dice and IoU curves (float64) from the counts; ``|R|`` is ``inter[..., 0]``."""
+    predicted = predicted.double()
+    inter = inter.double()
+    region = inter[..., :1]
+    dice = 2 * inter / (predicted + region)
+    iou = inter / (predicted + region - inter)
+    return dice, iou
+
+
+def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict[str, Tensor]:
+    """Functional twin of :class:`GroundingMetrics`: everything one batch contributes, per pair.
+
+    Returns a dict of [B, C] tensors (``graded``: the pair enters grounding -- it has a mask and the
+    mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``) and [B, C, 101]
+    tensors (``predicted``, ``inter``, ``dice``, ``iou``; zero for pairs that are not graded).
+
+    Pointing Game: the map's maximum is 1 after min-max normalisation, so the pixels attaining it
+    are exactly the top bin; a hit is any of them inside ``R`` (ties count symmetrically). A
+    constant map normalises to all zeros, has an empty top bin, and is a miss.
+    """
+    predicted, inter = threshold_counts(saliency, masks)
+    region = inter[..., 0]
+    has_mask = has_mask.bool()
+    graded = has_mask & (region > 0)
+    top = predicted[..., -1]
+    dice, iou = pair_scores(predicted, inter)
+    keep = graded.unsqueeze(-1)
+    return {
+        "graded": graded,
+        "empty_mask": has_mask & (region == 0),
+        "region": region,
+        "hit": graded & (inter[..., -1] > 0),
+        "constant": graded & (top == 0),
+        "tied": graded & (top > 1),
+        "predicted": predicted * keep,
+        "inter": inter * keep,
+        "dice": torch.where(keep, dice, 0.0),
+        "iou": torch.where(keep, iou, 0.0),
+    }
+
+
+def summarise_curves(
+    pairs: Tensor,
+    hits: Tensor,
+    dice_sum: Tensor,
+    iou_sum: Tensor,
+    predicted_sum: Tensor,
+    inter_sum: Tensor,
+) -> dict[str, Tensor]:
+    """Per-class results and macro means from summed states."""
+    count = pairs.double()
+    region_sum = inter_sum[:, :1]  # |B_0 & R| = |R|: tau = 0 takes every pixel
+    pooled_total = (predicted_sum + region_sum).double()
+    curves = {
+        "dice": dice_sum / count.unsqueeze(1),
+        "iou": iou_sum / count.unsqueeze(1),
+        "pooled_dice": 2 * inter_sum.double() / pooled_total,
+        "pooled_iou": inter_sum.double() / (pooled_total - inter_sum.double()),
+    }
+    has_pairs = pairs > 0
+    nan = torch.full_like(count, float("nan"))
+    out: dict[str, Tensor] = {
+        "pairs": pairs,
+        "hits": hits,
+        "pointing_game": torch.where(has_pairs, hits.double() / count.clamp(min=1), nan),
+    }
+    thresholds = THRESHOLDS.to(device=count.device, dtype=torch.float64)
+    for name, curve in curves.items():
+        curve = torch.where(has_pairs.unsqueeze(1), curve, float("nan"))
+        out[f"{name}_curve"] = curve
+        out[f"{name}@0.5"] = curve[:, FIXED_TAU_INDEX]
+        # First maximum -> the smallest tau among equally good ones.
+        best, best_index = torch.where(has_pairs.unsqueeze(1), curve, -1.0).max(dim=1)
+        out[f"{name}@best"] = torch.where(has_pairs, best, nan)
+        out[f"{name}@best_tau"] = torch.where(has_pairs, thresholds[best_index], nan)
+    for name in ("pointing_game", *(f"{c}@0.5" for c in curves), *(f"{c}@best" for c in curves)):
+        values = out[name][has_pairs]
+        out[f"macro/{name}"] = values.mean() if values.numel() else torch.tensor(float("nan"))
+    out["classes_with_pairs"] = has_pairs.sum()
+    return out
+
+
+class GroundingMetrics(RecordsMetric):
+    """Pointing Game, Dice and IoU (per-image mean and pooled) at tau = 0.5 and at the best tau.
+
+    ``update(saliency, masks, has_mask, index)``:
+        saliency: float [B, C, H, W] in [0, 1], min-max normalised per (image, class) so that a
+            non-constant map has maximum exactly 1 and a constant map is all zeros.
+        masks: bool [B, C, H, W]; has_mask: bool [B, C]; index: int64 [B] global sample index.
+
+    Only pairs with ``has_mask`` and a non-empty mask are graded; pairs with ``has_mask`` but an
+    empty mask are counted as ``empty_masks`` and left out. ``best`` values are chosen on the
+    evaluated set itself (the paper's protocol) and must be labelled so wherever shown.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(self, num_classes: int, validate_args: bool = True, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.num_classes = num_classes
+        self.validate_args = validate_args
+        per_class = lambda dtype: torch.zeros(num_classes, dtype=dtype)  # noqa: E731
+        per_curve = lambda dtype: torch.zeros(num_classes, NUM_THRESHOLDS, dtype=dtype)  # noqa: E731
+        for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks"):
+            self.add_state(name, per_class(torch.int64), dist_reduce_fx="sum")
+        for name in ("dice_sum", "iou_sum"):
+            self.add_state(name, per_curve(torch.float64), dist_reduce_fx="sum")
+        for name in ("predicted_sum", "inter_sum"):
+            self.add_state(name, per_curve(torch.int64), dist_reduce_fx="sum")
+        self._add_record_states()
+
+    def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {
+            "rec_index": ((), torch.int64),
+            "rec_class": ((), torch.int64),
+            "rec_predicted": ((NUM_THRESHOLDS,), torch.int32),
+            "rec_inter": ((NUM_THRESHOLDS,), torch.int32),
+        }
+
+    def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None) -> None:
+        if self.validate_args:
+            _check_grounding_inputs(saliency, masks, has_mask, self.num_classes)
+        batch = saliency.shape[0]
+        r = grounding_records(saliency, masks, has_mask)
+        graded = r["graded"]
+        self.pairs += graded.sum(0)
+        self.hits += r["hit"].sum(0)
+        self.constant_maps += r["constant"].sum(0)
+        self.tied_maxima += r["tied"].sum(0)
+        self.empty_masks += r["empty_mask"].sum(0)
+        self.dice_sum += r["dice"].sum(0)
+        self.iou_sum += r["iou"].sum(0)
+        self.predicted_sum += r["predicted"].sum(0)
+        self.inter_sum += r["inter"].sum(0)
+        # Records keep every graded pair. Selecting them needs their number, which on CUDA
+        # would stall the stream; the mask is applied on the device and the index is only
+        # materialised in ``compute``.
+        if index is None:
+            index = torch.full((batch,), -1, dtype=torch.int64, device=saliency.device)
+        classes = torch.arange(self.num_classes, device=saliency.device)
+        self.rec_index.append(torch.where(graded, index.view(-1, 1), -1).flatten())
+        self.rec_class.append(torch.where(graded, classes, -1).flatten())
+        self.rec_predicted.append(r["predicted"].flatten(0, 1).int())
+        self.rec_inter.append(r["inter"].flatten(0, 1).int())
+
+    def compute(self) -> MetricValues:
+        out = summarise_curves(
+            self.pairs, self.hits, self.dice_sum, self.iou_sum, self.predicted_sum, self.inter_sum
+        )
+        out["constant_maps"] = self.constant_maps
+        out["tied_maxima"] = self.tied_maxima
+        out["empty_masks"] = self.empty_masks
+        out["records"] = self.records()
+        return MetricValues(out)
+
+    def records(self) -> dict[str, Tensor]:
+        """Per graded pair: image index, class, ``|R|``, hit and the 101-point counts."""
+        cls = dim_zero_cat(self.rec_class)
+        keep = cls >= 0
+        index = dim_zero_cat(self.rec_index)[keep]
+        cls = cls[keep]
+        order = torch.argsort(index * self.num_classes + cls, stable=True)
+        inter = dim_zero_cat(self.rec_inter)[keep][order].long()
+        return {
+            "index": index[order],
+            "class": cls[order],
+            "region": inter[:, 0],  # |B_0 & R| = |R|
+            "hit": inter[:, -1] > 0,  # a top-bin pixel (the map's maximum) inside R
+            "predicted": dim_zero_cat(self.rec_predicted)[keep][order].long(),
+            "inter": inter,
+        }
+
+
+def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, num_classes: int) -> None:
+    if saliency.ndim != 4 or saliency.shape[1] != num_classes:
+        raise ValueError(f"saliency must be [B, {num_classes}, H, W]; got {tuple(saliency.shape)}")
+    if masks.shape != saliency.shape or masks.dtype != torch.bool:
+        raise ValueError(f"masks must be bool with the saliency's shape {tuple(saliency.shape)}; "
+                         f"got {masks.dtype} {tuple(masks.shape)}")
+    if has_mask.shape != saliency.shape[:2]:
+        raise ValueError(f"has_mask must be [B, C] = {tuple(saliency.shape[:2])}; got {tuple(has_mask.shape)}")
+    if not saliency.is_floating_point():
+        raise ValueError(f"saliency must be floating point; got {saliency.dtype}")
+    if saliency.numel():
+        low, high = torch.aminmax(saliency.float())
+        if not (0 <= low.item() and high.item() <= 1):
+            raise ValueError(
+                f"saliency must lie in [0, 1] (min-max normalised); got values in [{low.item()}, {high.item()}]"
+                " (NaN appears as nan). Normalise with xbench.models.saliency.normalise first."
+            )
+        lows, peaks = torch.aminmax(saliency.flatten(2), dim=-1)
+        if not bool(((lows == 0) & ((peaks == 0) | (peaks == 1))).all()):
+            raise ValueError(
+                "each (image, class) map must be min-max normalised: minimum exactly 0 and maximum "
+                "exactly 1, or all zeros for a constant map. Normalise with "
+                "xbench.models.saliency.normalise first."
+            )

@@ -1,0 +1,1 @@
+"""Vision-language models under test and the baselines that frame them."""

@@ -1,0 +1,229 @@
+"""``XBenchModel``: the LightningModule every model under test subclasses.
+
+The base owns the run: ``setup`` reads the datamodule's classes and creates the metrics,
+``test_step`` upsamples and normalises the model's maps and updates the metrics, and the end of
+the epoch checks that every sample was seen exactly once, logs the summary and writes the results
+folder (with the overlays of a fixed subset of positive pairs, see ``xbench.reporting.overlays``).
+A subclass only says how to turn images into scores and maps:
+
+- ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
+  ``self.dataset_name`` already set for models whose prompts depend on the dataset).
+- ``preprocess``: its authors' input transform and map rule as a
+  :class:`~xbench.models.preprocess.Preprocess`; ``setup`` hands it to the datamodule, whose
+  workers make ``model_input`` and its ``window`` from the native image. ``None`` (baselines, the
+  Oracle): the model reads the frame image ``image`` and its maps cover the whole frame.
+- ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
+  (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
+  the window of the frame its input shows.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import ClassVar
+
+import lightning as L
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from xbench.metrics import ClassificationMetrics, GroundingMetrics
+from xbench.metrics.common import MetricValues
+from xbench.models.preprocess import MapUpsample, Preprocess
+from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
+from xbench.reporting.overlays import OverlayRecords, choose_overlay_pairs, overlay_arrays
+from xbench.reporting.results import build_results, check_writable, log_keys, write_results
+from xbench.reporting.wandb import log_run
+
+
+class RegionCounts(Metric):
+    """Data-quality counters carried by the batch: shapes clipped at the image border and
+    annotated regions that came out empty inside the frame (left out of grounding)."""
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("clipped_shapes", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("lost_regions", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, clipped_shapes: Tensor, lost_regions: Tensor) -> None:
+        self.clipped_shapes += clipped_shapes.sum()
+        self.lost_regions += lost_regions.sum(0)
+
+    def compute(self) -> MetricValues:
+        # MetricValues, not a dict: torchmetrics would squeeze a one-class dataset's [1] counts
+        return MetricValues({"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()})
+
+
+class XBenchModel(L.LightningModule):
+    """Base of every model under test.
+
+    Args:
+        upsample: how maps reach the frame, overriding the model's own rule (its ``preprocess``) for a
+            study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
+        results_dir: folder that receives ``<model>__<dataset>__<time>/``; ``None`` writes nothing.
+        overlay_pairs: positive pairs per class whose image, map and region are saved for overlays
+            (the report's Fig. 2, the W&B panel); the same images for every model.
+    """
+
+    #: Name in results folders and tables; default: the class name in lower case.
+    name: ClassVar[str | None] = None
+    #: Whether ``sigmoid(logit)`` is a probability. A model whose scores are only a ranking says
+    #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
+    calibrated_logits: ClassVar[bool] = True
+    #: The authors' input transform and map rule; ``None``: the model reads the frame image.
+    preprocess: Preprocess | None = None
+
+    def __init__(
+        self, upsample: MapUpsample | None = None, results_dir: str | None = "results", overlay_pairs: int = 2
+    ) -> None:
+        super().__init__()
+        if overlay_pairs < 0:
+            raise ValueError(f"--model.overlay_pairs must be 0 or more; got {overlay_pairs}")
+        # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
+        # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
+        self.save_hyperparameters(logger=False)
+        if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
+            raise ValueError(f"--model.upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
+        self.upsample_mode = upsample
+        self.results_dir = results_dir
+        self.overlay_pairs = overlay_pairs
+        self.classes: list[str] = []
+        #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
+        self.dataset_name: str | None = None
+        #: The resolved run configuration (set by ``xbench.test``), recorded in the results.
+        self.run_config: dict | None = None
+        #: The last run's results (the ``metrics.json`` payload) and where they were written.
+        self.results: dict | None = None
+        self.results_path: Path | None = None
+
+    @classmethod
+    def model_name(cls) -> str:
+        return cls.name or cls.__name__.lower()
+
+    @property
+    def map_upsample(self) -> MapUpsample:
+        """How this run places maps into the frame: ``--model.upsample``, else the authors' rule."""
+        if self.upsample_mode is not None:
+            return self.upsample_mode
+        return self.preprocess.map_upsample if self.preprocess is not None else "bilinear"
+
+    # -- what subclasses implement -------------------------------------------------------------
+
+    def build(self, classes: list[str]) -> None:
+        """Prepare the text side and load the checkpoint for ``classes`` (once per run)."""
+
+    def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(model_input) -> (logits, maps)")
+
+    def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
+        return self(batch["image"] if self.preprocess is None else batch["model_input"])
+
+    def extra_results(self) -> dict:
+        """Sections this model adds to ``metrics.json`` at the end of a run, each under its own
+        labelled key (e.g. saved outputs' counts, another protocol's scores); none by default."""
+        return {}
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        classes = list(getattr(datamodule, "classes", None) or [])
+        if not classes:
+            raise RuntimeError(
+                f"{type(self).__name__} needs an XBench datamodule (with `classes`): "
+                "call trainer.test(model, datamodule=...)"
+            )
+        dataset_name = getattr(datamodule, "name", None)
+        if (classes, dataset_name) != (self.classes, self.dataset_name):
+            self.classes, self.dataset_name = classes, dataset_name
+            self.grounding = GroundingMetrics(len(classes), validate_args=False)
+            self.classification = ClassificationMetrics(len(classes))
+            self.region_counts = RegionCounts(len(classes))
+            self.build(classes)
+        datamodule.set_model_transform(self.preprocess)
+        if self.results_dir is not None and self.trainer.is_global_zero:
+            check_writable(Path(self.results_dir))
+        choice = choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
+        self.overlays = OverlayRecords(choice, datamodule.image_size)
+
+    def on_test_epoch_start(self) -> None:
+        for metric in (self.grounding, self.classification, self.region_counts, self.overlays):
+            metric.reset()
+
+    def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
+        logits, maps = self.infer(batch)
+        masks = batch["masks"]
+        batch_size, num_classes = masks.shape[:2]
+        if tuple(logits.shape) != (batch_size, num_classes) or maps.ndim != 4 or tuple(maps.shape[:2]) != (
+            batch_size,
+            num_classes,
+        ):
+            raise RuntimeError(
+                f"{type(self).__name__} returned logits {tuple(logits.shape)} and maps {tuple(maps.shape)}; "
+                f"expected [{batch_size}, {num_classes}] and [{batch_size}, {num_classes}, h, w]"
+            )
+        torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
+                            f"{type(self).__name__} produced non-finite logits or maps")
+        frame = tuple(masks.shape[-2:])
+        windows = whole_frame(batch_size, frame, maps.device) if self.preprocess is None else batch["window"]
+        # a map that points nowhere becomes all zeros: the metrics count it as constant, a miss
+        saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
+        saliency = saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
+        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
+        self.classification.update(logits.float(), batch["labels"], batch["index"])
+        self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"])
+        self.overlays.update(batch["image"], saliency, masks, batch["index"], batch["image_id"])
+        return {"logits": logits, "saliency": saliency}
+
+    def on_test_epoch_end(self) -> None:
+        grounding = self.grounding.compute()
+        classification = self.classification.compute()
+        counts = self.region_counts.compute()
+        overlay_records = self.overlays.compute()
+        datamodule = self.trainer.datamodule
+        evaluated = classification["records"]["index"]
+        if evaluated.numel() != torch.unique(evaluated).numel():
+            raise RuntimeError(
+                "some samples were evaluated more than once: the test loader must not be re-sampled. "
+                "Use the datamodule's loader with Trainer(use_distributed_sampler=False)."
+            )
+        total = len(datamodule.test_set)
+        if evaluated.numel() < total:
+            warnings.warn(
+                f"only {evaluated.numel()} of {total} samples were evaluated (limit_test_batches?); "
+                "the results say so under data.images_evaluated",
+                stacklevel=1,
+            )
+        clipped, lost = int(counts["clipped_shapes"]), int(counts["lost_regions"].sum())
+        notes = [f"{clipped} annotated shapes reached outside their image and were clipped"] if clipped else []
+        if lost:
+            notes.append(f"{lost} annotated regions were empty inside the frame and left out of grounding")
+        if notes:
+            warnings.warn(
+                "; ".join(notes) + " (counted under data.clipped_shapes and data.lost_regions in metrics.json)",
+                stacklevel=1,
+            )
+        self.results = build_results(
+            model=self,
+            datamodule=datamodule,
+            grounding=grounding,
+            classification=classification,
+            region_counts=counts,
+            config=self.run_config,
+        )
+        self.results.update(self.extra_results())
+        # Every process holds the same synced values; "max" keeps them bit-exact through the sync.
+        self.log_dict(log_keys(self.results), sync_dist=True, reduce_fx="max")
+        if not self.trainer.is_global_zero:
+            return
+        overlays = overlay_arrays(overlay_records, self.classes, datamodule.image_ids())
+        if self.results_dir is not None:
+            self.results_path = write_results(
+                Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule,
+                overlays,
+            )
+        log_run(self.loggers, self.results, overlays, self.results_path)

@@ -1,0 +1,70 @@
+"""Reference points for every table: noise, a centre prior, and the oracle instrument.
+
+``RandomSaliency`` and ``CentrePrior`` are the floors a model must beat. ``Oracle`` reads the
+radiologist masks and the true labels from the batch: it is a test instrument for the harness
+(it must score a perfect Pointing Game and best-threshold Dice), never a benchmark entry.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from xbench.data.augment import sample_seed
+from xbench.models.base import XBenchModel
+
+
+class RandomSaliency(XBenchModel):
+    """Uniform noise maps on a ``grid x grid`` lattice and standard-normal logits.
+
+    The noise of each sample is drawn from a generator seeded by ``seed`` and the sample's global
+    index, so results do not depend on batch size, order or the number of processes.
+    """
+
+    def __init__(self, seed: int = 0, grid: int = 14, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.seed = seed
+        self.grid = grid
+
+    def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
+        num_classes = batch["labels"].shape[1]
+        logits, maps = [], []
+        for index in batch["index"].tolist():
+            generator = torch.Generator().manual_seed(sample_seed(self.seed, index))
+            maps.append(torch.rand(num_classes, self.grid, self.grid, generator=generator))
+            logits.append(torch.randn(num_classes, generator=generator))
+        device = batch["image"].device
+        return torch.stack(logits).to(device), torch.stack(maps).to(device)
+
+
+class CentrePrior(XBenchModel):
+    """The same centred Gaussian map for every class and image, and a constant logit of 0.
+
+    Args:
+        sigma: the Gaussian's standard deviation as a fraction of the image side.
+    """
+
+    def __init__(self, sigma: float = 0.25, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.sigma = sigma
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        batch, _, height, width = image.shape
+        ys = (torch.arange(height, device=image.device) + 0.5) / height - 0.5
+        xs = (torch.arange(width, device=image.device) + 0.5) / width - 0.5
+        gaussian = torch.exp(-(ys[:, None] ** 2 + xs[None, :] ** 2) / (2 * self.sigma**2))
+        num_classes = len(self.classes)
+        maps = gaussian.expand(batch, num_classes, height, width)
+        return torch.zeros(batch, num_classes, device=image.device), maps
+
+
+class Oracle(XBenchModel):
+    """The mask itself as the map and the true label as a +/-10 logit (unknown labels: 0).
+
+    A test instrument: Pointing Game and best-threshold Dice must be exactly 1.
+    """
+
+    def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
+        labels = batch["labels"]
+        logits = torch.where(labels == 1, 10.0, torch.where(labels == 0, -10.0, 0.0))
+        return logits, batch["masks"].float()

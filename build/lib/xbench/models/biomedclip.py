@@ -1,0 +1,106 @@
+"""BiomedCLIP (ViT-B/16 + PubMedBERT, trained on PMC figure-caption pairs) through open_clip, offline.
+
+The official ``open_clip_config.json`` is used unedited except that its text tower is pointed at
+the checkpoint folder: the json names the hub repository of BiomedBERT, which open_clip would
+ask the network for even when the weights are local. The folder therefore also holds BiomedBERT's
+``config.json`` and the tokenizer's ``vocab.txt``; no BERT weights are read from it, they are
+part of the BiomedCLIP checkpoint. Recognition and maps follow :class:`~xbench.models.clip.OpenClipDualEncoder`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import ClassVar
+
+import open_clip
+from torch import Tensor, nn
+
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
+from xbench.models.clip import OpenClipDualEncoder, Saliency
+from xbench.models.text import require_files
+
+
+class BiomedCLIP(OpenClipDualEncoder):
+    """BiomedCLIP (``microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224``): 14x14 maps.
+
+    Prompts default to BiomedCLIP's own prefix with CheXzero's negation
+    (``"this is a photo of {}"`` / ``"this is a photo of no {}"``), tokenised to 256 tokens.
+    """
+
+    config_file: ClassVar[str] = "open_clip_config.json"
+    weights_file: ClassVar[str] = "open_clip_pytorch_model.bin"
+    #: Everything read from ``checkpoint_dir``: the CLIP config and weights, BiomedBERT's config, the vocabulary.
+    files: ClassVar[tuple[str, ...]] = (config_file, weights_file, "config.json", "vocab.txt")
+    layout: ClassVar[CheckpointLayout] = CheckpointLayout(
+        drops=(
+            DeclaredDrop(
+                "text.transformer.embeddings.position_ids",
+                "a buffer transformers < 4.31 saved in the state dict; newer versions rebuild it",
+                is_arange,
+            ),
+        )
+    )
+    #: The text tower the weights were trained with; open_clip's defaults (mean pooling) load the
+    #: same tensors without complaint, so a config without these is refused.
+    text_tower: ClassVar[dict[str, str]] = {"hf_pooler_type": "cls_last_hidden_state_pooler", "hf_proj_type": "mlp"}
+
+    def __init__(
+        self,
+        checkpoint_dir: str = "checkpoints/biomedclip",
+        saliency: Saliency = "patch_text_similarity",
+        pos_template: str = "this is a photo of {}",
+        neg_template: str = "this is a photo of no {}",
+        **kwargs,
+    ) -> None:
+        super().__init__(checkpoint_dir, pos_template, neg_template, saliency, **kwargs)
+
+    def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:
+        folder = require_files(self.checkpoint_dir, self.files, "BiomedCLIP").resolve()
+        config_path = folder / self.config_file
+        try:
+            model_cfg = json.loads(config_path.read_text())["model_cfg"]
+            text_cfg = model_cfg["text_cfg"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(
+                f"BiomedCLIP: {config_path} is not an open_clip config with model_cfg.text_cfg ({error!r}); "
+                "download the official file again"
+            ) from error
+        wrong = {key: text_cfg.get(key) for key, value in self.text_tower.items() if text_cfg.get(key) != value}
+        if wrong:
+            raise ValueError(
+                f"BiomedCLIP: {config_path} sets {wrong}, expected {self.text_tower}. It is not the current official "
+                "config (older copies used `proj`/`pooler_type`); download it again from the pinned revision"
+            )
+        local_text = {**text_cfg, "hf_model_name": str(folder), "hf_tokenizer_name": str(folder), "hf_model_pretrained": False}
+        model = open_clip.CustomTextCLIP(**{**model_cfg, "text_cfg": local_text})
+        load_checkpoint(model, folder / self.weights_file, self.layout)
+        tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+        if tokenizer.tokenizer.pad_token_id != model.text.config.pad_token_id:
+            raise ValueError(
+                f"BiomedCLIP: the vocabulary in {folder} pads with id {tokenizer.tokenizer.pad_token_id} but the text "
+                f"tower masks id {model.text.config.pad_token_id} (config.json pad_token_id); use the official "
+                "vocab.txt and BiomedBERT's config.json"
+            )
+        return model, tokenizer
+
+    @property
+    def input_size(self) -> int:
+        return self.model.visual.trunk.patch_embed.img_size[0]
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return tuple(self.model.visual.trunk.patch_embed.grid_size)
+
+    @property
+    def prefix_tokens(self) -> int:
+        return self.model.visual.trunk.num_prefix_tokens
+
+    def embed_image(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        visual = self.model.visual
+        features = visual.trunk.forward_features(x)  # every token through the trunk's final norm
+        pooled = visual.trunk.forward_head(features)
+        return visual.head(pooled), visual.head(features[:, self.prefix_tokens:])
+
+    def gradcam_layer(self) -> nn.Module:
+        return self.model.visual.trunk.blocks[-1].norm1

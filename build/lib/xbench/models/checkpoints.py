@@ -1,0 +1,290 @@
+"""Loading the authors' checkpoints: safely, strictly, with every rename declared.
+
+- :func:`safe_load` never runs code from a pickle. It uses torch's ``weights_only`` unpickler; any
+  class or function the file refers to beyond tensors and containers (an OmegaConf config, a
+  Lightning callback, an ``argparse.Namespace``) becomes an :class:`InertObject` that only records
+  its name, arguments and state.
+- :class:`CheckpointLayout` says, as data next to each model, where the state dict sits in the
+  file, which prefix every key carries and which keys may be dropped (each with a reason and a
+  check). :func:`load_checkpoint` applies it and loads with exact key and shape matching; any
+  difference raises :class:`CheckpointMismatchError`, which lists missing, unexpected and
+  reshaped keys grouped by prefix. :func:`load_state_dicts` does the same for a file that holds
+  several state dicts (KAD: ``image_encoder``, ``text_encoder``, ``model``), with one error for all.
+- A tensor the module registers under two names (a submodule reused inside another) must hold
+  the same values under both names in the file; it is checked, not silently overwritten.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+class InertObject:
+    """Stand-in for a pickled object whose class is not loaded: holds name, arguments and state.
+
+    Arguments are recorded in ``__new__``: pickle builds most objects by calling ``cls.__new__``
+    alone (protocol 2's ``NEWOBJ``, e.g. an OmegaConf ``DictConfig``), never ``__init__``.
+    """
+
+    qualified_name = "?"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> InertObject:
+        placeholder = super().__new__(cls)
+        placeholder.args = args
+        placeholder.kwargs = kwargs
+        placeholder.state = None
+        return placeholder
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"<inert {self.qualified_name}>"
+
+
+def _inert_class(qualified_name: str) -> type[InertObject]:
+    return type(qualified_name.rsplit(".", 1)[-1], (InertObject,), {"qualified_name": qualified_name})
+
+
+def safe_load(path: str | Path) -> Any:
+    """Load a checkpoint file without executing code from it (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    try:
+        unknown = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except Exception:  # not a zip checkpoint; torch.load below says what it is
+        unknown = []
+    placeholders = [(_inert_class(name), name) for name in unknown]
+    try:
+        with torch.serialization.safe_globals(placeholders):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # a corrupt or foreign file: say which and why
+        raise ValueError(f"cannot read checkpoint {path}: {error}") from error
+
+
+def omegaconf_values(node: Any) -> Any:
+    """Plain dicts, lists and values out of an inert OmegaConf ``DictConfig``/``ListConfig``.
+
+    OmegaConf pickles a container with its children under ``_content`` and a leaf node with its
+    value under ``_val``; both survive in the placeholder's ``state``. Plain containers (what newer
+    Lightning versions save) pass through. Anything else raises ``ValueError``.
+    """
+    if isinstance(node, InertObject):
+        state = node.state if node.qualified_name.startswith("omegaconf.") else None
+        if isinstance(state, Mapping) and "_content" in state:
+            return omegaconf_values(state["_content"])
+        if isinstance(state, Mapping) and "_val" in state:
+            return omegaconf_values(state["_val"])
+        raise ValueError(f"{node!r} is not an OmegaConf container or value")
+    if isinstance(node, Mapping):
+        return {key: omegaconf_values(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [omegaconf_values(value) for value in node]
+    if node is None or isinstance(node, (str, int, float, bool)):
+        return node
+    raise ValueError(f"{type(node).__name__} {node!r} is not a configuration value")
+
+
+@dataclass(frozen=True)
+class DeclaredDrop:
+    """A key the authors' file carries that the module does not, dropped for a stated reason."""
+
+    key: str
+    reason: str
+    #: Run on the dropped tensor; False means the file is not what we think it is.
+    check: Callable[[Tensor], bool] | None = None
+
+
+def is_arange(tensor: Tensor) -> bool:
+    """``position_ids`` buffers of older transformers: ``arange(n)`` with a leading 1-dim."""
+    flat = tensor.reshape(-1)
+    return bool(torch.equal(flat.long(), torch.arange(flat.numel())))
+
+
+def has_shape(*shape: int) -> Callable[[Tensor], bool]:
+    """A drop check: the dropped tensor has exactly this shape (``()`` for a scalar)."""
+    return lambda tensor: tuple(tensor.shape) == shape
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Where a model's weights sit in its authors' file and how its keys map onto the module.
+
+    Attributes:
+        section: top-level key holding the state dict (``"model"``, ``"state_dict"``); ``None`` if
+            the file is the state dict itself.
+        strip_prefix: a prefix every key carries (``"module."``, ``"CARZero."``); keys without it
+            are an error.
+        drops: keys dropped before matching (only if present and not in the module).
+    """
+
+    section: str | None = None
+    strip_prefix: str = ""
+    drops: tuple[DeclaredDrop, ...] = field(default_factory=tuple)
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The file's tensors do not match the module's state dict exactly."""
+
+    def __init__(self, file: Path | str, target: str, missing, unexpected, reshaped, hint: str = "") -> None:
+        self.missing, self.unexpected, self.reshaped = sorted(missing), sorted(unexpected), sorted(reshaped)
+        lines = [f"checkpoint {file} does not match {target}:"]
+        if self.missing:
+            lines.append(f"  missing in the file ({len(self.missing)}): {group_keys(self.missing)}")
+        if self.unexpected:
+            lines.append(f"  unexpected in the file ({len(self.unexpected)}): {group_keys(self.unexpected)}")
+        for key, found, expected in reshaped:
+            lines.append(f"  shape of {key}: file {list(found)} vs model {list(expected)}")
+        if hint:
+            lines.append(f"  {hint}")
+        lines.append(
+            "  Check that the file is the authors' release for this model and variant "
+            "(`python -m xbench.inspect_checkpoint FILE` lists what it holds)."
+        )
+        super().__init__("\n".join(lines))
+
+
+def group_keys(keys: list[str], depth: int = 2, shown: int = 6) -> str:
+    """``a.b.{c, d}; e.f.{g}``: keys grouped by their first ``depth`` dotted parts (after a
+    ``section/`` in front, as in ``image_encoder/resnet.layer1.{...}``)."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for key in keys:
+        section, slash, dotted = key.rpartition("/")
+        parts = dotted.split(".")
+        groups[section + slash + ".".join(parts[:depth])].append(".".join(parts[depth:]))
+    rendered = []
+    for prefix, rests in groups.items():
+        rests = [r for r in rests if r]
+        if not rests:
+            rendered.append(prefix)
+            continue
+        more = f", … {len(rests) - shown} more" if len(rests) > shown else ""
+        rendered.append(f"{prefix}.{{{', '.join(rests[:shown])}{more}}}")
+    return "; ".join(rendered)
+
+
+def extract_state_dict(loaded: Any, layout: CheckpointLayout, file: Path | str) -> dict[str, Tensor]:
+    """The layout's state dict out of a loaded file, prefix stripped."""
+    state = loaded
+    if layout.section is not None:
+        if not isinstance(loaded, Mapping) or layout.section not in loaded:
+            found = list(loaded) if isinstance(loaded, Mapping) else type(loaded).__name__
+            raise ValueError(f"checkpoint {file}: expected a top-level entry {layout.section!r}; found {found}")
+        state = loaded[layout.section]
+    if not isinstance(state, Mapping):
+        raise ValueError(f"checkpoint {file}: the weights are a {type(state).__name__}, not a state dict")
+    if layout.strip_prefix:
+        bad = [key for key in state if not key.startswith(layout.strip_prefix)]
+        if bad:
+            raise ValueError(
+                f"checkpoint {file}: keys without the expected prefix {layout.strip_prefix!r}: {group_keys(bad)}"
+            )
+        state = {key[len(layout.strip_prefix):]: value for key, value in state.items()}
+    non_tensors = [key for key, value in state.items() if not isinstance(value, Tensor)]
+    if non_tensors:
+        raise ValueError(f"checkpoint {file}: entries that are not tensors: {group_keys(non_tensors)}")
+    return dict(state)
+
+
+def load_state_dict_strict(
+    module: nn.Module, state: dict[str, Tensor], *, file: Path | str, drops: tuple[DeclaredDrop, ...] = ()
+) -> None:
+    """Apply declared drops, require an exact key and shape match, then load."""
+    expected = module.state_dict()
+    state = dict(state)
+    for drop in drops:
+        if drop.key in state and drop.key not in expected:
+            tensor = state.pop(drop.key)
+            if drop.check is not None and not drop.check(tensor):
+                raise ValueError(f"checkpoint {file}: declared drop {drop.key} ({drop.reason}) failed its check")
+    missing = expected.keys() - state.keys()
+    unexpected = state.keys() - expected.keys()
+    reshaped = [
+        (key, tuple(state[key].shape), tuple(expected[key].shape))
+        for key in expected.keys() & state.keys()
+        if state[key].shape != expected[key].shape
+    ]
+    if missing or unexpected or reshaped:
+        raise CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped)
+    check_aliases(module, state, file=file)
+    module.load_state_dict(state, strict=True)
+
+
+def check_aliases(module: nn.Module, state: Mapping[str, Tensor], *, file: Path | str) -> None:
+    """Keys naming one tensor of ``module`` (e.g. KAD's ResNet under ``resnet.*`` and
+    ``res_features.N.*``) must hold equal values in ``state``: loading would keep only the last."""
+    names: dict[int, list[str]] = defaultdict(list)
+    for key, value in module.state_dict(keep_vars=True).items():
+        names[id(value)].append(key)
+    differing = [
+        keys for keys in names.values()
+        if len(keys) > 1 and not all(torch.equal(state[keys[0]], state[key]) for key in keys[1:])
+    ]
+    if differing:
+        shown = "; ".join(" vs ".join(keys) for keys in differing[:6])
+        raise ValueError(
+            f"checkpoint {file}: {len(differing)} tensors that the model holds once under several names "
+            f"have different values in the file: {shown}. The file was not saved from this architecture."
+        )
+
+
+def load_state_dicts(
+    loaded: Any, parts: list[tuple[nn.Module, CheckpointLayout]], *, file: Path | str, hint: str = ""
+) -> None:
+    """Load several state dicts of one loaded file (one layout per module, each naming its section).
+
+    Every part is matched strictly; the differences of all parts are reported together in one
+    :class:`CheckpointMismatchError`, keys written ``<section>/<key>`` as in the key manifests.
+    """
+    missing: list[str] = []
+    unexpected: list[str] = []
+    reshaped: list[tuple[str, tuple, tuple]] = []
+    for module, layout in parts:
+        state = extract_state_dict(loaded, layout, file)
+        try:
+            load_state_dict_strict(module, state, file=file, drops=layout.drops)
+        except CheckpointMismatchError as error:
+            tag = f"{layout.section}/" if layout.section is not None else ""
+            missing += [tag + key for key in error.missing]
+            unexpected += [tag + key for key in error.unexpected]
+            reshaped += [(tag + key, found, expected) for key, found, expected in error.reshaped]
+    if missing or unexpected or reshaped:
+        target = ", ".join(f"{type(module).__name__} ({layout.section})" for module, layout in parts)
+        raise CheckpointMismatchError(file, target, missing, unexpected, reshaped, hint=hint)
+
+
+def load_checkpoint(module: nn.Module, file: str | Path, layout: CheckpointLayout) -> Any:
+    """Load ``file`` into ``module`` per ``layout``; return the whole loaded file (for its metadata)."""
+    loaded = safe_load(file)
+    load_state_dict_strict(module, extract_state_dict(loaded, layout, file), file=file, drops=layout.drops)
+    return loaded
+
+
+def manifest(state: Mapping[str, Tensor]) -> dict[str, list[int]]:
+    """``{key: shape}`` in the format of the key manifests in ``specs/models``."""
+    return {key: list(value.shape) for key, value in state.items()}
+
+
+def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path:
+    """The first of ``names`` in ``folder`` (authors publish the same weights under several names,
+    in order of preference); else an error naming the folder and every accepted name."""
+    folder = Path(folder).expanduser()
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    where = f"in {folder}" if folder.is_dir() else f"(folder {folder} not found)"
+    raise FileNotFoundError(
+        f"{what}: none of {', '.join(names)} found {where}. Place the files listed in checkpoints/README.md there."
+    )

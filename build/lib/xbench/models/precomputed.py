@@ -1,0 +1,395 @@
+"""Score saliency maps and boxes that another program saved: a model that reads instead of running.
+
+``PrecomputedSaliency(path, layout)`` reads, for every (image, finding) pair of the datamodule, a
+score and a map covering the whole native image, from one of four layouts (``image_id`` as in the
+dataset's own files, findings as canonical keys from ``xbench.findings``):
+
+- ``per_image``: ``<path>/<image_id>.npz`` or ``.safetensors`` holding ``maps`` [C, h, w] and
+  ``logits`` or ``probs`` [C], in the dataset's class order, or in the order of ``classes`` (an
+  array of finding keys in an ``.npz``; a JSON list under ``classes`` in a ``.safetensors``'
+  metadata). Optional ``window`` [4] (top, left, height, width in native pixels: the part of the
+  image the maps cover) with ``image_size`` [2] (native height, width).
+- ``per_pair``: ``<path>/<image_id>/<finding>.npz`` or ``.safetensors`` holding ``map`` [h, w]
+  and ``logit`` or ``prob`` (a scalar), with the same optional ``window`` and ``image_size``.
+- ``chexlocalize``: cheXlocalize's pickles, ``<path>/<cxr_id>_<Pathology>_map.pkl`` holding
+  ``map`` [1, 1, h, w], ``prob`` and ``cxr_dims`` (width, height); read by
+  :class:`~xbench.models.safe_pickle.DataUnpickler`, which runs nothing a file names.
+- ``boxes``: ``<path>`` is a JSON Lines file, one line per pair: ``{"image_id", "finding",
+  "image_size": [height, width], "boxes": [[x1, y1, x2, y2], ...] (native pixels), "scores":
+  [...] (optional, one per box, default 1), "logit" or "prob"}``. The map is the score-weighted
+  union of the boxes: each pixel takes the highest score of the boxes that contain its centre, 0
+  outside every box (no boxes: a constant map, a Pointing Game miss).
+
+Probabilities become logits as ``log(p / (1 - p))`` with ``p`` clamped to [1e-7, 1 - 1e-7].
+Each map is resized onto the metric frame (the whole image squashed to S x S) bilinearly
+(``align_corners=False``), or, where the file states a window, placed into the frame through it
+(:func:`xbench.models.saliency.place_in_frame`); maps of different sizes in one batch therefore
+arrive as one [B, C, S, S] tensor. A pair without a file or line is an error at setup naming the
+first missing ones and their count; with ``missing="skip"`` such pairs leave both metrics (their
+label is treated as unknown and their mask as absent) and their number is written to the results
+under ``precomputed.missing_pairs``.
+
+With ``native_protocol=True`` the run also scores every pair with a region at the image's native
+size by cheXlocalize's protocol (:mod:`xbench.metrics.native`) and writes per-class means under
+``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
+XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
+pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header. This
+pass reads each pair once more after the test loop, in every process (not split under DDP).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from PIL import Image
+from torch import Tensor
+
+from xbench.findings import finding_key
+from xbench.metrics.grounding import FIXED_TAU_INDEX
+from xbench.metrics.native import native_pair_scores
+from xbench.models.base import XBenchModel
+from xbench.models.safe_pickle import load_data_pickle
+from xbench.models.saliency import place_in_frame, whole_frame
+
+Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]
+PROBABILITY_CLAMP = 1e-7
+#: Order of a 14-entry ``prob`` tensor in a cheXlocalize pickle (their CheXpert task order).
+CHEXPERT_14 = (
+    "No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Airspace Opacity", "Edema",
+    "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other", "Fracture",
+    "Support Devices",
+)
+
+
+@dataclass(frozen=True)
+class SavedPair:
+    """One pair as read from disk: the raw map over the whole image (or over ``window`` of an image
+    of ``image_size``, both in native pixels) and the logit."""
+
+    map: Tensor
+    logit: float
+    window: tuple[float, float, float, float] | None = None
+    image_size: tuple[int, int] | None = None
+
+
+def probability_logit(probability: float) -> float:
+    p = min(max(float(probability), PROBABILITY_CLAMP), 1 - PROBABILITY_CLAMP)
+    return math.log(p / (1 - p))
+
+
+def native_window_in_frame(
+    window: tuple[float, float, float, float], image_size: tuple[int, int], frame: tuple[int, int]
+) -> Tensor:
+    """A window (top, left, height, width) in native pixels of an image of ``image_size`` (height,
+    width) -> the same window in pixels of the frame, the whole image squashed to ``frame``, as the
+    one-row window tensor [1, 4] that :func:`~xbench.models.saliency.place_in_frame` takes."""
+    top, left, height, width = window
+    rows, columns = frame[0] / image_size[0], frame[1] / image_size[1]
+    return torch.tensor([[top * rows, left * columns, height * rows, width * columns]])
+
+
+def box_map(
+    boxes: list, scores: list | None, image_size: tuple[int, int], frame: tuple[int, int]
+) -> Tensor:
+    """The score-weighted union of boxes [x1, y1, x2, y2] (native pixels) on the frame's pixels.
+
+    A frame pixel takes the highest score of the boxes containing its centre (mapped to native
+    coordinates), 0 where none does: the same map as drawing at native size and sampling it at
+    the frame's pixel centres.
+    """
+    height, width = image_size
+    ys = (torch.arange(frame[0], dtype=torch.float64) + 0.5) * height / frame[0]
+    xs = (torch.arange(frame[1], dtype=torch.float64) + 0.5) * width / frame[1]
+    result = torch.zeros(frame, dtype=torch.float32)
+    for (x1, y1, x2, y2), score in zip(boxes, scores if scores is not None else [1.0] * len(boxes)):
+        inside = ((ys >= y1) & (ys < y2))[:, None] & ((xs >= x1) & (xs < x2))[None, :]
+        result = torch.where(inside, torch.maximum(result, torch.tensor(float(score))), result)
+    return result
+
+
+class PrecomputedSaliency(XBenchModel):
+    """Saved maps (or boxes) and scores of any model, scored like a live one.
+
+    Args:
+        path: the folder of saved files (``per_image``, ``per_pair``, ``chexlocalize``) or the
+            JSON Lines file (``boxes``).
+        layout: how the files are laid out (see the module docstring).
+        missing: ``error`` (default) or ``skip`` pairs that have no saved map or score.
+        native_protocol: also score cheXlocalize's protocol at native size (see the module docstring).
+        native_threshold: its fixed binarisation threshold (``s > t``), one for all findings or one
+            per finding key (thresholds chosen on a validation split, as cheXlocalize's tuning CSV).
+    """
+
+    #: Maps are read, not computed from an input: no model input is built for this model.
+    preprocess: ClassVar[None] = None
+
+    def __init__(self, path: str, layout: Layout = "per_image", missing: Literal["error", "skip"] = "error",
+                 native_protocol: bool = False, native_threshold: float | dict[str, float] = 0.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if layout not in ("per_image", "per_pair", "chexlocalize", "boxes"):
+            raise ValueError(f"layout must be per_image, per_pair, chexlocalize or boxes; got {layout!r}")
+        if missing not in ("error", "skip"):
+            raise ValueError(f"missing must be 'error' or 'skip'; got {missing!r}")
+        self.path = Path(path)
+        self.layout = layout
+        self.missing = missing
+        self.native_protocol = native_protocol
+        self.native_threshold = native_threshold
+        self.missing_pairs: set[tuple[str, str]] = set()
+        self._pickles: dict[tuple[str, str], Path] | None = None
+        self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
+        self._file_classes: dict[Path, set[str]] = {}  # per-image file -> the findings it holds
+        self._lines: dict[tuple[str, str], dict] = {}  # boxes layout: (image_id, finding) -> line
+
+    # -- setup: find every pair's file before the first batch ----------------------------------
+
+    def build(self, classes: list[str]) -> None:
+        if not self.path.exists():
+            raise FileNotFoundError(f"PrecomputedSaliency: {self.path} does not exist (the saved {self.layout} files)")
+        self._file_classes = {}
+        self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
+        image_ids = self.trainer.datamodule.image_ids()
+        missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
+        if missing and self.missing == "error":
+            shown = ", ".join(f"({i}, {k})" for i, k in missing[:5])
+            raise FileNotFoundError(
+                f"PrecomputedSaliency: {len(missing)} of {len(image_ids) * len(classes)} (image, finding) pairs have "
+                f"no saved map or score under {self.path} ({self.layout} layout), first: {shown}. Save them, or "
+                "pass --model.missing skip to leave them out (counted in the results)."
+            )
+        self.missing_pairs = set(missing)
+        unused = {finding for _, finding in self._lines} - set(classes)
+        if unused:
+            warnings.warn(f"PrecomputedSaliency: {self.path} has lines for findings outside this run's classes, "
+                          f"not scored: {sorted(unused)}", stacklevel=2)
+        if missing:
+            warnings.warn(f"PrecomputedSaliency: {len(missing)} pairs have no saved output and are skipped",
+                          stacklevel=2)
+
+    def _has(self, image_id: str, key: str) -> bool:
+        if self.layout == "boxes":
+            return (image_id, key) in self._lines
+        if self.layout == "per_pair":
+            return any((self.path / image_id / f"{key}{ext}").is_file() for ext in (".npz", ".safetensors"))
+        if self.layout == "chexlocalize":
+            return self._pickle_path(image_id, key) is not None
+        file = self._image_file(image_id)
+        if file is None:
+            return False
+        if file not in self._file_classes:
+            self._file_classes[file] = set(_file_classes(file, self.classes))
+        return key in self._file_classes[file]
+
+    def _image_file(self, image_id: str) -> Path | None:
+        for ext in (".npz", ".safetensors"):
+            if (self.path / f"{image_id}{ext}").is_file():
+                return self.path / f"{image_id}{ext}"
+        return None
+
+    def _pickle_path(self, image_id: str, key: str) -> Path | None:
+        """cheXlocalize names files by its own pathology spelling; any spelling of ``key`` is taken."""
+        if self._pickles is None:
+            self._pickles = {}
+            for file in self.path.glob("*_map.pkl"):
+                stem = file.name.removesuffix("_map.pkl")
+                cxr_id, _, pathology = stem.rpartition("_")
+                self._pickles[(cxr_id, finding_key("chexlocalize", pathology, source=str(file)))] = file
+        return self._pickles.get((image_id, key))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def read_pair(self, image_id: str, key: str) -> SavedPair:
+        """The saved map and logit of one pair (the pair must exist)."""
+        if self.layout == "chexlocalize":
+            file = self._pickle_path(image_id, key)
+            info = load_data_pickle(file)
+            prob = info["prob"]
+            if torch.is_tensor(prob) and prob.numel() == len(CHEXPERT_14):
+                prob = prob.flatten()[CHEXPERT_14.index(info["task"])]
+            width, height = (int(v) for v in info["cxr_dims"])
+            return SavedPair(torch.as_tensor(info["map"]).float().reshape(info["map"].shape[-2:]),
+                             probability_logit(float(prob)), image_size=(height, width))
+        if self.layout == "per_pair":
+            file = next(f for f in (self.path / image_id / f"{key}{ext}" for ext in (".npz", ".safetensors"))
+                        if f.is_file())
+            arrays, _ = _read_arrays(file)
+            return SavedPair(arrays["map"].float(), _logit(arrays, "logit", "prob", file), *_window(arrays, file))
+        file = self._image_file(image_id)
+        if self._last_file is None or self._last_file[0] != file:  # one read per image for all its classes
+            self._last_file = (file, *_read_arrays(file))
+        _, arrays, names = self._last_file
+        c = (names or self.classes).index(key)
+        logit = _logit({k: v[c] for k, v in arrays.items() if k in ("logits", "probs")}, "logits", "probs", file)
+        return SavedPair(arrays["maps"][c].float(), logit, *_window(arrays, file))
+
+    def frame_map(self, image_id: str, key: str, frame: tuple[int, int]) -> tuple[Tensor, float]:
+        """One pair's map on the frame's pixels [*frame] and its logit."""
+        if self.layout == "boxes":
+            line = self._lines[(image_id, key)]
+            return box_map(line["boxes"], line.get("scores"), line["image_size"], frame), line["logit"]
+        pair = self.read_pair(image_id, key)
+        raw = pair.map[None, None]
+        if pair.window is None:
+            window = whole_frame(1, frame, raw.device)
+        else:
+            window = native_window_in_frame(pair.window, pair.image_size, frame)
+        placed = place_in_frame(raw, window, frame)
+        return placed[0, 0], pair.logit
+
+    def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
+        """Reads each pair's saved output; a skipped pair gets a zero map and logit and is taken out
+        of the batch's labels and masks, so neither metric sees it."""
+        frame = tuple(batch["masks"].shape[-2:])
+        logits = torch.zeros(len(batch["image_id"]), len(self.classes))
+        maps = torch.zeros(len(batch["image_id"]), len(self.classes), *frame)
+        for b, image_id in enumerate(batch["image_id"]):
+            for c, key in enumerate(self.classes):
+                if (image_id, key) in self.missing_pairs:
+                    batch["labels"][b, c] = -1
+                    batch["has_mask"][b, c] = False
+                    continue
+                maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame)
+        device = batch["masks"].device
+        return logits.to(device), maps.to(device)
+
+
+    # -- results --------------------------------------------------------------------------------
+
+    def extra_results(self) -> dict:
+        section: dict = {"layout": self.layout, "missing_pairs": len(self.missing_pairs)}
+        if self.native_protocol:
+            section["chexlocalize_protocol"] = self.chexlocalize_protocol()
+        return {"precomputed": section}
+
+    def native_pair(self, sample, key: str) -> dict:
+        """Both protocols' scores of one pair at its image's native size."""
+        if self.layout == "boxes":
+            line = self._lines[(sample.image_id, key)]
+            image_size = line["image_size"]
+            raw = box_map(line["boxes"], line["scores"], image_size, image_size)
+        else:
+            pair = self.read_pair(sample.image_id, key)
+            image_size = pair.image_size or _header_size(sample.path)
+            raw = pair.map
+            if pair.window is not None:
+                raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
+                                     image_size)[0, 0]
+        mask, _ = sample.regions[key].to_mask(*image_size)
+        threshold = self.native_threshold
+        if isinstance(threshold, dict):
+            threshold = threshold[key]
+        return native_pair_scores(raw, torch.from_numpy(mask), threshold)
+
+    def chexlocalize_protocol(self) -> dict:
+        """Per finding: graded pairs at native size and the means of XBench's IoU at tau = 0.5
+        (``>=``) and Pointing Game, and cheXlocalize's IoU at its fixed threshold (``>``), IoU at
+        Otsu's level and hit rate (first maximum)."""
+        scores: dict[str, list[dict]] = {key: [] for key in self.classes}
+        for sample in self.trainer.datamodule.samples:
+            for key in self.classes:
+                if key in sample.regions and (sample.image_id, key) not in self.missing_pairs:
+                    scores[key].append(self.native_pair(sample, key))
+        per_class = {}
+        for key, rows in scores.items():
+            rows = [r for r in rows if float(r["iou"][0]) == float(r["iou"][0])]  # a mask empty at native size: NaN
+            if not rows:
+                continue
+            per_class[key] = {
+                "pairs": len(rows),
+                "xbench_iou@0.5": float(np.mean([float(r["iou"][FIXED_TAU_INDEX]) for r in rows])),
+                "xbench_pointing_game": float(np.mean([r["hit"] for r in rows])),
+                "chexlocalize_iou_fixed": float(np.mean([r["iou_fixed"] for r in rows])),
+                "chexlocalize_iou_otsu": float(np.mean([r["iou_otsu"] for r in rows])),
+                "chexlocalize_hit_rate": float(np.mean([r["argmax_hit"] for r in rows])),
+            }
+        return {"native_threshold": self.native_threshold, "per_class": per_class}
+
+
+def _header_size(path: Path) -> tuple[int, int]:
+    """(height, width) of an image file from its header, for saved maps that do not state it."""
+    if path.suffix.lower() == ".dcm":
+        import pydicom  # noqa: PLC0415
+
+        header = pydicom.dcmread(path, stop_before_pixels=True)
+        return int(header.Rows), int(header.Columns)
+    with Image.open(path) as image:
+        return image.height, image.width
+
+
+def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
+    """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
+    if file.suffix == ".npz":
+        with np.load(file, allow_pickle=False) as data:
+            names = [str(v) for v in data["classes"]] if "classes" in data else None
+            return {k: torch.from_numpy(np.asarray(data[k])) for k in data.files if k != "classes"}, names
+    with safe_open(file, framework="pt") as data:
+        metadata = data.metadata() or {}
+        names = json.loads(metadata["classes"]) if "classes" in metadata else None
+        return {k: data.get_tensor(k) for k in data.keys()}, names
+
+
+def _file_classes(file: Path, classes: list[str]) -> list[str]:
+    """The findings a per-image file holds: its ``classes`` if stated, else the dataset's."""
+    if file.suffix == ".npz":
+        with np.load(file, allow_pickle=False) as data:
+            return [str(v) for v in data["classes"]] if "classes" in data.files else classes
+    with safe_open(file, framework="pt") as data:
+        metadata = data.metadata() or {}
+        return json.loads(metadata["classes"]) if "classes" in metadata else classes
+
+
+def _logit(arrays: dict[str, Tensor], logit_name: str, prob_name: str, file: Path) -> float:
+    if logit_name in arrays:
+        return float(arrays[logit_name])
+    if prob_name in arrays:
+        return probability_logit(float(arrays[prob_name]))
+    raise KeyError(f"{file}: no {logit_name!r} or {prob_name!r}; save the model's scores next to its maps")
+
+
+def _window(arrays: dict[str, Tensor], file: Path) -> tuple:
+    if "window" not in arrays:
+        return None, None
+    if "image_size" not in arrays:
+        raise KeyError(f"{file}: a window in native pixels needs the native image_size [height, width] beside it")
+    return tuple(float(v) for v in arrays["window"]), tuple(int(v) for v in arrays["image_size"])
+
+
+def _read_box_lines(path: Path) -> dict[tuple[str, str], dict]:
+    """(image_id, finding key) -> {boxes, scores, image_size, logit} from a JSON Lines file."""
+    lines: dict[tuple[str, str], dict] = {}
+    with open(path) as handle:
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            where = f"{path}, line {number}"
+            try:
+                line = json.loads(text)
+                pair = (str(line["image_id"]), str(line["finding"]))
+                boxes = [[float(v) for v in box] for box in line["boxes"]]
+                scores = line.get("scores")
+                image_size = tuple(int(v) for v in line["image_size"])
+                if "logit" in line:
+                    logit = float(line["logit"])
+                else:
+                    logit = probability_logit(line["prob"])
+            except (KeyError, TypeError, ValueError, json.JSONDecodeError) as error:
+                raise ValueError(
+                    f"{where}: {error!r}; each line needs image_id, finding, image_size [height, width], boxes "
+                    "[[x1, y1, x2, y2], ...] and logit or prob (scores optional)"
+                ) from None
+            if any(len(box) != 4 or box[2] < box[0] or box[3] < box[1] for box in boxes):
+                raise ValueError(f"{where}: boxes must be [x1, y1, x2, y2] with x1 <= x2 and y1 <= y2; got {boxes}")
+            if scores is not None and len(scores) != len(boxes):
+                raise ValueError(f"{where}: {len(scores)} scores for {len(boxes)} boxes")
+            if pair in lines:
+                raise ValueError(f"{where}: a second line for {pair}")
+            lines[pair] = {"boxes": boxes, "scores": scores, "image_size": image_size, "logit": logit}
+    return lines

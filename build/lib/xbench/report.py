@@ -1,0 +1,147 @@
+"""The paper's tables and figures from results folders: ``python -m xbench.report RESULTS_DIR... --out report/``.
+
+Reads every results folder at or below the given folders (the newest run of each model x
+dataset; older ones are listed as superseded) and writes, without re-running any model:
+
+- ``tables/<name>.md``, ``.csv`` and ``.tex``: Table 1 (Pointing Game, Dice and IoU at the best
+  threshold per model and dataset) and its fixed-threshold twin, Dice at the calibrated
+  threshold, a per-class Pointing Game table per multi-class dataset, the recognition table, the
+  paired differences between models and the lesion-size strata per dataset, and the R² of
+  recognition against grounding;
+- ``figures/<name>.png``: recognition against grounding with R², Dice at tau = 0.5 against the
+  best tau, Dice against tau, grounding by lesion size, and the saliency overlays of the same
+  images for every model;
+- ``analysis/``: the analysis behind the intervals, as ``python -m xbench.analyze`` writes it;
+- with robustness runs (``data.augment``): a table and a figure of every model under each
+  perturbation, beside its unperturbed run;
+- ``report.md``: all of it in one page, with the runs it was built from.
+
+Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xbench.analysis``;
+``--no-analysis`` leaves the intervals, the calibrated tau, the differences and the strata out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+from pathlib import Path
+
+from xbench.cli import run
+from xbench.analysis.settings import Settings, add_arguments, from_arguments
+from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.figures import DPI, paper_figures, robustness
+from xbench.reporting.folder import atomic_write
+from xbench.reporting.tables import ReportAnalysis, paper_tables, robustness_table, to_csv, to_latex, to_markdown
+
+ANALYSIS_FOLDER = "analysis"
+
+
+def _runs_section(bench: Benchmark) -> list[str]:
+    lines = ["## Runs", "", "| Model | Dataset | Perturbation | Images | Created | Folder |", "|---|---|---|---:|---|---|"]
+    runs = [(m, d, None, run) for (m, d), run in bench.runs.items()]
+    runs += [(m, d, p, run) for (m, d, p), run in bench.perturbed.items()]
+    for model, dataset, perturbation, run in runs:
+        data = run.results["data"]
+        lines.append(
+            f"| {bench.model_label(model)} | {bench.dataset_label(dataset)} | {perturbation or '–'} | "
+            f"{data['images_evaluated']} of {data['images_in_split']} | {run.results['created']} | `{run.folder}` |"
+        )
+    if bench.superseded:
+        lines += ["", "Superseded by a newer run of the same model, dataset and perturbation (not used): "
+                  + ", ".join(f"`{run.folder}`" for run in bench.superseded) + "."]
+    return lines
+
+
+def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: Path) -> tuple[ReportAnalysis, list[Path]]:
+    """Run ``xbench.analysis`` on the report's runs (the newest unperturbed run of every model and
+    dataset) and write its files under ``out``, as ``python -m xbench.analyze`` does."""
+    from xbench.analysis.pipeline import analyze
+    from xbench.analyze import write_analysis
+
+    try:
+        folders = [bench.get(model, dataset).folder for dataset in bench.datasets for model in bench.models_on(dataset)]
+        analysis = analyze(folders, validation, settings)
+    except (ValueError, FileNotFoundError) as error:
+        raise type(error)(
+            f"{error}\nThe report's intervals come from this analysis; `--no-analysis` builds the report without "
+            "them.") from error
+    tables, written = write_analysis(analysis, out)
+    return ReportAnalysis(settings, tables), written
+
+
+def _intervals_line(analysis: ReportAnalysis | None) -> str:
+    if analysis is None:
+        return "Without the analysis (`--no-analysis`): no intervals, calibrated thresholds or lesion-size strata."
+    s = analysis.settings
+    return (f"Numbers in brackets: {100 * s.confidence:g}% bootstrap percentile intervals, {s.replicates} replicates "
+            f"(seed {s.seed}), images resampled with replacement and paired across the models of a dataset. "
+            f"The analysis behind them, for programs: [{ANALYSIS_FOLDER}/]({ANALYSIS_FOLDER}/) "
+            "(CSV and JSON, as `python -m xbench.analyze` writes them).")
+
+
+def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None) -> list[Path]:
+    """Write every table and figure under ``out`` and ``out/report.md``; return the files written."""
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    tables = paper_tables(bench, analysis) if bench.runs else []
+    plots = paper_figures(bench, analysis) if bench.runs else []
+    robust_table, robust_plot = robustness_table(bench), robustness(bench)
+    tables += [robust_table] if robust_table is not None else []
+    plots += [robust_plot] if robust_plot is not None else []
+    written: list[Path] = []
+    body = ["# XBench report", "",
+            f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
+            f"{len(bench.runs) + len(bench.perturbed)} runs ({len(bench.models)} models, {len(bench.datasets)} "
+            f"datasets" + (f", {len(bench.perturbed)} robustness runs" if bench.perturbed else "")
+            + "). All numbers in percent unless marked. " + (_intervals_line(analysis) if bench.runs else ""), ""]
+    body += ["## Tables", ""]
+    for number, table in enumerate(tables, start=1):
+        for suffix, text in ((".md", to_markdown(table, number)), (".csv", to_csv(table)),
+                             (".tex", to_latex(table))):
+            path = out / "tables" / f"{table.name}{suffix}"
+            atomic_write(path, lambda p, text=text: p.write_text(text))
+            written.append(path)
+        body += [to_markdown(table, number),
+                 f"Files: [CSV](tables/{table.name}.csv), [LaTeX](tables/{table.name}.tex)", ""]
+    body += ["## Figures", ""]
+    for number, plot in enumerate(plots, start=1):
+        path = out / "figures" / f"{plot.name}.png"
+        atomic_write(path, lambda p, plot=plot: plot.figure.savefig(p, dpi=DPI, format="png"))
+        written.append(path)
+        body += [f"**Figure {number}.** {plot.caption}", "", f"![Figure {number}](figures/{plot.name}.png)", ""]
+    body += _runs_section(bench)
+    report = out / "report.md"
+    atomic_write(report, lambda p: p.write_text("\n".join(body) + "\n"))
+    return [report, *written]
+
+
+def main(args: list[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(prog="python -m xbench.report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path, help="results folders, or folders that hold them")
+    parser.add_argument("--out", type=Path, default=Path("report"), help="where the report goes (default: report/)")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="skip the bootstrap analysis (no intervals, calibrated τ, differences, strata): faster "
+                             "on large benchmarks")
+    group = parser.add_argument_group("analysis (as python -m xbench.analyze)")
+    add_arguments(group)
+    options = parser.parse_args(args)
+    bench = Benchmark.from_folders(options.results)
+    analysis, files = None, []
+    if bench.runs and not options.no_analysis:
+        analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
+    files = write_report(bench, options.out, analysis) + files
+    print(f"Report of {len(bench.runs) + len(bench.perturbed)} runs written to {options.out}/"
+          + (f" ({analysis.settings.replicates} bootstrap replicates)" if analysis is not None else "") + ":")
+    for path in files:
+        print(f"  {path}")
+    return files
+
+
+def cli() -> None:
+    """The command line, ``xbench-report`` or ``python -m xbench.report``: a failure is a message and exit 1."""
+    run(main, "xbench-report")
+
+
+if __name__ == "__main__":
+    cli()

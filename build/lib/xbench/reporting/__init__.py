@@ -1,0 +1,1 @@
+"""Results folders, tables, figures and dashboards."""

@@ -1,0 +1,148 @@
+"""Results folders gathered into one model x dataset grid, for the report's tables and figures.
+
+Each (model, dataset) takes its newest run (by the ``created`` time in ``metrics.json``); older
+runs of the same pair are listed as superseded, never averaged in. Datasets follow the paper's
+order (``xbench.findings.PAPER_CLASSES``), then any others by name; models go by name.
+
+A run whose data went through an ``augment`` pipeline (a robustness run, ``xbench.data.augment``)
+is not a benchmark entry: it is kept apart, under its perturbation (the pipeline as recorded in
+the run's config), for the robustness table and figure, beside the unperturbed run of the same
+model and dataset as the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xbench.findings import PAPER_CLASSES, dataset_name
+from xbench.reporting.folder import find_result_folders, read_results
+
+
+@dataclass(frozen=True)
+class Run:
+    """One results folder and its ``metrics.json`` payload."""
+
+    folder: Path
+    results: dict
+
+    @property
+    def model(self) -> str:
+        return self.results["model"]
+
+    @property
+    def dataset(self) -> str:
+        return self.results["dataset"]
+
+    @property
+    def perturbation(self) -> str | None:
+        """The run's augment pipeline as a label, e.g. ``Rotate(limit=10, border_mode=0)``;
+        ``None`` for an unperturbed run (the paper's protocol)."""
+        data = ((self.results.get("config") or {}).get("data") or {}).get("init_args") or {}
+        return perturbation_label(data.get("augment"), data.get("augment_seed") or 0)
+
+    @property
+    def model_class(self) -> str | None:
+        """The class name of the model's ``class_path`` (``CentrePrior``), if the config has one."""
+        class_path = (self.results.get("config") or {}).get("model", {}).get("class_path")
+        return class_path.rsplit(".", 1)[-1] if class_path else None
+
+
+def _transform_label(name: str, arguments: dict[str, Any]) -> str:
+    shown = ", ".join(f"{key}={value}" for key, value in arguments.items() if not (key == "p" and value == 1))
+    return f"{name.rsplit('.', 1)[-1]}({shown})"
+
+
+def perturbation_label(augment: list | dict | None, seed: int = 0) -> str | None:
+    """An augment pipeline, in either YAML form, as one line: its transforms and their arguments
+    (``p`` left out where it is 1: always applied), then the seed where it is not 0."""
+    if augment is None:
+        return None
+    if isinstance(augment, dict):  # albumentations' serialised form
+        transform = augment.get("transform", {})
+        entries = transform.get("transforms", [transform]) if "Compose" in transform.get("__class_fullname__", "") \
+            else [transform]
+        parts = [_transform_label(e.get("__class_fullname__", "?"), {k: v for k, v in e.items() if not k.startswith("__")})
+                 for e in entries]
+    else:
+        parts = [_transform_label(e["class_path"], e.get("init_args") or {}) for e in augment]
+    return " + ".join(parts) + (f", seed {seed}" if seed else "")
+
+
+def ordered_datasets(names: set[str]) -> list[str]:
+    """The paper's dataset order, then any others by name."""
+    paper = [d for d in PAPER_CLASSES if d in names]
+    return paper + sorted(names - set(paper))
+
+
+class Benchmark:
+    """The newest run of every (model, dataset) found under some folders, and apart from them the
+    newest robustness run of every (model, dataset, perturbation)."""
+
+    def __init__(self, runs: list[Run]) -> None:
+        newest: dict[tuple[str, str, str | None], Run] = {}
+        self.superseded: list[Run] = []
+        for run in sorted(runs, key=lambda r: (r.results["created"], r.folder.name)):
+            key = (run.model, run.dataset, run.perturbation)
+            if key in newest:
+                self.superseded.append(newest[key])
+            newest[key] = run
+        self.runs = {(m, d): run for (m, d, p), run in newest.items() if p is None}
+        self.perturbed = {key: run for key, run in newest.items() if key[2] is not None}
+        self.datasets: list[str] = ordered_datasets({d for _, d in self.runs})
+        self.models: list[str] = sorted({m for m, _ in self.runs})
+        self._model_labels = self._labels(list(newest.values()))
+
+    @classmethod
+    def from_folders(cls, paths: list[Path]) -> Benchmark:
+        folders = find_result_folders(paths)
+        if not folders:
+            raise FileNotFoundError(
+                f"no results folders (with metrics.json) under {', '.join(map(str, paths))}; "
+                "run `python -m xbench.test` or `python -m xbench.suite` first"
+            )
+        return cls([Run(folder, read_results(folder)) for folder in folders])
+
+    @staticmethod
+    def _labels(runs: list[Run]) -> dict[str, str]:
+        """Model labels: the class name (``MedKLIP``) where it names one model, else the model name."""
+        by_class: dict[str | None, set[str]] = {}
+        for run in runs:
+            by_class.setdefault(run.model_class, set()).add(run.model)
+        labels = {}
+        for run in runs:
+            unique = run.model_class is not None and len(by_class[run.model_class]) == 1
+            labels[run.model] = run.model_class if unique else run.model
+        return labels
+
+    def get(self, model: str, dataset: str) -> Run | None:
+        return self.runs.get((model, dataset))
+
+    def model_label(self, model: str) -> str:
+        return self._model_labels[model]
+
+    def dataset_label(self, dataset: str) -> str:
+        return dataset_name(dataset)
+
+    def models_on(self, dataset: str) -> list[str]:
+        return [m for m in self.models if (m, dataset) in self.runs]
+
+    def classes(self, dataset: str) -> list[str]:
+        """The classes of a dataset over all its runs, in the order the runs list them."""
+        seen: dict[str, None] = {}
+        for model in self.models_on(dataset):
+            seen.update(dict.fromkeys(self.runs[(model, dataset)].results["classes"]))
+        return list(seen)
+
+    def robustness_pairs(self) -> list[tuple[str, str]]:
+        """Every (model, dataset) with robustness runs, in dataset then model order."""
+        pairs = {(m, d) for m, d, _ in self.perturbed}
+        return [(m, d) for d in ordered_datasets({d for _, d in pairs}) for m in sorted(m for m, e in pairs if e == d)]
+
+    def robustness_runs(self, model: str, dataset: str) -> list[tuple[str | None, Run]]:
+        """The unperturbed reference run (perturbation ``None``), if there is one, then every
+        perturbed run of the model on the dataset, by perturbation label."""
+        reference = [(None, self.runs[(model, dataset)])] if (model, dataset) in self.runs else []
+        perturbed = [(p, run) for (m, d, p), run in self.perturbed.items() if (m, d) == (model, dataset)]
+        return reference + sorted(perturbed, key=lambda item: item[0])

@@ -1,0 +1,341 @@
+"""The results folder of one run: ``<model>__<dataset>__<time>/``.
+
+- ``metrics.json``: every number, per class and macro, with the schema version, the chosen
+  thresholds, counts and edge cases, the resolved config and package versions;
+- ``per_class.csv``: one row per class, every per-class number;
+- ``summary.md``: the table a person reads;
+- ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
+  the Pointing Game hit and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
+- ``config.yaml``: the resolved configuration;
+- ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
+
+Every file is written to a temporary name and renamed, inside a folder that is itself renamed
+into place at the end: an interrupted run leaves no half file and no half folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from xbench.findings import display_name
+from xbench.metrics.grounding import THRESHOLDS
+from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, SCHEMA, atomic_write, count_columns
+
+GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
+GROUNDING_PER_CLASS = (
+    "pairs", "hits", "pointing_game",
+    *(f"{c}@0.5" for c in GROUNDING_CURVES),
+    *(f"{c}@{s}" for c in GROUNDING_CURVES for s in ("best", "best_tau")),
+    "constant_maps", "tied_maxima", "empty_masks",
+)
+GROUNDING_MACRO = ("pointing_game", *(f"{c}@0.5" for c in GROUNDING_CURVES), *(f"{c}@best" for c in GROUNDING_CURVES))
+CLASSIFICATION_PER_CLASS = (
+    "positives", "negatives", "unknown", "auroc", "auprc", "f1@0.5", "accuracy@0.5",
+    "max_f1", "max_f1_threshold", "max_f1_logit", "accuracy@max_f1",
+)
+CLASSIFICATION_MACRO = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1", "accuracy@max_f1")
+CHOSEN_ON_EVALUATED_SET = (
+    "grounding: every '@best' value and its '@best_tau' (the threshold maximising that metric per class); "
+    "classification: max_f1, max_f1_threshold, max_f1_logit, accuracy@max_f1"
+)
+PACKAGES = ("xbench", "torch", "lightning", "torchmetrics", "transformers", "open_clip_torch", "timm", "pydicom")
+
+
+def _number(value) -> float | int | None:
+    """A JSON-safe scalar: ints stay ints, NaN becomes null."""
+    value = value.item() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def build_results(*, model, datamodule, grounding, classification, region_counts, config) -> dict:
+    """The ``metrics.json`` payload of a finished run."""
+    classes = list(datamodule.classes)
+    evaluated = int(classification["records"]["index"].numel())
+    return {
+        "schema": SCHEMA,
+        "model": model.model_name(),
+        "dataset": datamodule.name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "classes": classes,
+        # how the model saw each image and how its maps reached the frame (the authors' rule, or
+        # --model.upsample for a study)
+        "preprocess": dataclasses.asdict(model.preprocess) if model.preprocess is not None else None,
+        "map_upsample": model.map_upsample,
+        "thresholds": [float(t) for t in THRESHOLDS],
+        "chosen_on_evaluated_set": CHOSEN_ON_EVALUATED_SET,
+        "grounding": {
+            "macro": {name: _number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
+            "classes_with_pairs": _number(grounding["classes_with_pairs"]),
+            "per_class": {
+                key: {name: _number(grounding[name][c]) for name in GROUNDING_PER_CLASS}
+                for c, key in enumerate(classes)
+            },
+            "curves": {
+                key: {name: [_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
+                for c, key in enumerate(classes)
+            },
+        },
+        "classification": {
+            "calibrated_logits": model.calibrated_logits,
+            "macro": {name: _number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
+            "hamming_accuracy": _number(classification["hamming_accuracy"]),
+            "single_label_value_classes": _number(classification["single_label_value_classes"]),
+            "per_class": {
+                key: {name: _number(classification[name][c]) for name in CLASSIFICATION_PER_CLASS}
+                for c, key in enumerate(classes)
+            },
+        },
+        "data": {
+            "images_in_split": len(datamodule.test_set),
+            "images_evaluated": evaluated,
+            "image_size": datamodule.image_size,
+            "mask_threshold": datamodule.mask_threshold,
+            "clipped_shapes": _number(region_counts["clipped_shapes"]),
+            "lost_regions": {key: _number(region_counts["lost_regions"][c]) for c, key in enumerate(classes)},
+            "notes": datamodule.notes,
+        },
+        "config": config if config is not None else _hyperparameters(model, datamodule),
+        "versions": _versions(),
+    }
+
+
+def _hyperparameters(model, datamodule) -> dict:
+    """Without the CLI: each module's class path and constructor arguments (``hparams``)."""
+
+    def describe(module) -> dict:
+        kind = type(module)
+        args = {key: str(value) if isinstance(value, Path) else value for key, value in module.hparams.items()}
+        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
+
+    return {"model": describe(model), "data": describe(datamodule)}
+
+
+def log_keys(results: dict) -> dict[str, float]:
+    """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ..."""
+    flat: dict[str, float] = {}
+    for section, per_class_names in (("grounding", GROUNDING_PER_CLASS), ("classification", CLASSIFICATION_PER_CLASS)):
+        for name, value in results[section]["macro"].items():
+            flat[f"{section}/{name}/macro"] = math.nan if value is None else float(value)
+        for key, values in results[section]["per_class"].items():
+            for name in per_class_names:
+                value = values[name]
+                flat[f"{section}/{name}/{key}"] = math.nan if value is None else float(value)
+    return flat
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def _tau(value) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
+    """The run's two tables (grounding, recognition) as (title, headers, rows); last row = macro mean."""
+    classes = results["classes"]
+    g, c = results["grounding"], results["classification"]
+    grounding_rows = []
+    for key in classes:
+        v = g["per_class"][key]
+        grounding_rows.append([
+            display_name(key), str(v["pairs"]), _pct(v["pointing_game"]),
+            _pct(v["dice@0.5"]), _pct(v["dice@best"]), _tau(v["dice@best_tau"]),
+            _pct(v["iou@0.5"]), _pct(v["iou@best"]), _tau(v["iou@best_tau"]),
+        ])
+    m = g["macro"]
+    grounding_rows.append([
+        "Macro mean", str(sum(g["per_class"][key]["pairs"] for key in classes)), _pct(m["pointing_game"]),
+        _pct(m["dice@0.5"]), _pct(m["dice@best"]), "", _pct(m["iou@0.5"]), _pct(m["iou@best"]), "",
+    ])
+    recognition_rows = []
+    for key in classes:
+        v = c["per_class"][key]
+        recognition_rows.append([
+            display_name(key), str(v["positives"]), str(v["negatives"]), _pct(v["auroc"]), _pct(v["auprc"]),
+            _pct(v["f1@0.5"]), _pct(v["accuracy@0.5"]), _pct(v["max_f1"]),
+        ])
+    m = c["macro"]
+    recognition_rows.append([
+        "Macro mean", "", "", _pct(m["auroc"]), _pct(m["auprc"]), _pct(m["f1@0.5"]), _pct(m["accuracy@0.5"]),
+        _pct(m["max_f1"]),
+    ])
+    return [
+        ("Grounding (percent)",
+         ("Finding", "Pairs", "PG", "Dice τ=.5", "Dice best*", "τ*", "IoU τ=.5", "IoU best*", "τ*"),
+         grounding_rows),
+        ("Recognition (percent)",
+         ("Finding", "Pos", "Neg", "AUROC", "AUPRC", "F1 p≥.5", "Acc p≥.5", "max-F1*"),
+         recognition_rows),
+    ]
+
+
+def summary_footnotes(results: dict) -> list[str]:
+    g, d = results["grounding"], results["data"]
+    calibration = (
+        []
+        if results["classification"]["calibrated_logits"]
+        else [
+            f"{results['model']}'s scores are not calibrated probabilities: F1 and accuracy at p ≥ 0.5 apply an "
+            "arbitrary cut for it; AUROC, AUPRC and max-F1 depend only on the ranking."
+        ]
+    )
+    edge = {name: sum(v[name] for v in g["per_class"].values()) for name in ("constant_maps", "tied_maxima", "empty_masks")}
+    notes = [
+        "PG = Pointing Game: a hit when a pixel at the map's maximum lies in the region (ties count if any tied "
+        "pixel is inside; a constant map is a miss). Dice/IoU: per-image means over graded (image, class) pairs.",
+        "* chosen on the evaluated set itself (the paper's protocol): 'best' is the threshold τ that maximises "
+        "the metric for that class, max-F1 the best probability threshold. Compare with τ = 0.5 and p ≥ 0.5.",
+        f"Images evaluated: {d['images_evaluated']} of {d['images_in_split']}. Edge cases: "
+        f"{edge['constant_maps']} constant maps, {edge['tied_maxima']} maps with tied maxima, "
+        f"{edge['empty_masks']} pairs with an empty mask (left out); {d['clipped_shapes']} shapes clipped at the "
+        f"image border; {sum(d['lost_regions'].values())} annotated regions empty in the frame (left out).",
+        *calibration,
+    ]
+    return notes
+
+
+def summary_markdown(results: dict) -> str:
+    lines = [
+        f"# {results['model']} on {results['dataset']}",
+        "",
+        f"Run {results['created']}, XBench {results['versions']['xbench']}, schema `{results['schema']}`.",
+    ]
+    for title, headers, rows in summary_tables(results):
+        lines += ["", f"## {title}", "", "| " + " | ".join(headers) + " |",
+                  "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += [""] + [f"{note}  " for note in summary_footnotes(results)]
+    return "\n".join(lines) + "\n"
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+def pair_table(results: dict, grounding_records: dict, classification_records: dict, image_ids: list[str]) -> pd.DataFrame:
+    """One row per (image, class) evaluated; grounding columns empty for pairs not graded."""
+    classes = results["classes"]
+    index = classification_records["index"].cpu().numpy()
+    num_classes = len(classes)
+    rows = pd.DataFrame({
+        "image_index": np.repeat(index, num_classes),
+        "image_id": np.repeat(np.asarray(image_ids, dtype=object)[index], num_classes),
+        "class": np.tile(np.asarray(classes, dtype=object), len(index)),
+        "label": classification_records["labels"].cpu().numpy().reshape(-1),
+        "logit": classification_records["logits"].cpu().numpy().reshape(-1),
+    })
+    counts = {
+        "image_index": grounding_records["index"].cpu().numpy(),
+        "class": np.asarray(classes, dtype=object)[grounding_records["class"].cpu().numpy()],
+        "graded": True,
+        "region_px": grounding_records["region"].cpu().numpy(),
+        "hit": grounding_records["hit"].cpu().numpy(),
+    }
+    predicted = grounding_records["predicted"].cpu().numpy()
+    inter = grounding_records["inter"].cpu().numpy()
+    predicted_names, inter_names = count_columns(predicted.shape[1])
+    counts.update(zip(predicted_names, predicted.T))
+    counts.update(zip(inter_names, inter.T))
+    graded = pd.DataFrame(counts)
+    table = rows.merge(graded, on=["image_index", "class"], how="left", validate="one_to_one")
+    table["graded"] = table["graded"].eq(True)
+    integers = ["region_px", "hit", *predicted_names, *inter_names]
+    table[integers] = table[integers].astype("Int64")
+    return table
+
+
+def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, **overlays)
+
+
+def claim_folder(staging: Path, results_dir: Path, name: str) -> Path:
+    """Rename the finished ``staging`` folder to ``name`` or, when a run that finished in the same
+    second holds it, ``name-1``, ``name-2``, ...: the rename itself is the claim (it fails on a
+    folder with contents), so two runs never share a name and no run replaces another's folder."""
+    for suffix in range(1000):
+        final = results_dir / (name if suffix == 0 else f"{name}-{suffix}")
+        if final.exists():
+            continue
+        try:
+            os.rename(staging, final)
+            return final
+        except OSError:
+            if not final.exists():
+                raise
+    raise RuntimeError(f"{results_dir}: 1000 results folders named {name}[-N]; clear some out")
+
+
+def check_writable(results_dir: Path) -> None:
+    """Fail before a run, not after it: ``results_dir`` must be a folder XBench can write in."""
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=results_dir).close()
+    except OSError as error:
+        raise ValueError(
+            f"--model.results_dir {results_dir} is not a folder XBench can write in ({error.strerror or error}); "
+            "choose another one"
+        ) from None
+
+
+def write_results(
+    results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
+    overlays: dict[str, np.ndarray] | None = None,
+) -> Path:
+    """Write the run's folder under ``results_dir`` and return its path."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    results_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{results['model']}__{results['dataset']}__{stamp}"
+    staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{name}."))
+    try:
+        atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
+        per_class = pd.DataFrame([
+            {"class": key, "display": display_name(key),
+             **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
+             **{f"classification/{k}": v for k, v in results["classification"]["per_class"][key].items()}}
+            for key in results["classes"]
+        ])
+        atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
+        atomic_write(staging / "summary.md", lambda p: p.write_text(summary_markdown(results)))
+        pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
+        atomic_write(staging / PAIRS, lambda p: pairs.to_csv(p, index=False, compression="gzip"))
+        atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        if overlays is not None:
+            atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
+        final = claim_folder(staging, results_dir, name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final

@@ -1,0 +1,121 @@
+"""Weights & Biases logging of a run, offline unless asked otherwise.
+
+``python -m xbench.test`` logs every run through :class:`XBenchWandbLogger` (the default in
+``TRAINER_DEFAULTS`` in ``xbench/test.py``). It writes an offline run under ``./wandb/`` (or
+``$WANDB_DIR``) that ``wandb sync wandb/offline-run-*`` uploads later; ``WANDB_MODE=online`` or
+``--trainer.logger.init_args.offline false`` logs online; ``--trainer.logger false`` turns it off.
+
+At the end of a run :func:`log_run` adds, to any Lightning ``WandbLogger``: the resolved config,
+the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, the Dice- and
+IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from lightning.pytorch.loggers import Logger, WandbLogger
+
+from xbench.findings import display_name
+from xbench.reporting.results import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
+
+#: Per-class values chosen on the evaluated set itself; their W&B column names say so.
+CHOSEN = {"dice@best", "dice@best_tau", "iou@best", "iou@best_tau", "pooled_dice@best", "pooled_dice@best_tau",
+          "pooled_iou@best", "pooled_iou@best_tau", "max_f1", "max_f1_threshold", "max_f1_logit", "accuracy@max_f1"}
+CHOSEN_SUFFIX = " (chosen on evaluated set)"
+
+
+class XBenchWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` with XBench's defaults.
+
+    Args:
+        project: the W&B project.
+        offline: ``None`` (default): offline, unless ``WANDB_MODE`` is set (``online``, ``disabled``,
+            ...), which W&B then follows.
+        save_dir: where ``wandb/`` goes; ``None``: ``$WANDB_DIR`` or the working directory.
+        kwargs: anything else ``WandbLogger`` / ``wandb.init`` take (``entity``, ``tags``, ...).
+    """
+
+    def __init__(self, project: str = "xbench", offline: bool | None = None, save_dir: str | None = None,
+                 **kwargs) -> None:
+        if offline is None:
+            offline = "WANDB_MODE" not in os.environ
+        # The summary table already shows every number; W&B need not print them again at the end. An
+        # environment setting, since Lightning re-attaches copies of the logger to the run.
+        os.environ.setdefault("WANDB_QUIET", "true")
+        super().__init__(project=project, offline=offline, save_dir=save_dir, **kwargs)
+
+
+def wandb_loggers(loggers: list[Logger]) -> list[WandbLogger]:
+    return [logger for logger in loggers if isinstance(logger, WandbLogger)]
+
+
+def per_class_rows(results: dict) -> tuple[list[str], list[list]]:
+    """Columns and rows of the per-class table: one row per class, every per-class number."""
+    columns = ["class", "finding"]
+    columns += [f"grounding/{n}" + (CHOSEN_SUFFIX if n in CHOSEN else "") for n in GROUNDING_PER_CLASS]
+    columns += [f"classification/{n}" + (CHOSEN_SUFFIX if n in CHOSEN else "") for n in CLASSIFICATION_PER_CLASS]
+    rows = []
+    for key in results["classes"]:
+        g, c = results["grounding"]["per_class"][key], results["classification"]["per_class"][key]
+        rows.append([key, display_name(key), *(g[n] for n in GROUNDING_PER_CLASS),
+                     *(c[n] for n in CLASSIFICATION_PER_CLASS)])
+    return columns, rows
+
+
+def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray], folder: Path | None) -> None:
+    """Log a finished run to every ``WandbLogger`` among ``loggers`` (call on rank 0 only)."""
+    targets = wandb_loggers(loggers)
+    if not targets:
+        return
+    import wandb
+
+    from xbench.reporting.figures import overlay_rgb
+
+    columns, rows = per_class_rows(results)
+    thresholds = results["thresholds"]
+    graded = [key for key in results["classes"] if results["grounding"]["per_class"][key]["pairs"] > 0]
+    for logger in targets:
+        run = logger.experiment
+        run.name = f"{results['model']}__{results['dataset']}"
+        run.config.update({"xbench": results["config"], "results_folder": None if folder is None else str(folder),
+                           "chosen_on_evaluated_set": results["chosen_on_evaluated_set"]}, allow_val_change=True)
+        run.summary.update(log_keys(results))
+        media = {"per_class": wandb.Table(columns=columns, data=rows)}
+        for name, label in (("dice", "Dice"), ("iou", "IoU")):
+            if graded:
+                media[f"curves/{name}"] = wandb.plot.line_series(
+                    xs=thresholds, ys=[results["grounding"]["curves"][key][name] for key in graded],
+                    keys=[display_name(key) for key in graded], title=f"{label} vs threshold τ (mean over pairs)",
+                    xname="τ",
+                )
+        panel = wandb.Table(columns=["image_id", "finding", "overlay"])
+        for i in range(len(overlays["image_id"])):
+            rgb = overlay_rgb(overlays["image"][i], overlays["saliency"][i], overlays["mask"][i])
+            finding = display_name(str(overlays["finding"][i]))
+            panel.add_data(str(overlays["image_id"][i]), finding,
+                           wandb.Image(rgb, caption=f"{finding}, {overlays['image_id'][i]} (white: region)"))
+        media["overlays"] = panel
+        run.log(media)
+
+
+def finish_runs(loggers: list[Logger]) -> list[str]:
+    """Close the W&B runs of ``loggers`` so that the offline files are complete and a next run in
+    the same process starts its own; return the folders of the offline ones (for ``wandb sync``)."""
+    offline = []
+    for logger in wandb_loggers(loggers):
+        run = logger.experiment
+        if run.settings.mode in ("offline", "dryrun"):
+            offline.append(run.settings.sync_dir)
+        run.finish()
+    return offline
+
+
+def abandon_runs(loggers: list[Logger]) -> None:
+    """Close the W&B runs a failed run had started (marked failed), so that the next run in the
+    same process does not write into them; a run never started is not created here."""
+    for logger in wandb_loggers(loggers):
+        if getattr(logger, "_experiment", None) is not None:
+            logger.experiment.finish(exit_code=1)

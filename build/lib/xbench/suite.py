@@ -1,0 +1,342 @@
+"""Run models x datasets one after another: ``python -m xbench.suite --config lightning_configs/suites/paper.yaml``.
+
+A suite file names model configs, dataset configs and settings (``--key value`` pairs of
+``xbench.test``, as a mapping) for every run, for a model or for a dataset::
+
+    results_dir: results
+    settings: {data.image_size: 224, data.batch_size: 8}
+    models:
+      - lightning_configs/models/medklip.yaml
+      - {config: lightning_configs/models/kad.yaml, settings: {model.checkpoint_dir: /weights/kad}}
+    datasets:
+      - {config: lightning_configs/data/rsna.yaml, settings: {data.root: datasets/rsna}}
+      - {config: [lightning_configs/data/rsna.yaml, lightning_configs/augment/rotate10.yaml],
+         settings: {data.root: datasets/rsna}}
+
+An entry's ``config`` may list several files, composed in order (``--config`` repeated): a
+dataset with an augment pipeline, a model with ``gradcam.yaml``. Its label joins their names
+(``rsna+rotate10``).
+
+First the suite prints every pair and whether it will run or is skipped -- a config file, a
+model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
+its results already exist in ``results_dir`` (``--force`` runs it again). ``--dry-run`` stops
+there. Each pair then runs as its own ``python -m xbench.test`` process (so a crash, or a
+multi-GPU run, stays inside it) with its own results folder; a pair that fails is reported and
+the suite goes on. The exit status is 1 if any pair failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from xbench.cli import run
+from xbench.reporting.folder import find_result_folders, read_results
+
+SUITE_KEYS = {"results_dir", "settings", "models", "datasets"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A model or dataset of the suite: its config files (composed in order) and its own settings."""
+
+    configs: tuple[Path, ...]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return "+".join(config.stem for config in self.configs)
+
+
+@dataclass(frozen=True)
+class Suite:
+    results_dir: Path
+    settings: dict[str, Any]
+    models: list[Entry]
+    datasets: list[Entry]
+
+
+@dataclass
+class Pair:
+    """One model on one dataset. ``status``: ``run``, ``done`` (results exist) or ``missing``."""
+
+    model: Entry
+    dataset: Entry
+    status: str = "run"
+    detail: str = ""
+    config: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.label} on {self.dataset.label}"
+
+
+def _configs(value: Any) -> tuple[Path, ...] | None:
+    if isinstance(value, str):
+        return (Path(value),)
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return tuple(map(Path, value))
+    return None
+
+
+def _entry(item: Any, where: str) -> Entry:
+    if isinstance(item, dict) and set(item) <= {"config", "settings"}:
+        configs, settings = _configs(item.get("config")), dict(item.get("settings") or {})
+    else:
+        configs, settings = (_configs(item) if isinstance(item, str) else None), {}
+    if configs is None:
+        raise ValueError(
+            f"{where}: expected a config path or {{config: PATH or [PATH, ...], settings: {{...}}}}; got {item!r}")
+    return Entry(configs, settings)
+
+
+def load_suite(path: Path) -> Suite:
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = set(raw) - SUITE_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; a suite has {sorted(SUITE_KEYS)}")
+    for key in ("models", "datasets"):
+        if not raw.get(key):
+            raise ValueError(f"{path}: `{key}` must list at least one config")
+    return Suite(
+        results_dir=Path(raw.get("results_dir", "results")),
+        settings=dict(raw.get("settings") or {}),
+        models=[_entry(item, f"{path}: models[{i}]") for i, item in enumerate(raw["models"])],
+        datasets=[_entry(item, f"{path}: datasets[{i}]") for i, item in enumerate(raw["datasets"])],
+    )
+
+
+# -- what a pair's run will see ----------------------------------------------------------------
+
+
+def _merge(into: dict, update: dict) -> dict:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _nested(key: str, value: Any) -> dict:
+    """A ``--key value`` setting as config nesting: ``data.root`` -> ``{data: {init_args: {root}}}``."""
+    parts = key.split(".")
+    if parts[0] in ("model", "data") and len(parts) > 1 and parts[1] not in ("init_args", "class_path"):
+        parts.insert(1, "init_args")
+    nested: Any = value
+    for part in reversed(parts):
+        nested = {part: nested}
+    return nested
+
+
+def _settings(suite: Suite, pair: Pair) -> dict[str, Any]:
+    return {**suite.settings, **pair.model.settings, **pair.dataset.settings}
+
+
+def composed_config(suite: Suite, pair: Pair) -> dict:
+    """The pair's config as the run will compose it: model file, data file, then the settings."""
+    config: dict = {}
+    for entry in (pair.model, pair.dataset):
+        for path in entry.configs:
+            _merge(config, yaml.safe_load(path.read_text()) or {})
+    for key, value in _settings(suite, pair).items():
+        _merge(config, _nested(key, value))
+    return config
+
+
+def run_arguments(suite: Suite, pair: Pair) -> list[str]:
+    args = [arg for entry in (pair.model, pair.dataset) for path in entry.configs for arg in ("--config", str(path))]
+    for key, value in _settings(suite, pair).items():
+        args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
+    return args + ["--model.results_dir", str(suite.results_dir)]
+
+
+def _class(section: dict, where: str):
+    class_path = section.get("class_path")
+    if not class_path:
+        raise LookupError(f"{where} has no class_path")
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise LookupError(f"cannot import {class_path} ({error})") from None
+
+
+def _argument(cls, section: dict, name: str) -> tuple[bool, Any]:
+    """Whether ``cls`` takes ``name``, and its value: the config's, else the default (``...``: none)."""
+    parameter = inspect.signature(cls).parameters.get(name)
+    if parameter is None:
+        return False, None
+    init_args = section.get("init_args") or {}
+    if name in init_args:
+        return True, init_args[name]
+    return True, ... if parameter.default is inspect.Parameter.empty else parameter.default
+
+
+def _defaults(cls) -> dict[str, Any]:
+    """Every keyword default of ``cls`` and its bases (a subclass's default wins): what a run
+    resolves for an argument its config leaves out."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for name, parameter in inspect.signature(init).parameters.items():
+            if parameter.default is not inspect.Parameter.empty:
+                defaults[name] = parameter.default
+    return defaults
+
+
+def _resolved(cls, section: dict) -> dict[str, Any]:
+    """The section's class and init arguments with its defaults filled in, as JSON would hold them
+    (a saved config is fully resolved), minus where results go."""
+    init_args = {**_defaults(cls), **(section.get("init_args") or {})}
+    init_args.pop("results_dir", None)
+    return json.loads(json.dumps({"class_path": section.get("class_path"), "init_args": init_args}, default=str))
+
+
+def same_run(config: dict, saved: dict, model, data) -> bool:
+    """Whether a saved run's model and data sections are the pair's, every argument compared
+    after defaults are filled in on both sides (an earlier run with a changed setting the pair
+    leaves at its default, e.g. an augment pipeline, is not the pair's run)."""
+    return all(
+        _resolved(cls, config.get(name) or {}) == _resolved(cls, saved.get(name) or {})
+        for name, cls in (("model", model), ("data", data))
+    )
+
+
+def result_folders(results_dir: Path) -> list[Path]:
+    """Every results folder under ``results_dir`` (none while it does not exist)."""
+    return find_result_folders([results_dir]) if results_dir.is_dir() else []
+
+
+def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
+    """Every results folder under ``results_dir`` with its resolved config."""
+    return [(folder, read_results(folder).get("config") or {}) for folder in result_folders(results_dir)]
+
+
+def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bool) -> None:
+    """Set the pair's status: a missing file or folder, results that exist, or ready to run."""
+    for path in (*pair.model.configs, *pair.dataset.configs):
+        if not path.is_file():
+            pair.status, pair.detail = "missing", f"config {path}"
+            return
+    pair.config = composed_config(suite, pair)
+    try:
+        model = _class(pair.config.get("model", {}), f"{pair.model.label}: model")
+        data = _class(pair.config.get("data", {}), f"{pair.dataset.label}: data")
+    except LookupError as error:
+        pair.status, pair.detail = "missing", str(error)
+        return
+    takes, checkpoint_dir = _argument(model, pair.config["model"], "checkpoint_dir")
+    if takes and checkpoint_dir not in (None, ...):
+        folder = Path(checkpoint_dir)
+        if not folder.is_dir() or not any(folder.iterdir()):
+            pair.status, pair.detail = "missing", f"checkpoint_dir {folder} (see checkpoints/README.md)"
+            return
+    takes, root = _argument(data, pair.config["data"], "root")
+    if takes and root is ...:
+        pair.status = "missing"
+        pair.detail = "data.root is not set (give the dataset settings: {data.root: ...} in the suite)"
+        return
+    if takes and root is not None and not Path(root).expanduser().exists():
+        pair.status, pair.detail = "missing", f"data.root {root}"
+        return
+    done = [folder for folder, config in existing if same_run(pair.config, config, model, data)]
+    if done and not force:
+        pair.status, pair.detail = "done", str(done[-1])
+
+
+def plan(suite: Suite, force: bool = False) -> list[Pair]:
+    existing = existing_results(suite.results_dir)
+    pairs = [Pair(model, dataset) for model in suite.models for dataset in suite.datasets]
+    for pair in pairs:
+        check(suite, pair, existing, force)
+    return pairs
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def run_pair(suite: Suite, pair: Pair) -> tuple[bool, str]:
+    """Run the pair as ``python -m xbench.test``; stream its output; return (ok, results folder or error)."""
+    before = set(result_folders(suite.results_dir))
+    command = [sys.executable, "-m", "xbench.test", *run_arguments(suite, pair)]
+    tail: deque[str] = deque(maxlen=50)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    with subprocess.Popen(command, stderr=subprocess.PIPE) as process:
+        for chunk in iter(lambda: process.stderr.read1(4096), b""):
+            text = decoder.decode(chunk)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+            tail.extend(text.splitlines())
+    if process.returncode != 0:
+        last = next((line.strip() for line in reversed(tail) if line.strip()), "")
+        return False, f"exit status {process.returncode}: {last}"
+    new = [folder for folder in result_folders(suite.results_dir) if folder not in before]
+    return True, str(new[-1]) if new else "(no results folder written)"
+
+
+STATUS_TEXT = {"run": "[green]run", "done": "[dim]skip: results exist", "missing": "[yellow]skip: missing"}
+
+
+def print_table(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
+    table = Table(title=title, title_style="bold", show_lines=False)
+    for column in ("#", "Model", "Dataset", "Status"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("Path / detail", overflow="fold")
+    for i, row in enumerate(rows, start=1):
+        table.add_row(str(i), *row)
+    console.print(table)
+
+
+def main(args: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xbench.suite", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, type=Path, help="the suite file")
+    parser.add_argument("--dry-run", action="store_true", help="print which pairs would run and which are skipped")
+    parser.add_argument("--force", action="store_true", help="run pairs whose results already exist again")
+    options = parser.parse_args(args)
+    suite = load_suite(options.config)
+    console = Console()
+    if not console.is_terminal:  # a log file or a pipe: keep each pair on one line
+        console = Console(width=200)
+    pairs = plan(suite, force=options.force)
+    to_run = [p for p in pairs if p.status == "run"]
+    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run",
+                [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
+    if options.dry_run:
+        return 0
+    outcomes = []
+    for n, pair in enumerate(to_run, start=1):
+        console.rule(f"[bold][{n}/{len(to_run)}] {pair.name}")
+        ok, detail = run_pair(suite, pair)
+        outcomes.append((pair, "[green]ok" if ok else "[red]failed", detail))
+        if not ok:
+            console.print(f"[red]{pair.name} failed[/red] ({detail}); going on with the next pair")
+    finished = {id(pair): (status, detail) for pair, status, detail in outcomes}
+    rows = [(p.model.label, p.dataset.label, *finished.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
+    print_table(console, "Suite results", rows)
+    return 1 if any(status == "[red]failed" for _, status, _ in outcomes) else 0
+
+
+def cli() -> None:
+    """The command line, ``xbench-suite`` or ``python -m xbench.suite``: exit 1 if a pair failed."""
+    run(main, "xbench-suite")
+
+
+if __name__ == "__main__":
+    cli()
