@@ -133,3 +133,58 @@ def test_runs_finishing_in_the_same_second_get_their_own_folders(tmp_path):
     assert [f.name for f in folders] == ["clip__phantom__20261123-120000", "clip__phantom__20261123-120000-1",
                                          "clip__phantom__20261123-120000-2"]
     assert [(f / "metrics.json").read_text() for f in folders] == ["0", "1", "2"]
+
+
+def inspect(path, capsys) -> tuple[int, str]:
+    from xbench.cli import run
+    from xbench.inspect_checkpoint import main as inspect_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: inspect_main([str(path)]), "xbench-inspect-checkpoint")
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "is empty (0 bytes): the download or copy did not finish"),
+    (b"<html>Sign in</html>", "is not a PyTorch checkpoint (it starts with b'<h'"),
+    (b"version https://git-lfs.github.com/spec/v1\n", "is not a PyTorch checkpoint"),
+    (b"PK\x03\x04truncated", "cannot read checkpoint"),
+])
+def test_a_broken_checkpoint_says_what_it_is(tmp_path, capsys, content, message):
+    """Issue 23.9: no 'please file an issue' from torch for a file that is not a checkpoint."""
+    path = tmp_path / "model.pth"
+    path.write_bytes(content)
+    status, err = inspect(path, capsys)
+    assert status == 1 and message in err and str(path) in err and "Traceback" not in err, err
+
+
+def test_an_unpickling_attack_runs_nothing(tmp_path, capsys):
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Attack:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    import torch
+
+    path = tmp_path / "model.pth"
+    torch.save({"model": {"w": torch.zeros(1)}, "payload": Attack()}, path, pickle_module=pickle)
+    inspect(path, capsys)
+    assert not marker.exists(), "loading executed code from the pickle"
+
+
+def test_a_failed_drop_check_names_the_check_and_still_lists_the_other_keys(tmp_path):
+    import torch
+    from torch import nn
+
+    from xbench.models.checkpoints import DeclaredDrop, has_shape, load_state_dict_strict
+
+    state = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2), "head.w": torch.zeros(3), "stray": torch.zeros(1)}
+    with pytest.raises(ValueError) as error:
+        load_state_dict_strict(nn.Linear(2, 3), state, file="m.pth",
+                               drops=(DeclaredDrop("head.w", "a pre-training head", has_shape(4)),))
+    text = str(error.value)
+    assert "declared drop head.w (a pre-training head) failed its check: expected the shape [4]" in text
+    assert "has shape [3]" in text and "stray" in text and "weight" in text  # the other differences too

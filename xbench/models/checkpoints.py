@@ -58,10 +58,20 @@ def safe_load(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"checkpoint {path} is empty (0 bytes): the download or copy did not finish; fetch it again")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         return load_file(str(path))
+    with open(path, "rb") as handle:
+        head = handle.read(2)
+    if head != b"PK" and head[:1] != b"\x80":  # a zip (torch >= 1.6) or a pickle (older torch.save)
+        raise ValueError(
+            f"{path} is not a PyTorch checkpoint (it starts with {head!r}, neither a zip archive nor a pickle; "
+            f"{size} bytes): was an HTML error page or a Git LFS pointer saved in its place? Fetch the file again"
+        )
     try:
         unknown = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
     except Exception:  # not a zip checkpoint; torch.load below says what it is
@@ -108,14 +118,19 @@ class DeclaredDrop:
 
 
 def is_arange(tensor: Tensor) -> bool:
-    """``position_ids`` buffers of older transformers: ``arange(n)`` with a leading 1-dim."""
+    """the values arange(n)"""  # the docstring is what a failed check reports it expected
     flat = tensor.reshape(-1)
     return bool(torch.equal(flat.long(), torch.arange(flat.numel())))
 
 
 def has_shape(*shape: int) -> Callable[[Tensor], bool]:
     """A drop check: the dropped tensor has exactly this shape (``()`` for a scalar)."""
-    return lambda tensor: tuple(tensor.shape) == shape
+
+    def check(tensor: Tensor) -> bool:
+        return tuple(tensor.shape) == shape
+
+    check.__doc__ = f"the shape {list(shape)}"
+    return check
 
 
 @dataclass(frozen=True)
@@ -204,11 +219,13 @@ def load_state_dict_strict(
     """Apply declared drops, require an exact key and shape match, then load."""
     expected = module.state_dict()
     state = dict(state)
+    failed = []
     for drop in drops:
         if drop.key in state and drop.key not in expected:
             tensor = state.pop(drop.key)
             if drop.check is not None and not drop.check(tensor):
-                raise ValueError(f"checkpoint {file}: declared drop {drop.key} ({drop.reason}) failed its check")
+                failed.append(f"declared drop {drop.key} ({drop.reason}) failed its check: expected "
+                              f"{drop.check.__doc__}, the file's tensor has shape {list(tensor.shape)}")
     missing = expected.keys() - state.keys()
     unexpected = state.keys() - expected.keys()
     reshaped = [
@@ -216,6 +233,10 @@ def load_state_dict_strict(
         for key in expected.keys() & state.keys()
         if state[key].shape != expected[key].shape
     ]
+    if failed:  # said first, with every other difference of the file after it
+        others = [str(CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped))] if (
+            missing or unexpected or reshaped) else []
+        raise ValueError("\n".join([f"checkpoint {file}: " + "; ".join(failed), *others]))
     if missing or unexpected or reshaped:
         raise CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped)
     check_aliases(module, state, file=file)
