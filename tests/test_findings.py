@@ -35,3 +35,50 @@ def test_unknown_spelling_and_key_errors_name_the_fix():
         check_classes(["pneumonitis"])
     with pytest.raises(ValueError, match="not annotated in this dataset"):
         check_classes(["cardiomegaly"], allowed=PAPER_CLASSES["chestx_det10"])
+
+
+def test_a_dataset_states_its_own_vocabulary_without_editing_findings():
+    from xbench.data.base import XBenchDataModule
+    from xbench.findings import DATASET_NAMES, Finding, dataset_name, display_name, short_name
+
+    class Spots(XBenchDataModule):
+        name = "spots_test"
+        display_name = "Spots"
+        findings = (Finding("spot", "Spot", "SPOT"),)
+        spellings = {"spot": "spot", "Spot": "spot", "nodule": "nodule"}
+
+    assert Spots.default_classes() == ("spot", "nodule")
+    assert finding_key("spots_test", "Spot") == "spot"
+    assert display_name("spot") == "Spot" and short_name("spot") == "SPOT"
+    assert dataset_name("spots_test") == "Spots" == DATASET_NAMES["spots_test"]
+    assert check_classes(["spot"], allowed=Spots.supported_classes()) == ["spot"]
+    assert PAPER_CLASSES.keys() == {"rsna", "siim", "covid_rural", "chestx_det10", "chexlocalize", "chestxray14", "vindr"}
+
+
+def test_registering_findings_in_one_call_and_its_conflicts():
+    from xbench.findings import Finding, default_classes_of, register
+
+    register("dots_test", {"Dot": "dot", "Mass": "mass"}, findings=[Finding("dot", "Dot", "DOT")], classes=["dot"])
+    register("dots_test", {"Dot": "dot", "Mass": "mass"}, findings=[Finding("dot", "Dot", "DOT")], classes=["dot"])
+    assert default_classes_of("dots_test") == ("dot",)
+    with pytest.raises(ValueError, match="taken by another vocabulary"):
+        register("dots_test", {"Dot": "dot"})
+    with pytest.raises(ValueError, match="already"):
+        register("other_test", {"Mass": "mass"}, findings=[Finding("mass", "Tumour", "MASS")])
+    with pytest.raises(ValueError, match="short name 'EFF'"):
+        register("other_test", {"Blob": "blob"}, findings=[Finding("blob", "Blob", "EFF")])
+    with pytest.raises(ValueError, match=r"not findings: \['blob'\].*declare them in `findings`"):
+        register("other_test", {"Blob": "blob"})
+    assert "other_test" not in SPELLINGS and "blob" not in FINDINGS
+
+
+def test_an_unknown_dataset_name_says_how_to_declare_a_vocabulary():
+    from xbench.data.base import XBenchDataModule
+
+    class Nameless(XBenchDataModule):
+        name = "nameless_test"
+
+    with pytest.raises(LookupError, match=r"'nameless_test' has no vocabulary.*set `spellings ="):
+        Nameless(root=".")
+    with pytest.raises(LookupError, match="no vocabulary"):
+        finding_key("nameless_test", "x")

@@ -4,11 +4,16 @@ Every other module refers to a finding by its canonical key (``pleural_effusion`
 dataset's own spelling. Loaders translate raw spellings with :func:`finding_key`; reports use
 :func:`display_name` and :func:`short_name`. The short names follow the paper's table style
 (ATE, CARD, EFF, ...); where the paper does not print one, the abbreviation is ours.
+
+The tables below are the paper's vocabulary, the default. A user's dataset adds its own from its
+own module with :func:`register` (a ``XBenchDataModule`` subclass does so by stating
+``spellings`` as a dict, see ``examples/png_folder.py``); nothing here needs editing.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -193,33 +198,106 @@ DATASET_NAMES: dict[str, str] = {
 }
 
 
-def finding_key(dataset: str, raw: str, *, source: str = "") -> str:
-    """Translate ``raw`` as spelled in ``dataset``'s files into the canonical key."""
+#: The classes a dataset evaluates by default: the paper's, then those of registered datasets.
+DEFAULT_CLASSES: dict[str, tuple[str, ...]] = dict(PAPER_CLASSES)
+
+
+def register(
+    dataset: str,
+    spellings: Mapping[str, str],
+    *,
+    findings: Iterable[Finding] = (),
+    classes: Sequence[str] | None = None,
+    display: str | None = None,
+) -> None:
+    """Add a dataset's vocabulary from outside the package, in one call.
+
+    ``findings`` are new canonical findings (a key already in the table must be given with the same
+    display and short names); ``spellings`` map the dataset's raw labels to canonical keys;
+    ``classes`` are its default classes (default: every key its spellings reach, in order);
+    ``display`` its name in tables. Registering the same vocabulary again is a no-op, so a module
+    imported twice is fine; a different one under a taken name is an error.
+    """
+    findings = tuple(findings)
+    for finding in findings:
+        known = FINDINGS.get(finding.key)
+        if known is not None and known != finding:
+            raise ValueError(f"finding {finding.key!r} is already {known}; {dataset!r} gives {finding}")
+    shorts = {f.short: f.key for f in FINDINGS.values()}
+    for finding in findings:
+        if shorts.get(finding.short, finding.key) != finding.key:
+            raise ValueError(
+                f"short name {finding.short!r} of {finding.key!r} is taken by {shorts[finding.short]!r}"
+            )
+    keys = set(FINDINGS) | {f.key for f in findings}
+    unknown = sorted(set(spellings.values()) - keys)
+    if unknown:
+        raise ValueError(
+            f"dataset {dataset!r} spells into keys that are not findings: {unknown}; "
+            "declare them in `findings` (key, display name, short name)"
+        )
+    spellings = dict(spellings)
+    supported = tuple(dict.fromkeys(spellings.values()))
+    classes = tuple(classes) if classes is not None else supported
+    check_classes(classes, allowed=supported, known=keys)
+    if dataset in SPELLINGS and (SPELLINGS[dataset], DEFAULT_CLASSES.get(dataset)) != (spellings, classes):
+        raise ValueError(f"dataset name {dataset!r} is taken by another vocabulary; choose another name")
+    FINDINGS.update({f.key: f for f in findings})
+    SPELLINGS[dataset] = spellings
+    DEFAULT_CLASSES[dataset] = classes
+    if display is not None:
+        DATASET_NAMES[dataset] = display
+
+
+def spellings_of(dataset: str) -> dict[str, str]:
+    """The raw spelling -> key table of ``dataset``, or an error that says how to declare one."""
     spellings = SPELLINGS.get(dataset)
     if spellings is None:
-        raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(SPELLINGS)}")
+        raise LookupError(
+            f"dataset {dataset!r} has no vocabulary; known: {sorted(SPELLINGS)}. A new dataset states "
+            "its own: set `spellings = {raw label: finding key}` (and `findings` for new findings) on "
+            "its XBenchDataModule subclass, or call xbench.findings.register(...) before using it"
+        )
+    return spellings
+
+
+def default_classes_of(dataset: str) -> tuple[str, ...]:
+    spellings_of(dataset)  # the clear error for an unknown dataset
+    return DEFAULT_CLASSES[dataset]
+
+
+def finding_key(dataset: str, raw: str, *, source: str = "") -> str:
+    """Translate ``raw`` as spelled in ``dataset``'s files into the canonical key."""
+    spellings = spellings_of(dataset)
     key = spellings.get(raw.strip())
     if key is None:
         where = f" in {source}" if source else ""
         raise ValueError(
             f"unknown {dataset} label spelling {raw!r}{where}; known spellings: "
-            f"{sorted(spellings)}. If the file is right, add the spelling to "
-            "xbench/findings.py SPELLINGS."
+            f"{sorted(spellings)}. If the file is right, add the spelling to the dataset's "
+            "vocabulary (its class's `spellings`, or xbench/findings.py SPELLINGS for the paper's)."
         )
     return key
 
 
-def check_classes(classes: list[str] | tuple[str, ...], *, allowed: tuple[str, ...] | None = None) -> list[str]:
-    """Validate class keys against the table (and ``allowed``, a dataset's supported keys)."""
+def check_classes(
+    classes: list[str] | tuple[str, ...],
+    *,
+    allowed: tuple[str, ...] | None = None,
+    known: Iterable[str] | None = None,
+) -> list[str]:
+    """Validate class keys against the table (or ``known``) and ``allowed``, a dataset's keys."""
+    known = set(FINDINGS if known is None else known)
     classes = list(classes)
     if not classes:
         raise ValueError("the class list is empty; give at least one finding key")
     if len(set(classes)) != len(classes):
         raise ValueError(f"the class list repeats a key: {classes}")
     for key in classes:
-        if key not in FINDINGS:
+        if key not in known:
             raise ValueError(
-                f"class {key!r} is not a finding key in xbench/findings.py; known keys: {sorted(FINDINGS)}"
+                f"class {key!r} is not a finding key in xbench/findings.py or a registered dataset; "
+                f"known keys: {sorted(known)}"
             )
         if allowed is not None and key not in allowed:
             raise ValueError(f"class {key!r} is not annotated in this dataset; it supports: {list(allowed)}")

@@ -45,7 +45,7 @@ from xbench.data.cache import (
 from xbench.data.io import read_image
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
-from xbench.findings import PAPER_CLASSES, SPELLINGS, check_classes
+from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
 
 if TYPE_CHECKING:
     from xbench.models.preprocess import Preprocess
@@ -170,10 +170,15 @@ class ModelInputDataset(Dataset):
 class XBenchDataModule(L.LightningDataModule):
     """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
 
-    Subclasses set ``name`` (and ``spellings`` if it differs: the key of the dataset in
-    ``xbench.findings``) and implement :meth:`index`, which reads the annotation files, checks that
+    Subclasses set ``name`` and implement :meth:`index`, which reads the annotation files, checks that
     every image file exists (without decoding it) and returns the split's samples in a stable
     order. Anything the loader skipped or merged goes into ``self.notes`` for the results.
+
+    Vocabulary: a paper dataset's is in ``xbench.findings`` under its ``name`` (``spellings`` names
+    another entry there if it shares one). A user's dataset states its own on the class, and the
+    class registers it when defined: ``spellings = {raw label: finding key}``, ``findings`` (new
+    ``Finding``s) and ``display_name`` (its name in tables); its default classes are every key its
+    spellings reach (``xbench.findings.register`` takes another default).
 
     Args:
         root: the dataset folder, exactly as downloaded.
@@ -193,7 +198,9 @@ class XBenchDataModule(L.LightningDataModule):
     """
 
     name: ClassVar[str]
-    spellings: ClassVar[str | None] = None
+    spellings: ClassVar[str | dict[str, str] | None] = None
+    findings: ClassVar[tuple[Finding, ...]] = ()
+    display_name: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -238,13 +245,23 @@ class XBenchDataModule(L.LightningDataModule):
         self.notes: dict[str, object] = {}
         self._samples: list[Sample] | None = None
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.__dict__.get("spellings"), dict):
+            register(cls.name, cls.spellings, findings=cls.findings, display=cls.display_name)
+
+    @classmethod
+    def vocabulary_name(cls) -> str:
+        """The entry of ``xbench.findings`` this dataset's labels are spelled in."""
+        return cls.spellings if isinstance(cls.spellings, str) else cls.name
+
     @classmethod
     def spelling_table(cls) -> dict[str, str]:
-        return SPELLINGS[cls.spellings or cls.name]
+        return spellings_of(cls.vocabulary_name())
 
     @classmethod
     def default_classes(cls) -> tuple[str, ...]:
-        return PAPER_CLASSES[cls.spellings or cls.name]
+        return default_classes_of(cls.vocabulary_name())
 
     @classmethod
     def supported_classes(cls) -> tuple[str, ...]:
