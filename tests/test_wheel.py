@@ -4,6 +4,7 @@ W&B logger, float32) come from the package itself, not from a file of the checko
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,8 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_holds_the_manifests_and_no_checkout_files(tmp_path):
+    # built from a copy of what the wheel is made of: setuptools writes build/ beside the sources
+    source = tmp_path / "source"
+    shutil.copytree(REPO / "xbench", source / "xbench", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, capture_output=True, cwd=tmp_path)
+                    str(tmp_path), str(source)], check=True, capture_output=True, cwd=tmp_path)
     (wheel,) = tmp_path.glob("xbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     manifests = {p.name for p in (REPO / "xbench" / "models" / "manifests").glob("*.json")}

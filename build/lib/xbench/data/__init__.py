@@ -1,1 +1,0 @@
-"""Datasets as LightningDataModules, read exactly as their releases are downloaded."""

@@ -1,1 +1,0 @@
-"""Vision-language models under test and the baselines that frame them."""

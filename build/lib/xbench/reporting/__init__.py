@@ -1,1 +1,0 @@
-"""Results folders, tables, figures and dashboards."""
