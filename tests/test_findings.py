@@ -2,6 +2,21 @@ from xbench.findings import FINDINGS, PAPER_CLASSES, SPELLINGS, check_classes, f
 
 import pytest
 
+import xbench.findings as findings_module
+
+
+@pytest.fixture(autouse=True)
+def restore_the_vocabulary():
+    """The vocabulary is process-wide (a user's dataset registers into it): tests that register
+    their own leave it as they found it, so later tests see the paper's table only."""
+    tables = ("FINDINGS", "SPELLINGS", "DEFAULT_CLASSES", "DATASET_NAMES")
+    saved = {name: dict(getattr(findings_module, name)) for name in tables}
+    yield
+    for name, table in saved.items():
+        current = getattr(findings_module, name)
+        current.clear()
+        current.update(table)
+
 
 def test_paper_has_55_dataset_class_pairs():
     assert sum(len(v) for v in PAPER_CLASSES.values()) == 55
