@@ -188,3 +188,31 @@ def test_a_failed_drop_check_names_the_check_and_still_lists_the_other_keys(tmp_
     text = str(error.value)
     assert "declared drop head.w (a pre-training head) failed its check: expected the shape [4]" in text
     assert "has shape [3]" in text and "stray" in text and "weight" in text  # the other differences too
+
+
+def test_a_run_prints_no_wandb_anonymous_notice(phantom_root, tmp_path):
+    """W&B prints it through its own printer, so no warnings filter hides it: the logger must not
+    pass Lightning's ``anonymous=None`` on."""
+    import os
+    import subprocess
+    import sys
+
+    args = run_args("oracle", "phantom", phantom_root, tmp_path / "results", image_size=32)
+    done = subprocess.run([sys.executable, "-m", "xbench.test", *args], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "anonymous setting" not in done.stdout + done.stderr
+
+
+def test_report_on_runs_over_different_images_names_the_ids(phantom_root, tmp_path):
+    """Issue 23.10: the report once said "got 5 folds for 4 images"; it says what xbench.analyze says."""
+    from xbench.data.phantom import generate_phantom
+    from xbench.report import main as report
+
+    fewer = tmp_path / "fewer"
+    generate_phantom(fewer, num_images=5, size=96, seed=3)
+    for name, root in (("oracle", phantom_root), ("centre_prior", fewer)):
+        main(run_args(name, "phantom", root, tmp_path / "results", "--trainer.logger", "false", image_size=32))
+    with pytest.raises(ValueError, match=r"not on the same images.*image ids only in"):
+        report([str(tmp_path / "results"), "--out", str(tmp_path / "report"), "--replicates", "20"])
+    assert not (tmp_path / "report" / "report.md").exists()
