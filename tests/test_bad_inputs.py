@@ -216,3 +216,17 @@ def test_report_on_runs_over_different_images_names_the_ids(phantom_root, tmp_pa
     with pytest.raises(ValueError, match=r"not on the same images.*image ids only in"):
         report([str(tmp_path / "results"), "--out", str(tmp_path / "report"), "--replicates", "20"])
     assert not (tmp_path / "report" / "report.md").exists()
+
+
+def test_a_run_failing_while_writing_leaves_no_folder(phantom_root, tmp_path, monkeypatch):
+    """A full disk while the results are written: no staged or half-written folder is left behind."""
+    import xbench.reporting.results as results_module
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results_module, "pair_table", full_disk)
+    results = tmp_path / "results"
+    with pytest.raises(OSError, match="No space left on device"):
+        main(run_args("oracle", "phantom", phantom_root, results, "--trainer.logger", "false", image_size=32))
+    assert list(results.iterdir()) == []
