@@ -230,3 +230,19 @@ def test_a_run_failing_while_writing_leaves_no_folder(phantom_root, tmp_path, mo
     with pytest.raises(OSError, match="No space left on device"):
         main(run_args("oracle", "phantom", phantom_root, results, "--trainer.logger", "false", image_size=32))
     assert list(results.iterdir()) == []
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ('{"file_name": "a.png"}', "expected a JSON list of images"),
+    ('[{"file_name": "a.png"}]', "entry 0"),
+    ('[{"file_name": "a.png", "syms": ["Mass"], "boxes": [[20, 20, 4, 4]]}]', "entry 0"),
+    ('[{"file_name": "a.png", "syms": ["Unicorn"], "boxes": [[4, 4, 20, 20]]}]', "'Unicorn'"),
+    ('[{"file_name": "zz.png", "syms": [], "boxes": []}]', "zz.png"),
+    ("   \n", "test.json"),
+])
+def test_a_bad_chestx_det10_entry_is_named(tmp_path, capsys, entries, message):
+    root = det10_root(tmp_path, [ENTRY])
+    (root / "test.json").write_text(entries)
+    status, err = run_cli(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
+    assert status == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists()
