@@ -188,3 +188,61 @@ def test_a_failed_drop_check_names_the_check_and_still_lists_the_other_keys(tmp_
     text = str(error.value)
     assert "declared drop head.w (a pre-training head) failed its check: expected the shape [4]" in text
     assert "has shape [3]" in text and "stray" in text and "weight" in text  # the other differences too
+
+
+def test_a_run_prints_no_wandb_anonymous_notice(phantom_root, tmp_path):
+    """W&B prints it through its own printer, so no warnings filter hides it: the logger must not
+    pass Lightning's ``anonymous=None`` on."""
+    import os
+    import subprocess
+    import sys
+
+    args = run_args("oracle", "phantom", phantom_root, tmp_path / "results", image_size=32)
+    done = subprocess.run([sys.executable, "-m", "xbench.test", *args], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "anonymous setting" not in done.stdout + done.stderr
+
+
+def test_report_on_runs_over_different_images_names_the_ids(phantom_root, tmp_path):
+    """Issue 23.10: the report once said "got 5 folds for 4 images"; it says what xbench.analyze says."""
+    from xbench.data.phantom import generate_phantom
+    from xbench.report import main as report
+
+    fewer = tmp_path / "fewer"
+    generate_phantom(fewer, num_images=5, size=96, seed=3)
+    for name, root in (("oracle", phantom_root), ("centre_prior", fewer)):
+        main(run_args(name, "phantom", root, tmp_path / "results", "--trainer.logger", "false", image_size=32))
+    with pytest.raises(ValueError, match=r"not on the same images.*image ids only in"):
+        report([str(tmp_path / "results"), "--out", str(tmp_path / "report"), "--replicates", "20"])
+    assert not (tmp_path / "report" / "report.md").exists()
+
+
+def test_a_run_failing_while_writing_leaves_no_folder(phantom_root, tmp_path, monkeypatch):
+    """A full disk while the results are written: no staged or half-written folder is left behind."""
+    import xbench.reporting.results as results_module
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results_module, "pair_table", full_disk)
+    results = tmp_path / "results"
+    with pytest.raises(OSError, match="No space left on device"):
+        main(run_args("oracle", "phantom", phantom_root, results, "--trainer.logger", "false", image_size=32))
+    assert list(results.iterdir()) == []
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ('{"file_name": "a.png"}', "expected a JSON list of images"),
+    ('[{"file_name": "a.png"}]', "entry 0"),
+    ('[{"file_name": "a.png", "syms": ["Mass"], "boxes": [[20, 20, 4, 4]]}]', "entry 0"),
+    ('[{"file_name": "a.png", "syms": ["Unicorn"], "boxes": [[4, 4, 20, 20]]}]', "'Unicorn'"),
+    ('[{"file_name": "zz.png", "syms": [], "boxes": []}]', "zz.png"),
+    ("   \n", "test.json"),
+])
+def test_a_bad_chestx_det10_entry_is_named(tmp_path, capsys, entries, message):
+    root = det10_root(tmp_path, [ENTRY])
+    (root / "test.json").write_text(entries)
+    status, err = run_cli(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
+    assert status == 1 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists()

@@ -46,6 +46,10 @@ class XBenchWandbLogger(WandbLogger):
         # environment setting, since Lightning re-attaches copies of the logger to the run.
         os.environ.setdefault("WANDB_QUIET", "true")
         super().__init__(project=project, offline=offline, save_dir=save_dir, **kwargs)
+        # Lightning passes ``anonymous=None`` when unset, which W&B reads as set and warns about
+        # through its own printer (no ``warnings`` filter reaches it).
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
 
 
 def wandb_loggers(loggers: list[Logger]) -> list[WandbLogger]:
