@@ -246,3 +246,65 @@ def test_a_bad_chestx_det10_entry_is_named(tmp_path, capsys, entries, message):
     status, err = run_cli(run_args("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
     assert status == 1 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "results").exists()
+
+
+def run_command(command_main, args, name, capsys) -> tuple[int, str]:
+    """Any XBench command in-process through the one CLI wrapper: exit status and stderr."""
+    from xbench.cli import run
+
+    with pytest.raises(SystemExit) as exit_info:
+        run(lambda: command_main(args), name)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "extra", "message"), [
+    ("medklip", ("--model.checkpoint_dir", "nowhere/medklip"), "nowhere/medklip"),
+    ("carzero", ("--model.checkpoint_dir", "nowhere/carzero"), "nowhere/carzero"),
+    ("kad", ("--model.checkpoint_dir", "nowhere/kad"), "nowhere/kad"),
+])
+def test_a_missing_checkpoint_folder_is_named_with_the_fix(phantom_root, tmp_path, capsys, model, extra, message):
+    status, err = run_cli(run_args(model, "phantom", phantom_root, tmp_path / "results", *extra), capsys)
+    assert status == 1 and message in err and "checkpoints/README.md" in err and "Traceback" not in err, err
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_an_unknown_model_class_is_a_usage_error(phantom_root, tmp_path, capsys):
+    status, err = run_cli(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results",
+                                   "--model", "xbench.models.nothere.Model"), capsys)
+    assert status == 2 and "xbench.models.nothere.Model" in err and "Traceback" not in err, err
+
+
+def test_an_unknown_augmentation_is_named(phantom_root, tmp_path, capsys):
+    status, err = run_cli(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results",
+                                   "--data.augment", '[{"name": "NoSuchTransform"}]'), capsys)
+    assert status in (1, 2) and "NoSuchTransform" in err and "Traceback" not in err, err
+
+
+def test_an_interrupted_run_stops_with_an_error_status_and_leaves_no_folder(phantom_root, tmp_path, capsys,
+                                                                           monkeypatch):
+    """Ctrl-C mid-run: Lightning shuts the run down and exits 1 (130 where the wrapper sees it)."""
+    from xbench.models.baselines import CentrePrior
+
+    def interrupt(self, image):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(CentrePrior, "forward", interrupt)
+    status, err = run_cli(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert status in (1, 130)
+    assert not (tmp_path / "results").exists() or not [p for p in (tmp_path / "results").iterdir()
+                                                         if not p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(("command", "args", "message"), [
+    ("suite", ["--config", "no_such_suite.yaml"], "no_such_suite.yaml"),
+    ("report", ["no_such_results"], "no_such_results"),
+    ("analyze", ["no_such_results"], "no_such_results"),
+    ("inspect_checkpoint", ["no_such_file.pth"], "no_such_file.pth"),
+])
+def test_every_command_names_a_missing_input(tmp_path, capsys, monkeypatch, command, args, message):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(f"xbench.{command}")
+    status, err = run_command(module.main, args, f"xbench-{command}", capsys)
+    assert status == 1 and message in err and "Traceback" not in err, err
