@@ -66,10 +66,13 @@ def percentile_interval(values: Tensor, confidence: float) -> dict[str, Tensor]:
 def paired_difference(a: Tensor, b: Tensor, confidence: float) -> dict[str, Tensor]:
     """``a - b`` of two models resampled with the same weights: interval and P(a > b).
 
-    ``a_better`` is the fraction of replicates where ``a > b`` among those where both are defined.
+    ``a_better`` is the fraction of replicates where ``a > b`` among those where both are defined,
+    a tie counted as ½: two models that never differ (identical, or both constant) read 0.5, not as
+    if B were always ahead.
     """
     difference = a.double() - b.double()
     out = percentile_interval(difference, confidence)
     defined = ~difference[1:].isnan()
-    out["a_better"] = ((difference[1:] > 0) & defined).sum(0).double() / defined.sum(0)
+    ahead = (difference[1:] > 0).sum(0).double() + 0.5 * (difference[1:] == 0).sum(0).double()
+    out["a_better"] = ahead / defined.sum(0)
     return out

@@ -50,7 +50,7 @@ def interval_table(analysis: Analysis) -> pd.DataFrame:
 
 def difference_table(analysis: Analysis) -> pd.DataFrame:
     """Paired differences ``model_a - model_b`` for every pair of models on a dataset, per class and
-    macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B."""
+    macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B (a tie ½)."""
     rows = []
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
@@ -206,7 +206,7 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
         differences = pick(differences, dataset=data.dataset, **{"class": MACRO})
     if len(differences):
         lines += ["Paired differences A − B (same resampled images), percentage points; "
-                  "P(A>B) = share of replicates where A is ahead.", ""]
+                  "P(A>B) = share of replicates where A is ahead, a tie counted as ½.", ""]
         rows = []
         for (a, b), frame in differences.groupby(["model_a", "model_b"], sort=False):
             cells = frame.set_index("metric")

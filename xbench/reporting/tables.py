@@ -480,7 +480,7 @@ def difference_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]
             "Each row compares two models on the same images: A − B of the macro means, with its paired bootstrap "
             "interval (both models scored on the same resampled images in every replicate, so image difficulty "
             "cancels). An interval that excludes 0 separates the two models at this level. P(A>B): percent of "
-            "replicates in which A is ahead. Dice@τcal: at the calibrated threshold (previous tables). "
+            "replicates in which A is ahead, a tie counted as half. Dice@τcal: at the calibrated threshold (previous tables). "
             + analysis.note,
             "A − B", columns, tuple(rows),
         ))
