@@ -9,31 +9,24 @@ writes (the full ResNet-50 image model, a 1-layer CXR-BERT) and three real radio
 PNG, two non-square CheXlocalize JPEGs). Here XBench runs from the image file: decode, the model's
 ``preprocess``, the networks, the score and the map. Measured when the golden files were made:
 BioViL logits within 1.2e-7 (of values up to 0.16), maps 1.2e-7; BioViL-T 9.7e-8 (values up to 0.07)
-and 9.0e-8; windows exact; the bounds below leave room for another machine's float order only.
+and 9.0e-8; windows exact; the bounds (``conftest.PARITY_*``) leave room for another machine's float order only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import real_file
-from xbench.data.io import read_image
+from conftest import assert_whole_path_matches_golden
 from xbench.models import random_weights
 from xbench.models.biovil import BioViL, BioViLT
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 #: Per variant: the XBench model and the random weights' writer the golden file was made with.
 VARIANTS = {"biovil": (BioViL, random_weights.write_biovil), "biovil_t": (BioViLT, random_weights.write_biovil_t)}
-FRAME = 224
-LOGIT_ATOL = 1e-5
-MAP_ATOL = 1e-5
-WINDOW_ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -59,13 +52,4 @@ def model(variant, golden, tmp_path_factory):
 
 @pytest.mark.parametrize("index", range(3))
 def test_whole_path_equals_the_authors(golden, model, real_data, index):
-    meta = json.loads(str(golden["meta"]))
-    key, relative = list(meta["images"].items())[index]
-    path = real_file(real_data, relative)
-    assert hashlib.sha256(path.read_bytes()).hexdigest()[:12] == key, f"{path} is not the image the golden file names"
-    inputs, window = model.preprocess(read_image(path), frame=FRAME)
-    with torch.no_grad():
-        logits, maps = model(inputs[None])
-    np.testing.assert_allclose(window.numpy(), golden[f"{key}_window"], atol=WINDOW_ATOL, rtol=0)
-    np.testing.assert_allclose(logits[0].numpy(), golden[f"{key}_logits"], atol=LOGIT_ATOL, rtol=0)
-    np.testing.assert_allclose(maps[0].numpy(), golden[f"{key}_maps"], atol=MAP_ATOL, rtol=0)
+    assert_whole_path_matches_golden(model, golden, real_data, index)
