@@ -16,10 +16,11 @@ from xbench.reporting.benchmark import Benchmark, perturbation_label
 from xbench.reporting.figures import (
     DPI, dice_curves, dice_gap, linear_fit, overlay_grids, overlay_rgb, recognition_vs_grounding, robustness,
 )
-from xbench.reporting.tables import (
-    Cell, Column, Row, Table, grounding_fixed_tau_table, grounding_table, pointing_game_tables, recognition_table,
-    robustness_table, to_csv, to_latex, to_markdown,
+from xbench.reporting.paper_tables import (
+    grounding_fixed_tau_table, grounding_table, pointing_game_tables, recognition_table, robustness_table,
 )
+from xbench.reporting.render import to_csv, to_latex, to_markdown
+from xbench.reporting.table import Cell, Column, Row, Table, emphasis
 
 DET10 = ["atelectasis", "calcification", "nodule"]
 THRESHOLDS = [k / 100 for k in range(101)]
@@ -92,11 +93,12 @@ def test_table1_cells_and_emphasis(bench_dir):
     assert grid[0] == ["Model", "RSNA Pneumonia<br>PG", "RSNA Pneumonia<br>Dice@τ*", "RSNA Pneumonia<br>IoU@τ*",
                        "ChestX-Det10<br>PG", "ChestX-Det10<br>Dice@τ*", "ChestX-Det10<br>IoU@τ*"]
     # RSNA: only a and b ran -> the best is bold, nobody is underlined; c has no values.
-    # ChestX-Det10 PG: a 50.0, b 75.0, c 50.0 (its class without pairs is left out) -> b bold, a and c tied second.
-    # Dice@τ*: c 50.0 > b 37.5 > a 25.0. IoU@τ*: b and c tie at 25.0 (both bold), a 12.5 second.
-    assert grid[1] == ["A", "50.0", "**50.0**", "**37.5**", "<ins>50.0</ins>", "25.0", "<ins>12.5</ins>"]
+    # ChestX-Det10 PG: a 50.0, b 75.0, c 50.0 (its class without pairs is left out) -> b bold; a and c share
+    # rank 2 but nothing lies below them, so they are not "second best". Dice@τ*: c 50.0 > b 37.5 > a 25.0.
+    # IoU@τ*: b and c tie at 25.0 (both bold, rank 1), a 12.5 has rank 3: no second.
+    assert grid[1] == ["A", "50.0", "**50.0**", "**37.5**", "50.0", "25.0", "12.5"]
     assert grid[2] == ["BModel", "**62.5**", "25.0", "12.5", "**75.0**", "<ins>37.5</ins>", "**25.0**"]
-    assert grid[3] == ["C", "–", "–", "–", "<ins>50.0</ins>", "**50.0**", "**25.0**"]
+    assert grid[3] == ["C", "–", "–", "–", "50.0", "**50.0**", "**25.0**"]
     latex = to_latex(table)
     assert r"BModel & \textbf{62.5} & 25.0 & 12.5 & \textbf{75.0} & \underline{37.5} & \textbf{25.0} \\" in latex
     assert r"\multicolumn{3}{c}{RSNA Pneumonia}" in latex and r"Dice@$\tau^*$" in latex
@@ -115,11 +117,42 @@ def test_fixed_tau_twin_and_per_class_tables(bench_dir):
     (det10,) = pointing_game_tables(bench)  # RSNA has one class: no per-class table
     grid = markdown_grid(to_markdown(det10))
     assert grid[0] == ["Model", "ATE", "CAL", "NOD", "Mean"]
-    # a tie for the best leaves the next value second; a column with two values has no second
-    assert grid[1] == ["A", "<ins>50.0</ins>", "<ins>25.0</ins>", "75.0", "<ins>50.0</ins>"]
+    # ties share a rank: a tie for the best leaves no second; values tied at the bottom are not marked
+    assert grid[1] == ["A", "50.0", "25.0", "75.0", "50.0"]
     assert grid[2] == ["BModel", "**75.0**", "**50.0**", "**100.0**", "**75.0**"]
-    assert grid[3] == ["C", "<ins>50.0</ins>", "**50.0**", "–", "<ins>50.0</ins>"]
+    assert grid[3] == ["C", "50.0", "**50.0**", "–", "50.0"]
     assert "ATE = Atelectasis" in det10.caption
+
+
+def test_ties_share_a_rank_and_a_ceiling_row_is_never_ranked():
+    values = [0.75, 0.5, 0.5, 0.25, None]
+    column = lambda *cells: Table("t", "T", "", "Model", (Column("PG"),),  # noqa: E731
+                                  tuple(Row(str(i), (Cell(v),), ceiling=i == 9) for i, v in cells))
+    marks = [row[0] for row in emphasis(column(*enumerate(values)))]
+    assert marks == ["best", "second", "second", None, None]
+    assert [row[0] for row in emphasis(column((0, 0.0), (1, 0.0), (2, 0.0)))] == [None] * 3  # all equal: no best
+    assert [row[0] for row in emphasis(column((0, 0.5), (1, 0.0), (2, 0.0)))] == ["best", None, None]
+    # an Oracle at 100 takes neither the bold nor a place in the ranking, and reads as the ceiling
+    table = column((0, 0.5), (1, 0.25), (2, 0.125), (9, 1.0))
+    assert [row[0] for row in emphasis(table)] == ["best", "second", None, None]
+    assert markdown_grid(to_markdown(table))[-1] == ["*9*", "100.0"]
+
+
+def test_an_instrument_is_the_ceiling_row_of_every_table_and_no_point_of_fig3(bench_dir):
+    oracle = write_run(bench_dir, "oracle", "chestx_det10", DET10, pointing=[1.0, 1.0, 1.0], dice_fixed=1.0,
+                       dice_best=1.0, iou_best=1.0, auroc=1.0)
+    payload = json.loads((oracle / "metrics.json").read_text())
+    (oracle / "metrics.json").write_text(json.dumps({**payload, "instrument": True}))
+    bench = Benchmark.from_folders([bench_dir])
+    assert bench.models == ["a", "b", "c"] and bench.instruments == ["oracle"]
+    grid = markdown_grid(to_markdown(grounding_table(bench)))
+    assert grid[-1] == ["*Oracle (ceiling)*", "–", "–", "–", "100.0", "100.0", "100.0"]
+    assert grid[2][4] == "**75.0**"  # b keeps the best PG on ChestX-Det10
+    recognition = markdown_grid(to_markdown(recognition_table(bench)))
+    assert recognition[-1][:2] == ["*Oracle (ceiling)*", "100.0"] and recognition[-2][1] == "**87.5**"
+    assert "ceiling" in grounding_table(bench).caption
+    plot = recognition_vs_grounding(bench)
+    assert "n = 4 points" in plot.caption  # 3 models on ChestX-Det10 + 1 on RSNA with an AUROC; no Oracle
 
 
 def test_recognition_table_groups_by_dataset(bench_dir):
@@ -208,7 +241,7 @@ def test_robustness_runs_stay_apart_from_the_benchmark(robustness_dir):
     assert [p for p, _ in bench.robustness_runs("a", "chestx_det10")] == [
         None, "GaussNoise(std_range=[0.02, 0.05], p=0.5)", "Rotate(limit=10, border_mode=0)"]
     table = grounding_table(bench)
-    assert markdown_grid(to_markdown(table))[1][4] == "<ins>50.0</ins>"  # a's PG on ChestX-Det10: the reference
+    assert markdown_grid(to_markdown(table))[1][5] == "25.0"  # a's Dice@τ* on ChestX-Det10: the reference
 
 
 def test_robustness_table_lists_each_perturbation_under_its_reference(robustness_dir):

@@ -31,21 +31,23 @@ from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import DPI, paper_figures, robustness
 from xbench.reporting.folder import atomic_write
-from xbench.reporting.tables import ReportAnalysis, paper_tables, robustness_table, to_csv, to_latex, to_markdown
+from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
+from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
 
 ANALYSIS_FOLDER = "analysis"
 
 
 def _runs_section(bench: Benchmark) -> list[str]:
-    lines = ["## Runs", "", "| Model | Dataset | Perturbation | Images | Created | Folder |", "|---|---|---|---:|---|---|"]
-    runs = [(m, d, None, run) for (m, d), run in bench.runs.items()]
+    runs = [(m, d, None, run) for (m, d), run in [*bench.runs.items(), *bench.ceilings.items()]]
     runs += [(m, d, p, run) for (m, d, p), run in bench.perturbed.items()]
+    rows = []
     for model, dataset, perturbation, run in runs:
         data = run.results["data"]
-        lines.append(
-            f"| {bench.model_label(model)} | {bench.dataset_label(dataset)} | {perturbation or '–'} | "
-            f"{data['images_evaluated']} of {data['images_in_split']} | {run.results['created']} | `{run.folder}` |"
-        )
+        label = bench.model_label(model) + (" (ceiling)" if run.instrument else "")
+        rows.append([label, bench.dataset_label(dataset), perturbation or "–",
+                     f"{data['images_evaluated']} of {data['images_in_split']}", run.results["created"], f"`{run.folder}`"])
+    lines = ["## Runs", "", *markdown_grid(["Model", "Dataset", "Perturbation", "Images", "Created", "Folder"], rows,
+                                          text_columns=3)]
     if bench.superseded:
         lines += ["", "Superseded by a newer run of the same model, dataset and perturbation (not used): "
                   + ", ".join(f"`{run.folder}`" for run in bench.superseded) + "."]
@@ -54,12 +56,13 @@ def _runs_section(bench: Benchmark) -> list[str]:
 
 def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: Path) -> tuple[ReportAnalysis, list[Path]]:
     """Run ``xbench.analysis`` on the report's runs (the newest unperturbed run of every model and
-    dataset) and write its files under ``out``, as ``python -m xbench.analyze`` does."""
+    instrument on every dataset) and write its files under ``out``, as ``python -m xbench.analyze`` does."""
     from xbench.analysis.pipeline import analyze
     from xbench.analyze import write_analysis
 
     try:
-        folders = [bench.get(model, dataset).folder for dataset in bench.datasets for model in bench.models_on(dataset)]
+        folders = [bench.get(model, dataset).folder for dataset in bench.datasets
+                   for model in bench.models_on(dataset) + bench.instruments_on(dataset)]
         analysis = analyze(folders, validation, settings)
     except (ValueError, FileNotFoundError) as error:
         raise type(error)(

@@ -21,7 +21,7 @@ from xbench.analysis.grounding import (
     size_strata,
     stratum_means,
 )
-from xbench.analysis.recognition import recognition_statistics
+from xbench.metrics.recognition import recognition_statistics
 from xbench.analysis.runs import DatasetRuns, Run, find_run_folders, group_runs, load_run
 from xbench.analysis.settings import Settings
 

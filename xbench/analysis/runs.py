@@ -54,6 +54,8 @@ class Run:
     labels: Tensor  # int64 [N, C]: 1, 0, -1 unknown
     logits: Tensor  # float64 [N, C]
     pairs: GradedPairs
+    #: A test instrument (the Oracle): analysed, but never compared with a model or fitted.
+    instrument: bool = False
 
     @property
     def name(self) -> str:
@@ -159,6 +161,7 @@ def load_run(folder: str | Path) -> Run:
             predicted=predicted,
             inter=inter,
         ),
+        instrument=bool(metrics.get("instrument")),
     )
 
 

@@ -13,14 +13,17 @@ import torch
 from xbench.analysis.bootstrap import paired_difference, percentile_interval
 from xbench.analysis.correlation import r_squared
 from xbench.analysis.pipeline import Analysis, DatasetAnalysis
-from xbench.analysis.recognition import RECOGNITION
-from xbench.reporting.tables import ALL, MACRO, format_interval
+from xbench.metrics.names import analysed_keys, short
+from xbench.reporting.render import markdown_grid
+from xbench.reporting.table import format_interval
 
-GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "dice@calibrated",
-             "iou@0.5", "iou@best", "iou@best_tau", "iou@calibrated")
+#: In the analysis tables: the class of macro-mean rows; the class of the lesion-size rows that
+#: pool every class's pairs, and the scope of the correlation over every dataset.
+MACRO = "macro"
+ALL = "all"
 #: Metrics with intervals: per class and, except thresholds, as a macro mean over classes.
-METRICS = (*GROUNDING, *RECOGNITION)
-MACRO_METRICS = tuple(m for m in METRICS if not m.endswith("_tau"))
+METRICS = analysed_keys()
+MACRO_METRICS = analysed_keys(macro=True)
 STRATA_METRICS = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated")
 #: Grounding metrics set against macro AUROC in the recognition-vs-grounding correlation.
 CORRELATED = ("pointing_game", "dice@0.5", "dice@best")
@@ -50,12 +53,14 @@ def interval_table(analysis: Analysis) -> pd.DataFrame:
 
 def difference_table(analysis: Analysis) -> pd.DataFrame:
     """Paired differences ``model_a - model_b`` for every pair of models on a dataset, per class and
-    macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B (a tie ½)."""
+    macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B (a tie ½).
+    Instruments (the Oracle) are not compared."""
     rows = []
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
-        for i, a in enumerate(data.runs):
-            for b in data.runs[i + 1:]:
+        models = [run for run in data.runs if not run.run.instrument]
+        for i, a in enumerate(models):
+            for b in models[i + 1:]:
                 for metric in MACRO_METRICS:
                     head = {"dataset": data.dataset, "model_a": a.label, "model_b": b.label}
                     difference = paired_difference(a.values[metric], b.values[metric], confidence)
@@ -72,7 +77,7 @@ def calibration_table(analysis: Analysis) -> pd.DataFrame:
     """Per (dataset, model, class or ``macro``, curve): the value at tau = 0.5, at the best tau
     chosen on the test set itself (and that tau), at the calibrated tau (with its interval, the
     tau or per-fold taus chosen, and how), and the two gaps over tau = 0.5 (the paper's
-    ``best - 0.5`` and its honest twin ``calibrated - 0.5``, with an interval)."""
+    ``best - 0.5`` and its honest twin ``calibrated - 0.5``), each with a paired interval."""
     rows = []
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
@@ -83,6 +88,7 @@ def calibration_table(analysis: Analysis) -> pd.DataFrame:
                     at = {s: run.series(f"{curve}@{s}", c) for s in ("0.5", "best", "calibrated")}
                     interval = percentile_interval(at["calibrated"], confidence)
                     gap = paired_difference(at["calibrated"], at["0.5"], confidence)
+                    gap_best = paired_difference(at["best"], at["0.5"], confidence)
                     rows.append({
                         "dataset": data.dataset, "model": run.label, "class": key, "curve": curve,
                         "method": run.calibration,
@@ -93,7 +99,9 @@ def calibration_table(analysis: Analysis) -> pd.DataFrame:
                         "calibrated_lower": interval["lower"].item(),
                         "calibrated_upper": interval["upper"].item(),
                         "calibrated_tau": "" if c is None else " ".join(f"{t:.2f}" for t in taus[c].tolist()),
-                        "gap_best": (at["best"][0] - at["0.5"][0]).item(),
+                        "gap_best": gap_best["estimate"].item(),
+                        "gap_best_lower": gap_best["lower"].item(),
+                        "gap_best_upper": gap_best["upper"].item(),
                         "gap_calibrated": gap["estimate"].item(),
                         "gap_calibrated_lower": gap["lower"].item(),
                         "gap_calibrated_upper": gap["upper"].item(),
@@ -126,22 +134,27 @@ def strata_table(analysis: Analysis) -> pd.DataFrame:
 
 def correlation_table(analysis: Analysis) -> pd.DataFrame:
     """R² between macro AUROC and a macro grounding metric over (model, dataset) points: per
-    dataset (one point per model) and, with several datasets, over ``all`` of them."""
+    dataset (one point per model) and, with several datasets, over ``all`` of them. Instruments
+    (the Oracle) are not points."""
     confidence = analysis.settings.confidence
     points: dict[str, list[tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
     for data in analysis.datasets:
-        points[data.dataset] = [(run.macro("auroc"), {m: run.macro(m) for m in CORRELATED}) for run in data.runs]
+        points[data.dataset] = [(run.macro("auroc"), {m: run.macro(m) for m in CORRELATED})
+                                for run in data.runs if not run.run.instrument]
     if len(analysis.datasets) > 1:
         points[ALL] = [p for scope in list(points.values()) for p in scope]
     rows = []
     for scope, members in points.items():
+        if not members:  # a dataset with only instruments
+            continue
         x = torch.stack([auroc for auroc, _ in members], 1)
         for metric in CORRELATED:
             y = torch.stack([grounding[metric] for _, grounding in members], 1)
             interval = percentile_interval(r_squared(x, y), confidence)
             rows.append({"scope": scope, "recognition": "auroc", "grounding": metric, "points": len(members),
                          **_scalars(interval)})
-    return pd.DataFrame(rows).rename(columns={"estimate": "r2"})
+    columns = ["scope", "recognition", "grounding", "points", "estimate", "lower", "upper", "replicates"]
+    return pd.DataFrame(rows, columns=columns).rename(columns={"estimate": "r2"})
 
 
 def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
@@ -182,9 +195,11 @@ def analysis_json(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> dict:
 
 
 def _markdown_table(headers: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
-    align = ["---"] * text_columns + ["---:"] * (len(headers) - text_columns)
-    return ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|",
-            *("| " + " | ".join(row) + " |" for row in rows), ""]
+    return [*markdown_grid(headers, rows, text_columns), ""]
+
+
+def _label(run) -> str:
+    return f"{run.label} (ceiling)" if run.run.instrument else run.label
 
 
 def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], confidence: float) -> list[str]:
@@ -194,17 +209,19 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
     shown = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated", "auroc", "auprc")
     lines = [f"## {data.dataset} ({data.num_images} images, {len(data.runs)} models)", "",
              f"Macro means, percent, with {level} bootstrap intervals (images resampled). "
-             "`best*` is chosen on the test set itself; `calibrated` is chosen where it is not scored.", ""]
+             "τ* is chosen on the test set itself, τcal where it is not scored. (ceiling): a test instrument, "
+             "never compared.", ""]
     rows = []
     for run in data.runs:
         cells = pick(intervals, model=run.label).set_index("metric")
-        rows.append([run.label, *(format_interval(*cells.loc[m, ["estimate", "lower", "upper"]]) for m in shown)])
-    lines += _markdown_table(["Model", "PG", "Dice τ=.5", "Dice best*", "Dice calibrated", "AUROC", "AUPRC"], rows)
+        rows.append([_label(run), *(format_interval(*cells.loc[m, ["estimate", "lower", "upper"]]) for m in shown)])
+    lines += _markdown_table(["Model", *map(short, shown)], rows)
 
     differences = tables["differences"]  # without rows (one model per dataset) it has no columns either
     if len(differences):
         differences = pick(differences, dataset=data.dataset, **{"class": MACRO})
     if len(differences):
+        compared = ("pointing_game", "dice@calibrated", "auroc")
         lines += ["Paired differences A − B (same resampled images), percentage points; "
                   "P(A>B) = share of replicates where A is ahead, a tie counted as ½.", ""]
         rows = []
@@ -212,17 +229,19 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
             cells = frame.set_index("metric")
             rows.append([f"{a} − {b}", *(
                 f"{format_interval(*cells.loc[m, ['difference', 'lower', 'upper']])} ({cells.loc[m, 'a_better']:.2f})"
-                for m in ("pointing_game", "dice@calibrated", "auroc"))])
-        lines += _markdown_table(["A − B", "PG (P(A>B))", "Dice calibrated (P(A>B))", "AUROC (P(A>B))"], rows)
+                for m in compared)])
+        lines += _markdown_table(["A − B", *(f"{short(m)} (P(A>B))" for m in compared)], rows)
 
     calibration = pick(tables["calibration"], dataset=data.dataset, curve="dice", **{"class": MACRO})
     lines += ["Threshold calibration, macro Dice (percent): gap = value − Dice at τ = 0.5.", ""]
-    rows = [[r.model, r.method, f"{100 * r['at_0.5']:.1f}", f"{100 * r.at_best:.1f}", f"{100 * r.gap_best:.1f}",
+    rows = [[r.model, r.method, f"{100 * r['at_0.5']:.1f}", f"{100 * r.at_best:.1f}",
+             format_interval(r.gap_best, r.gap_best_lower, r.gap_best_upper),
              format_interval(r.at_calibrated, r.calibrated_lower, r.calibrated_upper),
              format_interval(r.gap_calibrated, r.gap_calibrated_lower, r.gap_calibrated_upper)]
             for _, r in calibration.iterrows()]
-    lines += _markdown_table(["Model", "τ chosen by", "τ=.5", "best*", "gap best*", "calibrated", "gap calibrated"],
-                             rows, text_columns=2)
+    headers = ["Model", "τ chosen by", *map(short, ("dice@0.5", "dice@best")), "gap τ*", short("dice@calibrated"),
+               "gap τcal"]
+    lines += _markdown_table(headers, rows, text_columns=2)
 
     strata = pick(tables["strata"], dataset=data.dataset, **{"class": ALL})
     lines += ["Lesion-size strata, all pairs pooled (percent; lesion area as a share of the image).", ""]
@@ -230,7 +249,7 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
     for run in data.runs:
         for metric in ("pointing_game", "dice@0.5"):
             cells = pick(strata, model=run.label, metric=metric).set_index("stratum")
-            rows.append([run.label, metric, *(
+            rows.append([_label(run), short(metric), *(
                 f"{format_interval(*cells.loc[s, ['estimate', 'lower', 'upper']])} (n={cells.loc[s, 'pairs']})"
                 for s in data.strata)])
     lines += _markdown_table(["Model", "Metric", *data.strata], rows, text_columns=2)

@@ -3,7 +3,9 @@
 Models return log-odds (``sigmoid(logit)`` is the probability of the finding). AUROC and AUPRC
 depend only on the order of the scores, so each class's logits are replaced by their dense rank
 scaled to [0, 1] before torchmetrics sees them: a float32 sigmoid would saturate large logits to
-1.0 and create ties the model never made. Labels of -1 are unknown and ignored everywhere.
+1.0 and create ties the model never made. Labels of -1 are unknown and ignored everywhere. Max-F1,
+its threshold and the accuracy there come from the weighted kernel the bootstrap uses
+(:mod:`xbench.metrics.recognition`), with every image weighted once.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ from torchmetrics.functional.classification import (
     binary_auroc,
     binary_average_precision,
     binary_f1_score,
-    binary_precision_recall_curve,
 )
 from torchmetrics.utilities import dim_zero_cat
 
 from xbench.metrics.common import MetricValues, RecordsMetric
-
-IGNORE = -1
+from xbench.metrics.names import run_keys
+from xbench.metrics.recognition import IGNORE, recognition_statistics
 
 
 def rank_scores(logits: Tensor) -> Tensor:
@@ -49,26 +50,18 @@ def classification_scores(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
     # p >= 0.5  <=>  logit >= 0; integer predictions are taken as decisions by torchmetrics.
     decisions = (logits >= 0).long()
 
-    names = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1", "max_f1_logit", "accuracy@max_f1")
-    per_class = {name: torch.full((num_classes,), float("nan"), dtype=torch.float64) for name in names}
+    chosen = recognition_statistics(target.cpu(), logits.cpu(), torch.ones(1, len(target), dtype=torch.float64))
+    per_class = {name: chosen[name][0].to(logits.device) for name in ("max_f1", "max_f1_logit", "accuracy@max_f1")}
+    per_class |= {name: torch.full((num_classes,), float("nan"), dtype=torch.float64, device=logits.device)
+                  for name in ("auroc", "auprc", "f1@0.5", "accuracy@0.5")}
     for c in range(num_classes):
         rows = known[:, c]
         if not bool(rows.any()):
             continue
-        column, score, truth = logits[rows, c], scores[rows, c], target[rows, c]
+        score, truth = scores[rows, c], target[rows, c]
         per_class["f1@0.5"][c] = binary_f1_score(decisions[rows, c], truth)
         per_class["accuracy@0.5"][c] = binary_accuracy(decisions[rows, c], truth)
-        if not bool(positives[c] > 0):
-            continue
-        precision, recall, thresholds = binary_precision_recall_curve(score, truth)
-        f1_curve = (2 * precision * recall / (precision + recall)).nan_to_num(0.0)[:-1]
-        best = int(torch.argmax(f1_curve))
-        # Thresholds are rank scores; map the chosen one back to the logit it stands for.
-        threshold_logit = column[score >= thresholds[best]].min()
-        per_class["max_f1"][c] = f1_curve[best]
-        per_class["max_f1_logit"][c] = threshold_logit
-        per_class["accuracy@max_f1"][c] = ((column >= threshold_logit).long() == truth).double().mean()
-        if bool(negatives[c] > 0):
+        if bool(positives[c] > 0) and bool(negatives[c] > 0):
             per_class["auroc"][c] = binary_auroc(score, truth)
             per_class["auprc"][c] = binary_average_precision(score, truth)
 
@@ -81,7 +74,7 @@ def classification_scores(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
         "hamming_accuracy": (decisions == target)[known].double().mean(),
         "single_label_value_classes": (known.any(0) & ((positives == 0) | (negatives == 0))).sum(),
     }
-    for name in ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1", "accuracy@max_f1"):
+    for name in run_keys("classification", "macro"):
         values = out[name][~out[name].isnan()]
         out[f"macro/{name}"] = values.mean() if values.numel() else torch.tensor(float("nan"), dtype=torch.float64)
     return out

@@ -73,6 +73,9 @@ class XBenchModel(L.LightningModule):
     #: Whether ``sigmoid(logit)`` is a probability. A model whose scores are only a ranking says
     #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
     calibrated_logits: ClassVar[bool] = True
+    #: A test instrument (the Oracle reads the answer): reports show it as the ceiling, never ranked
+    #: and never a point in R², fits or paired differences.
+    instrument: ClassVar[bool] = False
     #: The authors' input transform and map rule; ``None``: the model reads the frame image.
     preprocess: Preprocess | None = None
 

@@ -64,6 +64,8 @@ class Oracle(XBenchModel):
     A test instrument: Pointing Game and best-threshold Dice must be exactly 1.
     """
 
+    instrument = True
+
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         labels = batch["labels"]
         logits = torch.where(labels == 1, 10.0, torch.where(labels == 0, -10.0, 0.0))

@@ -8,6 +8,10 @@ A run whose data went through an ``augment`` pipeline (a robustness run, ``xbenc
 is not a benchmark entry: it is kept apart, under its perturbation (the pipeline as recorded in
 the run's config), for the robustness table and figure, beside the unperturbed run of the same
 model and dataset as the reference.
+
+A run of a test instrument (``"instrument": true`` in ``metrics.json``: the Oracle, which reads the
+regions and labels) is not a model either: it is kept apart as the ceiling, shown in the tables
+for scale, never ranked and never a point in a fit or a figure.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ class Run:
         ``None`` for an unperturbed run (the paper's protocol)."""
         data = ((self.results.get("config") or {}).get("data") or {}).get("init_args") or {}
         return perturbation_label(data.get("augment"), data.get("augment_seed") or 0)
+
+    @property
+    def instrument(self) -> bool:
+        return bool(self.results.get("instrument"))
 
     @property
     def model_class(self) -> str | None:
@@ -88,10 +96,13 @@ class Benchmark:
             if key in newest:
                 self.superseded.append(newest[key])
             newest[key] = run
-        self.runs = {(m, d): run for (m, d, p), run in newest.items() if p is None}
+        unperturbed = {(m, d): run for (m, d, p), run in newest.items() if p is None}
+        self.runs = {key: run for key, run in unperturbed.items() if not run.instrument}
+        self.ceilings = {key: run for key, run in unperturbed.items() if run.instrument}
         self.perturbed = {key: run for key, run in newest.items() if key[2] is not None}
-        self.datasets: list[str] = ordered_datasets({d for _, d in self.runs})
+        self.datasets: list[str] = ordered_datasets({d for _, d in unperturbed})
         self.models: list[str] = sorted({m for m, _ in self.runs})
+        self.instruments: list[str] = sorted({m for m, _ in self.ceilings})
         self._model_labels = self._labels(list(newest.values()))
 
     @classmethod
@@ -117,7 +128,8 @@ class Benchmark:
         return labels
 
     def get(self, model: str, dataset: str) -> Run | None:
-        return self.runs.get((model, dataset))
+        """The run of a model or an instrument on a dataset."""
+        return self.runs.get((model, dataset)) or self.ceilings.get((model, dataset))
 
     def model_label(self, model: str) -> str:
         return self._model_labels[model]
@@ -128,11 +140,14 @@ class Benchmark:
     def models_on(self, dataset: str) -> list[str]:
         return [m for m in self.models if (m, dataset) in self.runs]
 
+    def instruments_on(self, dataset: str) -> list[str]:
+        return [m for m in self.instruments if (m, dataset) in self.ceilings]
+
     def classes(self, dataset: str) -> list[str]:
         """The classes of a dataset over all its runs, in the order the runs list them."""
         seen: dict[str, None] = {}
-        for model in self.models_on(dataset):
-            seen.update(dict.fromkeys(self.runs[(model, dataset)].results["classes"]))
+        for model in self.models_on(dataset) + self.instruments_on(dataset):
+            seen.update(dict.fromkeys(self.get(model, dataset).results["classes"]))
         return list(seen)
 
     def robustness_pairs(self) -> list[tuple[str, str]]:
@@ -143,6 +158,6 @@ class Benchmark:
     def robustness_runs(self, model: str, dataset: str) -> list[tuple[str | None, Run]]:
         """The unperturbed reference run (perturbation ``None``), if there is one, then every
         perturbed run of the model on the dataset, by perturbation label."""
-        reference = [(None, self.runs[(model, dataset)])] if (model, dataset) in self.runs else []
+        reference = [(None, self.get(model, dataset))] if self.get(model, dataset) is not None else []
         perturbed = [(p, run) for (m, d, p), run in self.perturbed.items() if (m, d) == (model, dataset)]
         return reference + sorted(perturbed, key=lambda item: item[0])

@@ -30,9 +30,11 @@ from matplotlib.lines import Line2D
 from xbench.findings import display_name, short_name
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.folder import read_overlays
-from xbench.reporting.tables import (
-    ALL, REFERENCE, ROBUSTNESS_METRICS, STRATA_METRICS, ReportAnalysis, format_interval, lost_regions,
-)
+from xbench.analysis.tables import ALL
+from xbench.metrics.names import long
+from xbench.metrics.names import metric as metric_info
+from xbench.reporting.paper_tables import REFERENCE, ROBUSTNESS_METRICS, STRATA_METRICS, ReportAnalysis, lost_regions
+from xbench.reporting.table import format_interval
 
 DPI = 200
 FONT_SIZE = 9
@@ -265,8 +267,8 @@ def dice_curves(bench: Benchmark) -> Plot:
 
 # -- lesion size -------------------------------------------------------------------------------
 
-STRATA_LABELS = {"pointing_game": ("Pointing Game", "hits (% of pairs)"),
-                 "dice@0.5": ("Dice at τ = 0.5", "mean Dice (%)")}
+#: The y axis of each lesion-size panel.
+STRATA_UNITS = {"pointing_game": "hits (% of pairs)", "dice@0.5": "mean Dice (%)"}
 
 
 def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
@@ -285,7 +287,7 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
         counts = {s: max(row["pairs"] for row in found if row["stratum"] == s) for s in strata}
         models = [m for m in bench.models_on(dataset) if any(row["model"] == m for row in found)]
         positions = np.arange(len(strata), dtype=float)
-        for ax, (_, metric) in zip(row_axes, STRATA_METRICS):
+        for ax, metric in zip(row_axes, STRATA_METRICS):
             for i, model in enumerate(models):
                 rows = {row["stratum"]: row for row in found if row["model"] == model and row["metric"] == metric}
                 values = np.array([rows[s]["estimate"] for s in strata], dtype=float) * 100
@@ -299,9 +301,8 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
             ax.set_xticks(positions, [f"{s}\n(n = {counts[s]})" for s in strata])
             ax.set_xlim(-0.5, len(strata) - 0.5)
             ax.set_ylim(bottom=-3)  # a point at 0 stays whole
-            title, unit = STRATA_LABELS[metric]
-            ax.set_ylabel(unit, fontsize=FONT_SIZE)
-            ax.set_title(f"{bench.dataset_label(dataset)}: {title}", fontsize=FONT_SIZE + 1)
+            ax.set_ylabel(STRATA_UNITS[metric], fontsize=FONT_SIZE)
+            ax.set_title(f"{bench.dataset_label(dataset)}: {long(metric)}", fontsize=FONT_SIZE + 1)
             _style(ax)
             ax.grid(axis="x", visible=False)
         for ax in row_axes:
@@ -323,8 +324,7 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
 # -- robustness --------------------------------------------------------------------------------
 
 #: The robustness figure's panels: Pointing Game, Dice at tau = 0.5, AUROC
-ROBUSTNESS_PANELS = tuple(m for m in ROBUSTNESS_METRICS if m[2] in ("pointing_game", "dice@0.5", "auroc"))
-ROBUSTNESS_LABELS = {"pointing_game": "Pointing Game", "dice@0.5": "Dice at τ = 0.5", "auroc": "AUROC"}
+ROBUSTNESS_PANELS = tuple(m for m in ROBUSTNESS_METRICS if m in ("pointing_game", "dice@0.5", "auroc"))
 
 
 def perturbation_tick(label: str, width: int = 26) -> str:
@@ -358,7 +358,8 @@ def robustness(bench: Benchmark) -> Plot | None:
     for row_axes, dataset in zip(axes, datasets):
         models = [m for m, d in pairs if d == dataset]
         positions = {label: i for i, label in enumerate(labels[dataset])}
-        for ax, (_, section, metric) in zip(row_axes, ROBUSTNESS_PANELS):
+        for ax, metric in zip(row_axes, ROBUSTNESS_PANELS):
+            section = metric_info(metric).section
             largest = 0.0
             for i, model in enumerate(models):
                 offset = (i - (len(models) - 1) / 2) * min(0.15, 0.6 / len(models))
@@ -379,8 +380,8 @@ def robustness(bench: Benchmark) -> Plot | None:
             # from 0, so that small changes look small; AUROC on its whole range (chance: 50)
             right = 100 if metric == "auroc" else min(100, max(10.0, 1.15 * largest))
             ax.set_xlim(-0.03 * right, right)
-            ax.set_xlabel(f"{ROBUSTNESS_LABELS[metric]} (%)", fontsize=FONT_SIZE)
-            ax.set_title(f"{bench.dataset_label(dataset)}: {ROBUSTNESS_LABELS[metric]}", fontsize=FONT_SIZE + 1)
+            ax.set_xlabel(f"{long(metric)} (%)", fontsize=FONT_SIZE)
+            ax.set_title(f"{bench.dataset_label(dataset)}: {long(metric)}", fontsize=FONT_SIZE + 1)
             _style(ax)
             ax.grid(axis="y", visible=False)
     ordered = sorted(handles)

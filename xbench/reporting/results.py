@@ -34,25 +34,22 @@ import yaml
 
 from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
+from xbench.metrics.names import chosen_keys, metric, run_keys
+from xbench.reporting.render import markdown_grid
 from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, SCHEMA, atomic_write, count_columns
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
-GROUNDING_PER_CLASS = (
-    "pairs", "hits", "pointing_game",
-    *(f"{c}@0.5" for c in GROUNDING_CURVES),
-    *(f"{c}@{s}" for c in GROUNDING_CURVES for s in ("best", "best_tau")),
-    "constant_maps", "tied_maxima", "empty_masks",
-)
-GROUNDING_MACRO = ("pointing_game", *(f"{c}@0.5" for c in GROUNDING_CURVES), *(f"{c}@best" for c in GROUNDING_CURVES))
-CLASSIFICATION_PER_CLASS = (
-    "positives", "negatives", "unknown", "auroc", "auprc", "f1@0.5", "accuracy@0.5",
-    "max_f1", "max_f1_threshold", "max_f1_logit", "accuracy@max_f1",
-)
-CLASSIFICATION_MACRO = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1", "accuracy@max_f1")
+GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
+GROUNDING_MACRO = run_keys("grounding", "macro")
+CLASSIFICATION_PER_CLASS = run_keys("classification", "per_class")
+CLASSIFICATION_MACRO = run_keys("classification", "macro")
 CHOSEN_ON_EVALUATED_SET = (
     "grounding: every '@best' value and its '@best_tau' (the threshold maximising that metric per class); "
-    "classification: max_f1, max_f1_threshold, max_f1_logit, accuracy@max_f1"
+    f"classification: {', '.join(chosen_keys('classification'))}"
 )
+#: The console summary's and summary.md's columns.
+SUMMARY_GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "iou@0.5", "iou@best", "iou@best_tau")
+SUMMARY_RECOGNITION = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1")
 PACKAGES = ("xbench", "torch", "lightning", "torchmetrics", "transformers", "open_clip_torch", "timm", "pydicom")
 
 
@@ -84,6 +81,7 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
     return {
         "schema": SCHEMA,
         "model": model.model_name(),
+        "instrument": model.instrument,
         "dataset": datamodule.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "classes": classes,
@@ -155,51 +153,32 @@ def log_keys(results: dict) -> dict[str, float]:
 
 # -- tables -----------------------------------------------------------------------------------
 
-def _pct(value) -> str:
-    return "–" if value is None else f"{100 * value:.1f}"
+def _text(key: str, value) -> str:
+    """A value as the summary prints it: percent with one decimal, a threshold with two, a count."""
+    if value is None:
+        return "–"
+    unit = metric(key).unit
+    return f"{100 * value:.1f}" if unit == "percent" else f"{value:.2f}" if unit == "threshold" else str(value)
 
 
-def _tau(value) -> str:
-    return "–" if value is None else f"{value:.2f}"
+def _summary_table(results: dict, section: str, counts: tuple[str, ...], shown: tuple[str, ...],
+                   summed: bool) -> list[list[str]]:
+    """One row per class (display name, counts, values), then the macro mean (counts summed or blank)."""
+    per_class, macro = results[section]["per_class"], results[section]["macro"]
+    rows = [[display_name(key), *(_text(n, per_class[key][n]) for n in counts + shown)] for key in results["classes"]]
+    totals = [_text(n, sum(v[n] for v in per_class.values())) if summed else "" for n in counts]
+    return rows + [["Macro mean", *totals, *(_text(n, macro[n]) if n in macro else "" for n in shown)]]
 
 
 def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
     """The run's two tables (grounding, recognition) as (title, headers, rows); last row = macro mean."""
-    classes = results["classes"]
-    g, c = results["grounding"], results["classification"]
-    grounding_rows = []
-    for key in classes:
-        v = g["per_class"][key]
-        grounding_rows.append([
-            display_name(key), str(v["pairs"]), _pct(v["pointing_game"]),
-            _pct(v["dice@0.5"]), _pct(v["dice@best"]), _tau(v["dice@best_tau"]),
-            _pct(v["iou@0.5"]), _pct(v["iou@best"]), _tau(v["iou@best_tau"]),
-        ])
-    m = g["macro"]
-    grounding_rows.append([
-        "Macro mean", str(sum(g["per_class"][key]["pairs"] for key in classes)), _pct(m["pointing_game"]),
-        _pct(m["dice@0.5"]), _pct(m["dice@best"]), "", _pct(m["iou@0.5"]), _pct(m["iou@best"]), "",
-    ])
-    recognition_rows = []
-    for key in classes:
-        v = c["per_class"][key]
-        recognition_rows.append([
-            display_name(key), str(v["positives"]), str(v["negatives"]), _pct(v["auroc"]), _pct(v["auprc"]),
-            _pct(v["f1@0.5"]), _pct(v["accuracy@0.5"]), _pct(v["max_f1"]),
-        ])
-    m = c["macro"]
-    recognition_rows.append([
-        "Macro mean", "", "", _pct(m["auroc"]), _pct(m["auprc"]), _pct(m["f1@0.5"]), _pct(m["accuracy@0.5"]),
-        _pct(m["max_f1"]),
-    ])
-    return [
-        ("Grounding (percent)",
-         ("Finding", "Pairs", "PG", "Dice τ=.5", "Dice best*", "τ*", "IoU τ=.5", "IoU best*", "τ*"),
-         grounding_rows),
-        ("Recognition (percent)",
-         ("Finding", "Pos", "Neg", "AUROC", "AUPRC", "F1 p≥.5", "Acc p≥.5", "max-F1*"),
-         recognition_rows),
-    ]
+    tables = []
+    for title, section, counts, shown, summed in (
+            ("Grounding (percent)", "grounding", ("pairs",), SUMMARY_GROUNDING, True),
+            ("Recognition (percent)", "classification", ("positives", "negatives"), SUMMARY_RECOGNITION, False)):
+        headers = ("Finding", *(metric(n).short for n in counts + shown))
+        tables.append((title, headers, _summary_table(results, section, counts, shown, summed)))
+    return tables
 
 
 def summary_footnotes(results: dict) -> list[str]:
@@ -234,9 +213,7 @@ def summary_markdown(results: dict) -> str:
         f"Run {results['created']}, XBench {results['versions']['xbench']}, schema `{results['schema']}`.",
     ]
     for title, headers, rows in summary_tables(results):
-        lines += ["", f"## {title}", "", "| " + " | ".join(headers) + " |",
-                  "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines += ["", f"## {title}", "", *markdown_grid(list(headers), rows)]
     lines += [""] + [f"{note}  " for note in summary_footnotes(results)]
     return "\n".join(lines) + "\n"
 

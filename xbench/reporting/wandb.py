@@ -19,11 +19,10 @@ import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
 
 from xbench.findings import display_name
+from xbench.metrics.names import metric
 from xbench.reporting.results import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
 
-#: Per-class values chosen on the evaluated set itself; their W&B column names say so.
-CHOSEN = {"dice@best", "dice@best_tau", "iou@best", "iou@best_tau", "pooled_dice@best", "pooled_dice@best_tau",
-          "pooled_iou@best", "pooled_iou@best_tau", "max_f1", "max_f1_threshold", "max_f1_logit", "accuracy@max_f1"}
+#: Added to the W&B column name of a per-class value chosen on the evaluated set itself.
 CHOSEN_SUFFIX = " (chosen on evaluated set)"
 
 
@@ -59,8 +58,8 @@ def wandb_loggers(loggers: list[Logger]) -> list[WandbLogger]:
 def per_class_rows(results: dict) -> tuple[list[str], list[list]]:
     """Columns and rows of the per-class table: one row per class, every per-class number."""
     columns = ["class", "finding"]
-    columns += [f"grounding/{n}" + (CHOSEN_SUFFIX if n in CHOSEN else "") for n in GROUNDING_PER_CLASS]
-    columns += [f"classification/{n}" + (CHOSEN_SUFFIX if n in CHOSEN else "") for n in CLASSIFICATION_PER_CLASS]
+    columns += [f"grounding/{n}" + (CHOSEN_SUFFIX if metric(n).chosen else "") for n in GROUNDING_PER_CLASS]
+    columns += [f"classification/{n}" + (CHOSEN_SUFFIX if metric(n).chosen else "") for n in CLASSIFICATION_PER_CLASS]
     rows = []
     for key in results["classes"]:
         g, c = results["grounding"]["per_class"][key], results["classification"]["per_class"][key]

@@ -1,0 +1,114 @@
+"""Every metric XBench reports, once: its key, its labels, its unit and where it appears.
+
+The key is the name in ``metrics.json``, ``per_class.csv``, W&B and the analysis tables; ``short``
+heads table columns (console summary, ``summary.md``, the report, the analysis summary) and
+``long`` labels figure axes and legends. A metric chosen on the evaluated set itself (the best
+threshold tau*, max-F1) carries a ``*`` in its short label. Every list of metrics elsewhere is a
+selection of keys from this table, so a label or a unit changes here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Section = Literal["grounding", "classification"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a tau or probability, shown
+    as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
+    ``per_class``: it has a per-class value; ``analysed``: the bootstrap analysis gives it intervals
+    (per class, and as a macro mean where ``macro``)."""
+
+    key: str
+    section: Section
+    short: str
+    long: str
+    unit: Literal["percent", "threshold", "logit", "count"] = "percent"
+    chosen: bool = False
+    macro: bool = True
+    per_class: bool = True
+    analysed: bool = False
+
+
+def _grounding_curves() -> list[Metric]:
+    """Dice and IoU (per-image means) and their pooled twins at tau = 0.5, at tau* and tau* itself."""
+    out = []
+    for key, name, analysed in (("dice", "Dice", True), ("iou", "IoU", True),
+                                ("pooled_dice", "pooled Dice", False), ("pooled_iou", "pooled IoU", False)):
+        out.append(Metric(f"{key}@0.5", "grounding", f"{name}@0.5", f"{name} at τ = 0.5", analysed=analysed))
+    for key, name, analysed in (("dice", "Dice", True), ("iou", "IoU", True),
+                                ("pooled_dice", "pooled Dice", False), ("pooled_iou", "pooled IoU", False)):
+        out += [
+            Metric(f"{key}@best", "grounding", f"{name}@τ*", f"{name} at the best threshold τ*", chosen=True,
+                   analysed=analysed),
+            Metric(f"{key}@best_tau", "grounding", f"τ* ({name})", f"threshold τ* maximising {name}",
+                   unit="threshold", chosen=True, macro=False, analysed=analysed),
+        ]
+    return out
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("pairs", "grounding", "Pairs", "graded (image, class) pairs", unit="count", macro=False),
+    Metric("hits", "grounding", "Hits", "Pointing Game hits", unit="count", macro=False),
+    Metric("pointing_game", "grounding", "PG", "Pointing Game", analysed=True),
+    *_grounding_curves(),
+    Metric("dice@calibrated", "grounding", "Dice@τcal", "Dice at the calibrated threshold τcal", analysed=True),
+    Metric("iou@calibrated", "grounding", "IoU@τcal", "IoU at the calibrated threshold τcal", analysed=True),
+    Metric("constant_maps", "grounding", "Constant maps", "constant maps (a Pointing Game miss)", unit="count",
+           macro=False),
+    Metric("tied_maxima", "grounding", "Tied maxima", "maps whose maximum is tied", unit="count", macro=False),
+    Metric("empty_masks", "grounding", "Empty masks", "pairs with an empty region (left out)", unit="count",
+           macro=False),
+    Metric("positives", "classification", "Pos", "positive images", unit="count", macro=False),
+    Metric("negatives", "classification", "Neg", "negative images", unit="count", macro=False),
+    Metric("unknown", "classification", "Unknown", "images with an unknown label", unit="count", macro=False),
+    Metric("auroc", "classification", "AUROC", "AUROC", analysed=True),
+    Metric("auprc", "classification", "AUPRC", "AUPRC (average precision)", analysed=True),
+    Metric("f1@0.5", "classification", "F1@p≥0.5", "F1 at p ≥ 0.5", analysed=True),
+    Metric("accuracy@0.5", "classification", "Acc@p≥0.5", "accuracy at p ≥ 0.5", analysed=True),
+    Metric("max_f1", "classification", "max-F1*", "F1 at the best probability threshold", chosen=True,
+           analysed=True),
+    Metric("max_f1_threshold", "classification", "p* (max-F1)", "probability threshold of max-F1",
+           unit="threshold", chosen=True, macro=False),
+    Metric("max_f1_logit", "classification", "logit* (max-F1)", "logit threshold of max-F1", unit="logit",
+           chosen=True, macro=False),
+    Metric("accuracy@max_f1", "classification", "Acc@max-F1*", "accuracy at the max-F1 threshold", chosen=True,
+           analysed=True),
+)
+BY_KEY = {metric.key: metric for metric in METRICS}
+#: Metrics the analysis adds (a threshold chosen where it is not scored); not in metrics.json.
+ANALYSIS_ONLY = ("dice@calibrated", "iou@calibrated")
+
+
+def metric(key: str) -> Metric:
+    try:
+        return BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"{key!r} is not an XBench metric; known: {', '.join(BY_KEY)}") from None
+
+
+def short(key: str) -> str:
+    return metric(key).short
+
+
+def long(key: str) -> str:
+    return metric(key).long
+
+
+def run_keys(section: Section, scope: Literal["per_class", "macro"]) -> tuple[str, ...]:
+    """The keys of one section of ``metrics.json``, per class or macro, in the table's order."""
+    return tuple(m.key for m in METRICS if m.section == section and getattr(m, scope) and m.key not in ANALYSIS_ONLY)
+
+
+def analysed_keys(section: Section | None = None, macro: bool = False) -> tuple[str, ...]:
+    """The keys the analysis gives intervals for (``macro``: only those with a macro mean)."""
+    return tuple(m.key for m in METRICS if m.analysed and (section is None or m.section == section)
+                 and (m.macro or not macro))
+
+
+def chosen_keys(section: Section) -> tuple[str, ...]:
+    """The keys chosen on the evaluated set itself."""
+    return tuple(m.key for m in METRICS if m.chosen and m.section == section)
