@@ -1,5 +1,5 @@
 """Images per second of each model's bare forward against a whole ``trainer.test``, and of decoding
-against the decoded-image cache; the projected wall time of the paper's 7 x 7 suite.
+against the decoded-image cache (the projected wall time of a suite: ``bench/suite.py``).
 
     python bench/throughput.py [--device cuda] [--models clip medklip ...] [--images 24] [--batch 8]
                                [--workers 2] [--threads N] [--precision bf16-mixed] [--native 1024]
@@ -21,11 +21,6 @@ written to a temporary folder and loaded through the model's own checkpoint path
   normalisation, metrics, overlays), and the fixed cost of a run (setup -- checkpoint, text side --
   the first batch, and the epoch end -- metrics, results folder).
 - **overhead** = bare rate / harness rate - 1 (target on a GPU: at most 10 %).
-
-The projection: every model on the paper's 12,601 test images (its 7 datasets) at the harness
-rate, plus 7 runs' fixed cost per model, plus one decoding pass that builds the caches -- against
-decoding the images again for every model without the cache, either in turn with the model or, at
-best, hidden behind it.
 """
 
 from __future__ import annotations
@@ -69,10 +64,6 @@ from xbench.models.random_weights import (
     write_medklip,
 )
 from timing import synchronize
-
-PAPER_IMAGES = 12_601
-PAPER_DATASETS = 7
-
 
 def medklip(folder: Path, classes: list[str]) -> XBenchModel:
     write_bert(folder / "bert")
@@ -236,18 +227,6 @@ def main() -> None:
                   f"{row.harness_ms:+6.1f} ms per image   overhead {overhead}   fixed {row.fixed:5.1f} s per run",
                   flush=True)
             shutil.rmtree(scratch / "weights", ignore_errors=True)
-        paper = [row for row in rows if row.name in PAPER_MODELS]
-        if paper:
-            fixed = sum(PAPER_DATASETS * row.fixed for row in paper)
-            models = sum(PAPER_IMAGES / row.harness for row in paper) + fixed
-            decoding = PAPER_IMAGES / decode
-            # Without the cache every model decodes again: in turn with its forward (one process, or workers
-            # on the model's cores), or at best hidden behind it (enough workers beside a GPU).
-            in_turn = models + len(paper) * decoding
-            hidden = sum(PAPER_IMAGES / min(row.harness, decode) for row in paper) + fixed
-            print(f"projected suite, {len(paper)} models x {PAPER_IMAGES} images: {duration(models + decoding)} "
-                  f"with the cache (runs {duration(models)} + decoding once {duration(decoding)}); without it "
-                  f"{duration(in_turn)} decoding in turn with the model, {duration(hidden)} at best")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

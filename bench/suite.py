@@ -1,0 +1,230 @@
+"""The projected wall time of the paper's suite (``lightning_configs/suites/paper.yaml``) on this
+machine, from measured parts, in both suite modes.
+
+    python bench/suite.py [--device cuda] [--models clip medklip ...] [--images 24] [--batch 8]
+                          [--workers 2] [--precision bf16-mixed] [--quick]
+
+Measured here, each on its own:
+
+- **process start**: a fresh ``python -c "import xbench.test"`` (interpreter, torch, Lightning's CLI),
+  paid once per worker process: 7 times per suite per model, 49 times per pair.
+- per model (full size, random weights in the authors' file layout; ``bench/throughput.py``'s
+  builders): two ``trainer.test`` runs of the same model object on the cached phantom split
+  (ChestX-Det10's 10 classes at 224). The first run's fixed cost less the second's is the **load**
+  that per-model mode pays once per process (checkpoint, networks, and whatever a process's first
+  run warms up); the second run's fixed cost is the **run** cost every pair pays (text side, first
+  batch, metrics and results folder); the harness's images/s over the second run gives the **per
+  image** cost.
+- **per pair**: the grounding pipeline's cost for one more (image, class) pair (upsampling,
+  normalisation, the 101-threshold update), from the same pipeline at 1 and 21 classes; a dataset
+  of C classes costs (C - 10) of these more per image than the 10-class phantom.
+- per dataset reader: ``read_image`` + ``resize_image`` of one file in its format and native size
+  (one thread, process CPU time, best of 3) -- what building the decoded-image cache costs per
+  image, once per dataset for all models (DataLoader workers in parallel).
+
+The projection: decoding once, plus for every model and dataset the images at the measured rate
+(plus the per-pair cost for the dataset's classes), plus the fixed part: per model mode one process
+start and one load per model and one run cost per pair; per pair mode a start, a load and a run
+cost for every pair. ``--quick`` measures the two baselines (no network) on a few small images and
+the cheap formats only: a check that the script runs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from conftest import write_dicom  # noqa: E402  (the one DICOM writer, shared with the tests)
+from throughput import BUILDERS, PAPER_MODELS, duration, measure  # noqa: E402
+from timing import best_seconds  # noqa: E402
+
+from xbench.data.io import read_image  # noqa: E402
+from xbench.data.phantom import Phantom, generate_phantom  # noqa: E402
+from xbench.data.transforms import resize_image  # noqa: E402
+from xbench.findings import PAPER_CLASSES  # noqa: E402
+from xbench.metrics import GroundingMetrics  # noqa: E402
+from xbench.models.saliency import normalise, place_in_frame, whole_frame  # noqa: E402
+
+#: The benchmark split's images per dataset (README, "Split sizes against the paper"), and a file
+#: like the dataset's own to time its reader: format, height x width, bits.
+DATASETS: dict[str, tuple[int, str, tuple[int, int], int]] = {
+    "rsna": (5337, "dicom", (1024, 1024), 8),
+    "siim": (2264, "dicom-jpeg", (1024, 1024), 8),
+    "covid_rural": (45, "jpeg", (2000, 2000), 8),
+    "chestx_det10": (542, "png", (1024, 1024), 8),
+    "chexlocalize": (668, "jpeg", (2828, 2320), 8),
+    "chestxray14": (880, "png", (1024, 1024), 8),
+    "vindr": (3000, "dicom-j2k", (2800, 2400), 16),
+}
+PHANTOM_CLASSES = len(PAPER_CLASSES["chestx_det10"])
+FRAME = 224
+
+
+@dataclass
+class ModelCost:
+    name: str
+    load: float  # s, once per process
+    run: float  # s, once per (model, dataset)
+    per_image: float  # s, at the phantom's 10 classes
+
+
+@dataclass
+class Projection:
+    decoding: float
+    fixed: float
+    images: float
+
+    @property
+    def total(self) -> float:
+        return self.decoding + self.fixed + self.images
+
+
+def project(models: list[ModelCost], start: float, per_pair: float, decode: dict[str, float], workers: int,
+            mode: str, datasets: dict[str, tuple[int, int]]) -> Projection:
+    """``datasets``: name -> (images, classes); ``decode``: seconds per image of its reader."""
+    decoding = sum(images * decode[name] for name, (images, _) in datasets.items()) / max(workers, 1)
+    runs = len(datasets)
+    if mode == "per-model":
+        fixed = sum(start + model.load + runs * model.run for model in models)
+    else:
+        fixed = sum(runs * (start + model.load + model.run) for model in models)
+    images = sum(
+        n * (model.per_image + (classes - PHANTOM_CLASSES) * per_pair)
+        for model in models for n, classes in datasets.values()
+    )
+    return Projection(decoding, fixed, images)
+
+
+def process_start(repeats: int) -> float:
+    """Wall seconds of a fresh interpreter importing ``xbench.test``, best of ``repeats``."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import xbench.test"], check=True)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def pair_cost(device: torch.device, batch: int, repeats: int) -> float:
+    """Seconds for one more (image, class) pair of the grounding pipeline: upsample 14x14 maps onto
+    the frame, min-max normalise, update the 101-threshold metric."""
+    def pipeline(classes: int):
+        maps = torch.rand(batch, classes, 14, 14, device=device)
+        masks = torch.rand(batch, classes, FRAME, FRAME, device=device) > 0.9
+        has_mask = torch.ones(batch, classes, dtype=torch.bool, device=device)
+        metric = GroundingMetrics(classes, validate_args=False).to(device)
+        window = whole_frame(batch, (FRAME, FRAME), device)
+
+        def step() -> None:
+            metric.update(normalise(place_in_frame(maps, window, (FRAME, FRAME), "bilinear")), masks, has_mask)
+        return step
+
+    one, many = (best_seconds(pipeline(c), device, repeats) for c in (1, 21))
+    return max(many - one, 0.0) / (20 * batch)
+
+
+def write_like(path: Path, kind: str, shape: tuple[int, int], bits: int, rng: np.random.Generator) -> Path:
+    pixels = rng.integers(0, 2**bits, size=shape, dtype=np.uint8 if bits == 8 else np.uint16)
+    if kind.startswith("dicom"):
+        compression = {"dicom": None, "dicom-jpeg": "jpeg", "dicom-j2k": "j2k"}[kind]
+        extra = {"BitsStored": 12} if bits == 16 else {}
+        if bits == 16:
+            pixels >>= 4
+        write_dicom(path.with_suffix(".dcm"), pixels, compression=compression, **extra)
+        return path.with_suffix(".dcm")
+    path = path.with_suffix(".png" if kind == "png" else ".jpg")
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def decode_cost(kind: str, shape: tuple[int, int], bits: int, folder: Path, repeats: int) -> float:
+    """Process CPU seconds to read one file of this kind and resize it to the frame, best of ``repeats``."""
+    path = write_like(folder / kind, kind, shape, bits, np.random.default_rng(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    try:
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.process_time()
+            resize_image(read_image(path), FRAME)
+            best = min(best, time.process_time() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
+def model_cost(name: str, datamodule, args, device: torch.device, scratch: Path) -> ModelCost:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = BUILDERS[name](scratch / "weights", list(datamodule.classes))
+    first = measure(name, model, datamodule, args, device, scratch / "results")
+    second = measure(name, model, datamodule, args, device, scratch / "results")
+    return ModelCost(name, max(first.fixed - second.fixed, 0.0), second.fixed, 1 / second.harness)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", nargs="+", default=list(PAPER_MODELS), choices=list(BUILDERS))
+    parser.add_argument("--images", type=int, default=24, help="phantom images per harness run")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--precision", default="32-true", help="the trainer's precision, e.g. bf16-mixed")
+    parser.add_argument("--quick", action="store_true", help="baselines, 8 small images, cheap formats: a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.images, args.batch, args.workers = ["random", "centre_prior"], 8, 4, 0
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    device = torch.device(args.device)
+    native = 256 if args.quick else 1024
+    repeats = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory(prefix="xbench-suite-bench-") as scratch_name:
+        scratch = Path(scratch_name)
+        os.environ["XBENCH_CACHE"] = str(scratch / "cache")
+        start = process_start(repeats)
+        print(f"process start (import xbench.test): {start:.2f} s")
+        decode = {}
+        for dataset, (_, kind, shape, bits) in DATASETS.items():
+            if args.quick:
+                shape = (64, 64)
+            decode[dataset] = decode_cost(kind, shape, bits, scratch, repeats)
+            print(f"reader {dataset:<13} {kind:<11} {shape[0]}x{shape[1]} {bits}-bit: {1e3 * decode[dataset]:7.1f} ms per image")
+        per_pair = pair_cost(device, args.batch, repeats)
+        print(f"one more (image, class) pair: {1e3 * per_pair:.2f} ms")
+
+        datamodule = Phantom(num_images=args.images, native_size=native, classes=list(PAPER_CLASSES["chestx_det10"]),
+                             batch_size=args.batch, num_workers=args.workers)
+        generate_phantom(datamodule.root, args.images, native, datamodule.seed)
+        datamodule.prepare_data()
+        datamodule.setup("test")
+        models = []
+        for name in args.models:
+            models.append(model_cost(name, datamodule, args, device, scratch))
+            cost = models[-1]
+            print(f"model {name:<13} load {cost.load:6.2f} s   run {cost.run:6.2f} s per dataset   "
+                  f"{1e3 * cost.per_image:8.1f} ms per image", flush=True)
+
+        datasets = {name: (images, len(PAPER_CLASSES[name])) for name, (images, *_) in DATASETS.items()}
+        print(f"\nprojected {len(models)} models x {len(datasets)} datasets "
+              f"({sum(n for n, _ in datasets.values())} images), device {device}:")
+        for mode in ("per-model", "per-pair"):
+            p = project(models, start, per_pair, decode, args.workers, mode, datasets)
+            print(f"  {mode:<9}  total {duration(p.total):>7}   fixed {duration(p.fixed):>7} "
+                  f"({100 * p.fixed / p.total:4.1f} %)   images {duration(p.images):>7}   decoding once {duration(p.decoding)}")
+
+
+if __name__ == "__main__":
+    main()
