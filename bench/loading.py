@@ -50,12 +50,13 @@ TRANSFORMS = {
 }
 
 
-def radiograph_like(rng: np.random.Generator, size: int) -> np.ndarray:
-    """Smooth large-scale shading plus pixel noise: about the entropy of a chest radiograph."""
-    axis = np.linspace(-1, 1, size)
-    xx, yy = np.meshgrid(axis, axis)
+def radiograph_like(rng: np.random.Generator, size: int, width: int | None = None) -> np.ndarray:
+    """Smooth large-scale shading plus pixel noise: about the entropy of a chest radiograph.
+    ``size`` x ``width`` (default square), 8-bit."""
+    width = width or size
+    xx, yy = np.meshgrid(np.linspace(-1, 1, width), np.linspace(-1, 1, size))
     shading = 120 + 70 * np.cos(2.2 * xx) * np.cos(1.6 * yy + rng.uniform(0, 1)) + 30 * yy
-    return np.clip(shading + rng.normal(0, 6, (size, size)), 0, 255).astype(np.uint8)
+    return np.clip(shading + rng.normal(0, 6, (size, width)), 0, 255).astype(np.uint8)
 
 
 def best_rate(paths: list[Path], out: int, repeats: int) -> tuple[float, float, float]:

@@ -19,7 +19,7 @@ Measured here, each on its own:
   normalisation, the 101-threshold update), from the same pipeline at 1 and 21 classes; a dataset
   of C classes costs (C - 10) of these more per image than the 10-class phantom.
 - per dataset reader: ``read_image`` + ``resize_image`` of one file in its format and native size
-  (one thread, process CPU time, best of 3) -- what building the decoded-image cache costs per
+  (radiograph-like pixels, ``bench/loading.py``; one thread, process CPU time, best of 3) -- what building the decoded-image cache costs per
   image, once per dataset for all models (DataLoader workers in parallel).
 
 The projection: decoding once, plus for every model and dataset the images at the measured rate
@@ -48,6 +48,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import write_dicom  # noqa: E402  (the one DICOM writer, shared with the tests)
+from loading import radiograph_like  # noqa: E402
 from throughput import BUILDERS, PAPER_MODELS, duration, measure  # noqa: E402
 from timing import best_seconds  # noqa: E402
 
@@ -133,16 +134,17 @@ def pair_cost(device: torch.device, batch: int, repeats: int) -> float:
         return step
 
     one, many = (best_seconds(pipeline(c), device, repeats) for c in (1, 21))
+    print(f"grounding pipeline, batch {batch}: {1e3 * one:.1f} ms at 1 class, {1e3 * many:.1f} ms at 21")
     return max(many - one, 0.0) / (20 * batch)
 
 
 def write_like(path: Path, kind: str, shape: tuple[int, int], bits: int, rng: np.random.Generator) -> Path:
-    pixels = rng.integers(0, 2**bits, size=shape, dtype=np.uint8 if bits == 8 else np.uint16)
+    pixels = radiograph_like(rng, *shape)
     if kind.startswith("dicom"):
         compression = {"dicom": None, "dicom-jpeg": "jpeg", "dicom-j2k": "j2k"}[kind]
         extra = {"BitsStored": 12} if bits == 16 else {}
-        if bits == 16:
-            pixels >>= 4
+        if bits == 16:  # 12 bits stored, as VinDr's: the 8-bit shading widened, with its own noise
+            pixels = pixels.astype(np.uint16) * 16 + rng.integers(0, 16, size=shape, dtype=np.uint16)
         write_dicom(path.with_suffix(".dcm"), pixels, compression=compression, **extra)
         return path.with_suffix(".dcm")
     path = path.with_suffix(".png" if kind == "png" else ".jpg")
