@@ -69,3 +69,19 @@ def test_near_constant_maps():
     maps[0, 3] = -7.5
     maps[0, 3, 0, 0] = -7.5 + 1e-5
     assert near_constant(maps).tolist() == [[True, True, True, False, False]]
+
+
+def test_loading_a_bert_prints_no_progress_bar_and_restores_the_setting(tmp_path, capfd):
+    """transformers draws a "Loading weights" bar for every BERT: noise a user cannot act on (issue 23.11)."""
+    from transformers.utils import logging as hf_logging
+
+    from xbench.models.random_weights import write_bert
+    from xbench.models.text import load_pretrained_bert
+
+    write_bert(tmp_path / "bert")
+    capfd.readouterr()
+    assert hf_logging.is_progress_bar_enabled()
+    load_pretrained_bert(tmp_path / "bert", "a test BERT")
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()

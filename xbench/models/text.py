@@ -60,12 +60,15 @@ def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
     ``position_ids`` buffer (:data:`BERT_EXTRA_KEYS`). Anything else is an error naming the keys.
     """
     folder = require_files(folder, ("config.json",), what)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, progress_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report would list the heads dropped on purpose; we check below
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per model: noise a user cannot act on
     try:
         model, info = BertModel.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if progress_bar:
+            hf_logging.enable_progress_bar()
     unexpected = [key for key in info["unexpected_keys"] if not key.startswith(BERT_EXTRA_KEYS)]
     problems = []
     if info["missing_keys"]:
