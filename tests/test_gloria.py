@@ -59,7 +59,8 @@ def test_loads_the_authors_lightning_file(small_folder, small_model, no_network)
     ``position_ids`` buffer is the only key dropped, and the file's keys are the manifest's (its
     BERT has 4 of the 12 layers)."""
     state = safe_load(small_folder / CHECKPOINT_FILE)["state_dict"]
-    four_layers = {key for key in MANIFEST if not re.match(r"text_encoder\.model\.encoder\.layer\.([4-9]|1[01])\.", key)}
+    deeper = re.compile(r"text_encoder\.model\.encoder\.layer\.([4-9]|1[01])\.")
+    four_layers = {key for key in MANIFEST if not deeper.match(key)}
     assert {key.removeprefix("gloria.") for key in state} == four_layers | {POSITION_IDS.removeprefix("gloria.")}
     loaded = small_model.network.state_dict()
     assert all(torch.equal(loaded[key.removeprefix("gloria.")], value) for key, value in state.items()
@@ -109,7 +110,9 @@ def test_an_empty_slot_scores_cosine_zero_and_attention_sums_to_one():
     torch.testing.assert_close(attention.sum(dim=(2, 3)), torch.ones(2, 4))
 
 
-@pytest.mark.parametrize("template, pattern", [("{}", "empty after GLoRIA's cleaning"), ("a" * 90 + " {}", "characters")])
+@pytest.mark.parametrize(
+    "template, pattern", [("{}", "empty after GLoRIA's cleaning"), ("a" * 90 + " {}", "characters")]
+)
 def test_prompts_the_authors_code_cannot_take_are_refused(small_folder, template, pattern):
     with pytest.raises(ValueError, match=pattern):
         load(small_folder, template=template)
@@ -151,3 +154,12 @@ def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
+
+
+def test_bf16_mixed_stays_close_to_float32(small_model, real_data):
+    """Under Lightning's bf16-mixed the trunk runs in bf16 and the scores and attention in float32."""
+    from conftest import assert_bf16_mixed_close_to_fp32, real_file
+    from xbench.data.io import read_image
+
+    inputs, _ = small_model.preprocess(read_image(real_file(real_data, "nih/00000001_000.png")), frame=224)
+    assert_bf16_mixed_close_to_fp32(small_model, inputs[None])

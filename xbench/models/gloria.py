@@ -126,7 +126,7 @@ def cosine(a: Tensor, b: Tensor, dim: int) -> Tensor:
 def local_similarity(words: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
     """One prompt's word slots [n, D] against images' regions [B, D, h, w]: the local score [B]
     (``log max_w exp(5 cos_w)``) and the word-region attention [B, n, h, w] (``attention_fn``)."""
-    batch, width, height, columns = regions.shape
+    batch, _, height, columns = regions.shape
     context = regions.flatten(2)  # [B, D, R]
     scores = torch.einsum("bdr,nd->brn", context, words)
     attention = torch.softmax(torch.softmax(scores, dim=-1).transpose(1, 2) * ATTENTION_SHARPNESS, dim=-1)

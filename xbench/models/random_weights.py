@@ -450,7 +450,8 @@ def write_gloria(folder: Path, seed: int = 0, text_layers: int = 4) -> Path:
     weights under ``state_dict`` with the prefix ``gloria.`` and the ``position_ids`` buffer the
     transformers of 2021 kept; ``hyper_parameters``), the full ResNet-50 with batch-norm statistics
     drawn, and a BERT 768 wide (the joint width) but ``text_layers`` deep with a single-letter
-    vocabulary, the local embedder drawn small (std 1e-6); ``Bio_ClinicalBERT/`` holds its ``config.json`` and ``vocab.txt``."""
+    vocabulary, the local embedder drawn small (std 1e-6); ``Bio_ClinicalBERT/`` holds its
+    ``config.json`` and ``vocab.txt``."""
     from xbench.models.gloria import CHECKPOINT_FILE, TEXT_FOLDER, WIDTH, GLoRIANetwork
 
     text = folder / TEXT_FOLDER
