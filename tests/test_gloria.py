@@ -35,13 +35,13 @@ def load(folder, classes=CLASSES, **kwargs) -> GLoRIA:
     return model.eval()
 
 
-def rewritten(folder: Path, target: Path, edit) -> Path:
-    """A copy of ``folder`` whose checkpoint's ``state_dict`` went through ``edit``."""
+def rewritten(folder: Path, target: Path, edit, section: str = "state_dict") -> Path:
+    """A copy of ``folder`` whose checkpoint's ``section`` went through ``edit``."""
     (target / "Bio_ClinicalBERT").mkdir(parents=True)
     for name in ("config.json", "vocab.txt"):
         (target / "Bio_ClinicalBERT" / name).write_bytes((folder / "Bio_ClinicalBERT" / name).read_bytes())
     saved = safe_load(folder / CHECKPOINT_FILE)
-    edit(saved["state_dict"])
+    edit(saved[section])
     torch.save(saved, target / CHECKPOINT_FILE)
     return target
 
@@ -163,3 +163,15 @@ def test_bf16_mixed_stays_close_to_float32(small_model, real_data):
 
     inputs, _ = small_model.preprocess(read_image(real_file(real_data, "nih/00000001_000.png")), frame=224)
     assert_bf16_mixed_close_to_fp32(small_model, inputs[None])
+
+
+def test_a_file_trained_with_other_settings_is_refused(small_folder, tmp_path):
+    """The file's ``hyper_parameters`` are checked against what XBench hard-codes: another value
+    is an error naming it; a config without the key only a warning (the weights matched)."""
+    other = rewritten(small_folder, tmp_path / "other", lambda c: c["model"]["text"].update(last_n_layers=1),
+                      section="hyper_parameters")
+    with pytest.raises(ValueError, match=r"other settings: model\.text\.last_n_layers = 1, expected 4"):
+        GLoRIA(checkpoint_dir=str(other)).load_weights()
+    partial = rewritten(small_folder, tmp_path / "partial", lambda c: c.pop("transforms"), section="hyper_parameters")
+    with pytest.warns(UserWarning, match=r"lack transforms\.norm, transforms\.random_crop\.crop_size"):
+        GLoRIA(checkpoint_dir=str(partial)).load_weights()

@@ -5,12 +5,13 @@ CheXpert images and reports. Apache-2.0 licence.
 What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with it:
 
 - **Checkpoint**: ``chexpert_resnet50.ckpt``, the Lightning file of their ``PretrainModel``: the
-  training config under ``hyper_parameters`` (an OmegaConf ``DictConfig``, read inertly) and the
-  weights under ``state_dict`` with the prefix ``gloria.``: torchvision's ResNet-50 without its
-  ``fc`` (``img_encoder.model.*``), ``img_encoder.global_embedder`` (Linear 2048 -> 768),
-  ``img_encoder.local_embedder`` (1x1 conv 1024 -> 768, no bias) and BioClinicalBERT with its pooler
-  (``text_encoder.model.*``, plus the ``position_ids`` buffer the transformers of 2021 saved). The
-  BERT's config and vocabulary are ``emilyalsentzer/Bio_ClinicalBERT``'s, read from a local folder.
+  training config under ``hyper_parameters`` (an OmegaConf ``DictConfig``, read inertly and checked
+  against :data:`EXPECTED_HYPER_PARAMETERS`) and the weights under ``state_dict`` with the prefix
+  ``gloria.``: torchvision's ResNet-50 without its ``fc`` (``img_encoder.model.*``),
+  ``img_encoder.global_embedder`` (Linear 2048 -> 768), ``img_encoder.local_embedder`` (1x1 conv
+  1024 -> 768, no bias) and BioClinicalBERT with its pooler (``text_encoder.model.*``, plus the
+  ``position_ids`` buffer the transformers of 2021 saved). The BERT's config and vocabulary are
+  ``emilyalsentzer/Bio_ClinicalBERT``'s, read from a local folder.
 - **Input** (:data:`GLoRIA.preprocess`): ``process_img``: ``cv2.imread(path, 0)``, the longer side to
   256 (``INTER_AREA``), the shorter zero-padded to a square (floor before, ceil after), then their
   test transform: ``CenterCrop(224)``, ``ToTensor``, ``Normalize(0.5, 0.5)``. Inside the image
@@ -56,8 +57,8 @@ from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.carzero import TEXT_SLOTS, TextEncoder, clean_text, word_merge_matrix
-from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
+from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, word_merge_matrix
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
@@ -66,6 +67,9 @@ CHECKPOINT_FILE = "chexpert_resnet50.ckpt"
 TEXT_FOLDER = "Bio_ClinicalBERT"
 #: ``cfg.model.text.embedding_dim``: the joint width, BERT's hidden size (no text projection).
 WIDTH = 768
+#: ``_resize_img``'s square and the test transform's ``CenterCrop``.
+LETTERBOX_SIZE = 256
+INPUT_SIZE = 224
 #: ``resnet_forward`` resizes the 224 crop to this side before the ResNet; its layer 3 is then 19x19.
 RESNET_INPUT = 299
 #: ``get_local_similarities``: ``attention_fn``'s sharpening of the region softmax, and the word scale.
@@ -75,6 +79,20 @@ WORD_SCALE = 5.0
 TEMPLATE = "there is {}"
 #: ``loss.gloria_loss.cosine_similarity``'s floor on the product of norms.
 COSINE_EPS = 1e-8
+
+#: The training-config values this implementation hard-codes, as dotted keys of ``hyper_parameters``.
+EXPECTED_HYPER_PARAMETERS = {
+    "model.vision.model_name": "resnet_50",
+    "model.text.last_n_layers": TEXT_LAYERS,
+    "model.text.aggregate_method": "sum",
+    "model.text.agg_tokens": True,
+    "model.text.norm": False,
+    "model.text.embedding_dim": WIDTH,
+    "data.text.word_num": TEXT_SLOTS,
+    "data.image.imsize": LETTERBOX_SIZE,
+    "transforms.norm": "half",
+    "transforms.random_crop.crop_size": INPUT_SIZE,
+}
 
 CHECKPOINT_LAYOUT = CheckpointLayout(
     section="state_dict",
@@ -146,7 +164,7 @@ class GLoRIA(XBenchModel):
 
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
     preprocess: ClassVar[Preprocess] = Preprocess(
-        224, "longer_side", resize_to=256, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
+        INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",
     )
 
@@ -164,7 +182,8 @@ class GLoRIA(XBenchModel):
         self.word_counts: list[int] = []
 
     def load_weights(self) -> None:
-        """Both towers from the checkpoint, strictly; BERT shaped by the local ``config.json``."""
+        """Both towers from the checkpoint, strictly; BERT shaped by the local ``config.json``; the
+        file's training config checked against what XBench hard-codes."""
         folder = Path(self.checkpoint_dir).expanduser()
         file = require_files(folder, (CHECKPOINT_FILE,), "GLoRIA") / CHECKPOINT_FILE
         bert = bert_from_config(folder / TEXT_FOLDER, "GLoRIA's Bio_ClinicalBERT")
@@ -174,7 +193,8 @@ class GLoRIA(XBenchModel):
                 f"joint space is {WIDTH} wide; use the config.json of emilyalsentzer/Bio_ClinicalBERT"
             )
         network = GLoRIANetwork(bert)
-        load_checkpoint(network, file, CHECKPOINT_LAYOUT)
+        loaded = load_checkpoint(network, file, CHECKPOINT_LAYOUT)
+        read_hyper_parameters(loaded, file, EXPECTED_HYPER_PARAMETERS)
         self.network = network.eval().requires_grad_(False)
 
     def build(self, classes: list[str]) -> None:
