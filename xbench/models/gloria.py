@@ -17,12 +17,12 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
   test transform: ``CenterCrop(224)``, ``ToTensor``, ``Normalize(0.5, 0.5)``. Inside the image
   encoder the 224 crop is resized to 299 (bilinear, ``align_corners=True``); the regions are
   ResNet's layer-3 map, 19x19, the global vector layer 4 average-pooled.
-- **Text**: ``process_text``: the cleaning CARZero kept (:func:`~xbench.models.carzero.clean_text`:
+- **Text**: ``process_text``: the cleaning CARZero also does (:func:`~xbench.models.carzero.clean_text`:
   lower case, ``\\w+`` words, a sentence of one word dropped), WordPiece padded to 97 tokens; the
   text tower sums BERT's last four hidden states, sums each word's pieces into one word vector
   (``[CLS]`` first, ``[SEP]`` last, empty slots after) and averages the 97 slots into the sentence
-  vector. CARZero took this tower from GLoRIA unchanged; XBench has it once
-  (:class:`~xbench.models.carzero.TextEncoder`).
+  vector. CARZero's text tower, built on GLoRIA's code, computes the same (each is checked against
+  its authors' code); XBench has it once (:class:`~xbench.models.carzero.TextEncoder`).
 - **Score**: ``get_similarities(..., "both")``: ``(global + local) / 2``. Global: the cosine of the
   image and sentence vectors. Local (``get_local_similarities``): the prompt's word vectors attend
   over the 361 regions (``attention_fn``: a softmax over the words per region, then, sharpened x4,
