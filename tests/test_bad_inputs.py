@@ -261,6 +261,7 @@ def run_command(command_main, args, name, capsys) -> tuple[int, str]:
     ("medklip", ("--model.checkpoint_dir", "nowhere/medklip"), "nowhere/medklip"),
     ("carzero", ("--model.checkpoint_dir", "nowhere/carzero"), "nowhere/carzero"),
     ("kad", ("--model.checkpoint_dir", "nowhere/kad"), "nowhere/kad"),
+    ("gloria", ("--model.checkpoint_dir", "nowhere/gloria"), "nowhere/gloria"),
 ])
 def test_a_missing_checkpoint_folder_is_named_with_the_fix(phantom_root, tmp_path, capsys, model, extra, message):
     status, err = run_cli(run_args(model, "phantom", phantom_root, tmp_path / "results", *extra), capsys)

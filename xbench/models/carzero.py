@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import FINDINGS, display_name
 from xbench.models.base import XBenchModel
-from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, omegaconf_values
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
@@ -307,35 +306,6 @@ class CARZeroNetwork(nn.Module):
         return (image_to_text + text_to_image.T) / 2, attention.mean(0)[..., 1:]
 
 
-def read_hyper_parameters(loaded: Any, file: Path, architecture: Architecture) -> None:
-    """Compare the training config in the file with what this implementation hard-codes.
-
-    A different value is an error (the file is another CARZero variant); a config that cannot be
-    read, or lacks some keys, is a warning, since the weights alone already matched exactly.
-    """
-    try:
-        config = omegaconf_values(loaded.get("hyper_parameters"))
-        if not isinstance(config, Mapping):
-            raise ValueError("it holds no configuration")
-    except ValueError as error:
-        warnings.warn(f"{file}: hyper_parameters not readable ({error}); the settings are not cross-checked", stacklevel=3)
-        return
-    absent = object()
-    missing, differing = [], []
-    for dotted, expected in expected_hyper_parameters(architecture).items():
-        value: Any = config
-        for part in dotted.split("."):
-            value = value.get(part, absent) if isinstance(value, Mapping) else absent
-        if value is absent:
-            missing.append(dotted)
-        elif value != expected or type(value) is not type(expected):
-            differing.append(f"{dotted} = {value!r}, expected {expected!r}")
-    if differing:
-        raise ValueError(f"checkpoint {file} was trained with other settings: " + "; ".join(differing))
-    if missing:
-        warnings.warn(f"{file}: hyper_parameters lack {', '.join(missing)}; those are not cross-checked", stacklevel=3)
-
-
 class CARZero(XBenchModel):
     """CARZero, zero-shot: one ``There is <finding>`` prompt per class.
 
@@ -390,7 +360,7 @@ class CARZero(XBenchModel):
         network = CARZeroNetwork(bert, self.architecture)
         # the strict load also checks that the file's two copies of the shared decoder norm agree
         loaded = load_checkpoint(network, file, CHECKPOINT_LAYOUT)
-        read_hyper_parameters(loaded, file, self.architecture)
+        read_hyper_parameters(loaded, file, expected_hyper_parameters(self.architecture))
         self.network = network.eval()
 
     @torch.no_grad()

@@ -10,12 +10,15 @@
   difference raises :class:`CheckpointMismatchError`, which lists missing, unexpected and
   reshaped keys grouped by prefix. :func:`load_state_dicts` does the same for a file that holds
   several state dicts (KAD: ``image_encoder``, ``text_encoder``, ``model``), with one error for all.
+- :func:`read_hyper_parameters` compares the training config a Lightning file carries with the
+  values a model hard-codes (CARZero, GLoRIA).
 - A tensor the module registers under two names (a submodule reused inside another) must hold
   the same values under both names in the file; it is checked, not silently overwritten.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -309,3 +312,34 @@ def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     raise FileNotFoundError(
         f"{what}: none of {', '.join(names)} found {where}. Place the files listed in checkpoints/README.md there."
     )
+
+
+def read_hyper_parameters(loaded: Any, file: Path | str, expected: Mapping[str, Any]) -> None:
+    """Compare the training config a Lightning file keeps under ``hyper_parameters`` with the values
+    a model hard-codes (``expected``: dotted keys, as ``model.text.last_n_layers``).
+
+    A different value is an error (the file is another variant of the model); a config that cannot
+    be read, or lacks some keys, is a warning, since the weights alone already matched exactly.
+    """
+    try:
+        config = omegaconf_values(loaded.get("hyper_parameters"))
+        if not isinstance(config, Mapping):
+            raise ValueError("it holds no configuration")
+    except ValueError as error:
+        warnings.warn(f"{file}: hyper_parameters not readable ({error}); the settings are not cross-checked",
+                      stacklevel=3)
+        return
+    absent = object()
+    missing, differing = [], []
+    for dotted, value_expected in expected.items():
+        value: Any = config
+        for part in dotted.split("."):
+            value = value.get(part, absent) if isinstance(value, Mapping) else absent
+        if value is absent:
+            missing.append(dotted)
+        elif value != value_expected or type(value) is not type(value_expected):
+            differing.append(f"{dotted} = {value!r}, expected {value_expected!r}")
+    if differing:
+        raise ValueError(f"checkpoint {file} was trained with other settings: " + "; ".join(differing))
+    if missing:
+        warnings.warn(f"{file}: hyper_parameters lack {', '.join(missing)}; those are not cross-checked", stacklevel=3)

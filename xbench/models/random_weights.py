@@ -421,3 +421,54 @@ def write_biovil_t(folder: Path, seed: int = 0) -> Path:
     torch.save(state, folder / BIOVIL_T_IMAGE_FILE)
     write_cxr_bert(folder)
     return folder
+
+
+# -- GLoRIA -----------------------------------------------------------------------------------------
+
+
+def gloria_hyper_parameters() -> dict:
+    """What the authors' Lightning file holds under ``hyper_parameters``: their
+    ``configs/chexpert_pretrain_config.yaml``, the parts their model and transform builders read."""
+    return {
+        "phase": "pretrain",
+        "model": {
+            "norm": False,
+            "gloria": {"local_loss_weight": 1.0, "global_loss_weight": 1.0, "temp1": 4.0, "temp2": 5.0, "temp3": 10.0},
+            "vision": {"model_name": "resnet_50", "freeze_cnn": False, "pretrained": True},
+            "text": {"bert_type": "emilyalsentzer/Bio_ClinicalBERT", "last_n_layers": 4, "aggregate_method": "sum",
+                     "norm": False, "embedding_dim": 768, "freeze_bert": False, "agg_tokens": True},
+        },
+        "data": {"dataset": "chexpert", "text": {"word_num": 97, "captions_per_image": 5, "full_report": False},
+                 "image": {"imsize": 256}},
+        "transforms": {"norm": "half", "random_crop": {"crop_size": 224}},
+        "train": {"batch_size": 48, "nvis": 8, "rand_vis": False},
+    }
+
+
+def write_gloria(folder: Path, seed: int = 0, text_layers: int = 4) -> Path:
+    """``checkpoints/gloria/``: ``chexpert_resnet50.ckpt`` as the authors' Lightning run saves it (the
+    weights under ``state_dict`` with the prefix ``gloria.`` and the ``position_ids`` buffer the
+    transformers of 2021 kept; ``hyper_parameters``), the full ResNet-50 with batch-norm statistics
+    drawn, and a BERT 768 wide (the joint width) but ``text_layers`` deep with a single-letter
+    vocabulary, the local embedder drawn small (std 1e-6); ``Bio_ClinicalBERT/`` holds its
+    ``config.json`` and ``vocab.txt``."""
+    from xbench.models.gloria import CHECKPOINT_FILE, TEXT_FOLDER, WIDTH, GLoRIANetwork
+
+    text = folder / TEXT_FOLDER
+    text.mkdir(parents=True, exist_ok=True)
+    config = BertConfig(vocab_size=len(LETTER_VOCAB), hidden_size=WIDTH, num_hidden_layers=text_layers,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    config.save_pretrained(text)
+    (text / "vocab.txt").write_text("\n".join(LETTER_VOCAB) + "\n")
+    torch.manual_seed(seed)
+    network = GLoRIANetwork(BertModel(config))
+    randomise_batch_norms(network.img_encoder)
+    # the random trunk's layer-3 activations are large (norms ~3e3): a small local embedder makes the
+    # word-region products of order one, so the attention maps have contrast
+    network.img_encoder.local_embedder.weight.data.normal_(0, 1e-6)
+    state = {f"gloria.{key}": value for key, value in network.state_dict().items()}
+    state["gloria.text_encoder.model.embeddings.position_ids"] = torch.arange(config.max_position_embeddings)[None]
+    saved = {"epoch": 9, "global_step": 12345, "pytorch-lightning_version": "1.1.4", "state_dict": state,
+             "hyper_parameters": gloria_hyper_parameters()}
+    torch.save(saved, folder / CHECKPOINT_FILE)
+    return folder
