@@ -105,6 +105,17 @@ def test_resample_weights_are_multiplicities_and_folds_a_partition():
     assert sorted(torch.bincount(folds).tolist()) == [4, 4, 5, 5, 5]
 
 
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_resample_weights_drawn_in_blocks_equal_all_draws_at_once(block):
+    """Blocks of replicates (one that divides R, ones that do not, one larger than R) take the same
+    draws from the stream as one R x N draw, counted row by row here."""
+    draws = np.random.default_rng(9).integers(0, 13, size=(20, 13))
+    expected = np.vstack([np.ones(13), [np.bincount(row, minlength=13) for row in draws]])
+    weights = resample_weights(13, 20, np.random.default_rng(9), block=block)
+    assert weights.dtype == torch.float64
+    np.testing.assert_array_equal(weights.numpy(), expected)
+
+
 def test_bootstrap_interval_of_a_mean_covers_the_normal_theory_interval():
     """Pointing Game (Bernoulli) and Dice at 0.5 (a known spread) over 1,000 images, one pair each."""
     rng = np.random.default_rng(7)
