@@ -7,7 +7,7 @@ For the float32 thresholds ``tau_k = k / 100`` (k = 0..100) a pixel belongs to `
 pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every threshold at once.
 
 Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
-(exact under DDP) plus per-pair records (concatenated) for later analyses.
+(exact under DDP) plus records of the graded pairs only (concatenated) for later analyses.
 """
 
 from __future__ import annotations
