@@ -28,7 +28,7 @@ from xbench.analyze import write_analysis
 from xbench.findings import PAPER_CLASSES
 from xbench.metrics.grounding import NUM_THRESHOLDS
 from xbench.reporting.folder import METRICS, PAIRS, SCHEMA
-from xbench.reporting.results import pair_table
+from xbench.reporting.results import write_pairs
 
 MODELS, IMAGES, CLASSES, IMAGE_SIZE = 7, 5000, 20, 224
 
@@ -57,7 +57,8 @@ def write_folders(workdir: Path, graded_share: float) -> list[Path]:
         payload = {"schema": SCHEMA, "model": f"model{m}", "dataset": "bench", "classes": classes,
                    "data": {"image_size": IMAGE_SIZE},
                    "config": {"model": {"class_path": f"bench.Model{m}", "init_args": {}}}}
-        table = pair_table(
+        write_pairs(
+            folder / PAIRS,
             payload,
             {"index": torch.from_numpy(image), "class": torch.from_numpy(cls), "region": torch.from_numpy(region),
              "hit": torch.from_numpy(inside[:, -1] > 0), "predicted": torch.from_numpy(inside + outside),
@@ -66,7 +67,6 @@ def write_folders(workdir: Path, graded_share: float) -> list[Path]:
              "logits": torch.from_numpy(labels + rng.normal(0, 1.5, size=labels.shape)).float()},
             image_ids,
         )
-        table.to_csv(folder / PAIRS, index=False, compression="gzip")
         (folder / METRICS).write_text(json.dumps(payload))
     return folders
 

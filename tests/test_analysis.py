@@ -3,6 +3,7 @@ calibrated thresholds, lesion-size strata, recognition in replicates, and the CL
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import shutil
@@ -23,7 +24,7 @@ from xbench.metrics.recognition import recognition_statistics
 from xbench.analysis.runs import GradedPairs, load_run
 from xbench.analyze import main as analyze_main
 from xbench.data.phantom import generate_phantom
-from xbench.reporting.results import SCHEMA, pair_table
+from xbench.reporting.results import SCHEMA, pair_table, write_pairs
 from xbench.test import main as run_model
 
 T = 101
@@ -69,15 +70,16 @@ def write_run(folder: Path, model: str, dataset: str, classes: list[str], image_
     }
     (folder / "metrics.json").write_text(json.dumps(payload))
     index = torch.arange(len(image_ids))
-    table = pair_table(
+    write_pairs(
+        folder / "pairs.csv.gz",
         payload,
         {"index": pairs.image, "class": pairs.cls, "region": pairs.region, "hit": pairs.hit,
          "predicted": pairs.predicted, "inter": pairs.inter},
         {"index": index, "logits": torch.as_tensor(logits, dtype=torch.float32),
          "labels": torch.as_tensor(labels, dtype=torch.int8)},
         image_ids,
+        chunk_images=4,  # every analysis test reads a table written across chunk boundaries
     )
-    table.to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
     return folder
 
 
@@ -101,6 +103,17 @@ def test_resample_weights_are_multiplicities_and_folds_a_partition():
     assert abs(weights[1:].mean().item() - 1) < 1e-12
     folds = assign_folds(23, 5, np.random.default_rng(0))
     assert sorted(torch.bincount(folds).tolist()) == [4, 4, 5, 5, 5]
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_resample_weights_drawn_in_blocks_equal_all_draws_at_once(block):
+    """Blocks of replicates (one that divides R, ones that do not, one larger than R) take the same
+    draws from the stream as one R x N draw, counted row by row here."""
+    draws = np.random.default_rng(9).integers(0, 13, size=(20, 13))
+    expected = np.vstack([np.ones(13), [np.bincount(row, minlength=13) for row in draws]])
+    weights = resample_weights(13, 20, np.random.default_rng(9), block=block)
+    assert weights.dtype == torch.float64
+    np.testing.assert_array_equal(weights.numpy(), expected)
 
 
 def test_bootstrap_interval_of_a_mean_covers_the_normal_theory_interval():
@@ -330,6 +343,36 @@ def test_damaged_counts_name_the_file_and_row(tmp_path):
     table.to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
     with pytest.raises(ValueError, match=rf"data row\(s\) {row + 2}: counts are inconsistent"):
         load_run(folder)
+
+
+# -- the pairs table --------------------------------------------------------------------------
+
+def test_pairs_written_in_chunks_equal_the_table_built_whole(tmp_path):
+    """``pairs.csv.gz`` is written a chunk of images at a time; its text is the whole table's, byte
+    for byte, at every chunk size: chunks that split the images unevenly, a chunk without any graded
+    pair, one image per chunk, one chunk for all, and a run that evaluated no image."""
+    rng = np.random.default_rng(3)
+    classes = ["nodule", "mass", "effusion"]
+    image_ids = [f"img{i:02d}" for i in range(40)]
+    index = np.sort(rng.choice(40, size=23, replace=False))  # evaluated images, not all of the split
+    pairs = random_pairs(rng, 23, len(classes), share=0.3)
+    keep = (pairs.image < 4) | (pairs.image >= 8)  # the second chunk of 4 images has no graded pair
+    grounding = {"index": torch.as_tensor(index)[pairs.image[keep]], "class": pairs.cls[keep],
+                 "region": pairs.region[keep], "hit": pairs.hit[keep], "predicted": pairs.predicted[keep],
+                 "inter": pairs.inter[keep]}
+    labels = {"index": torch.as_tensor(index), "logits": torch.randn(23, len(classes)),
+              "labels": torch.as_tensor(rng.integers(-1, 2, size=(23, len(classes))), dtype=torch.int8)}
+    payload = {"classes": classes}
+    whole = pair_table(payload, grounding, labels, image_ids)
+    assert whole["graded"].sum() == keep.sum() > 0 and len(whole) == 23 * len(classes)
+    for chunk in (1, 4, 7, 23, 1000):
+        write_pairs(tmp_path / f"{chunk}.csv.gz", payload, grounding, labels, image_ids, chunk_images=chunk)
+        assert gzip.decompress((tmp_path / f"{chunk}.csv.gz").read_bytes()) == whole.to_csv(index=False).encode()
+    none = {name: values[:0] for name, values in labels.items()}
+    write_pairs(tmp_path / "none.csv.gz", payload, {k: v[:0] for k, v in grounding.items()}, none, image_ids)
+    empty = pair_table(payload, {k: v[:0] for k, v in grounding.items()}, none, image_ids)
+    assert gzip.decompress((tmp_path / "none.csv.gz").read_bytes()) == empty.to_csv(index=False).encode()
+    assert pd.read_csv(tmp_path / "none.csv.gz").columns.tolist() == whole.columns.tolist()
 
 
 # -- end to end: baselines on the phantom, test and validation splits ---------------------------

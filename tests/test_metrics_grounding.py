@@ -167,6 +167,32 @@ def test_metric_matches_brute_force(shape):
         assert records["inter"][i].tolist() == inters
 
 
+def test_record_states_hold_only_the_graded_pairs():
+    """Ungraded pairs (no mask, or an empty one) never reach the record states, so a
+    15,000-image, 21-class run keeps a few percent of its pairs; the records still equal the
+    brute-force rows, image indices included, over uneven batches."""
+    rng = np.random.default_rng(5)
+    s, m, has = make_batch(rng, 9, 6, 7, 5, p_mask=0.25)
+    index = np.arange(9) + 100
+    metric = GroundingMetrics(6)
+    for part in (slice(0, 4), slice(4, 5), slice(5, 9)):
+        metric.update(torch.from_numpy(s[part]), torch.from_numpy(m[part]), torch.from_numpy(has[part]),
+                      torch.as_tensor(index[part]))
+    ref, rows = reference(s, m, has)
+    assert 0 < len(rows) < has.sum() < has.size  # some pairs without a mask, some with an empty one
+    for name in metric.record_layout():
+        assert sum(len(t) for t in getattr(metric, name)) == len(rows), name
+    result = metric.compute()
+    check_against_reference(result, ref)
+    records = result["records"]
+    assert records["index"].tolist() == [index[b] for b, *_ in rows]
+    assert records["class"].tolist() == [c for _, c, *_ in rows]
+    assert records["region"].tolist() == [region for _, _, region, *_ in rows]
+    assert records["hit"].tolist() == [hit for *_, hit, _, _ in rows]
+    assert records["predicted"].tolist() == [preds for *_, preds, _ in rows]
+    assert records["inter"].tolist() == [inters for *_, inters in rows]
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     B=st.integers(1, 4), C=st.integers(1, 4), H=st.integers(1, 12), W=st.integers(1, 12),

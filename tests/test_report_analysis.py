@@ -26,7 +26,7 @@ from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import lesion_size, recognition_vs_grounding
 from xbench.reporting.folder import SCHEMA
-from xbench.reporting.results import pair_table
+from xbench.reporting.results import write_pairs
 
 DATASET, CLASSES = "chestx_det10", ["nodule", "mass"]
 N, SIZE, T = 12, 20, 101  # images; batch side: 400 px per image
@@ -100,7 +100,7 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
     labels = {"index": torch.arange(N), "logits": torch.as_tensor(data["logits"], dtype=torch.float32),
               "labels": torch.as_tensor(data["labels"], dtype=torch.int8)}
     image_ids = [f"img{i:02d}" for i in range(N)]  # sorted = index order, as the analysis orders images
-    pair_table(payload, records, labels, image_ids).to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
+    write_pairs(folder / "pairs.csv.gz", payload, records, labels, image_ids)
     return folder
 
 

@@ -26,13 +26,26 @@ def random_stream(seed: int, dataset: str, purpose: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(dataset.encode()), zlib.crc32(purpose.encode())])
 
 
-def resample_weights(num_images: int, replicates: int, rng: np.random.Generator) -> Tensor:
-    """float64 [R + 1, N]: row 0 all ones, row r the multiplicities of replicate r (each sums to N)."""
-    draws = rng.integers(0, num_images, size=(replicates, num_images))
-    draws += np.arange(0, replicates * num_images, num_images)[:, None]  # one bincount for all rows
+#: Replicates drawn per block: the draws and their counts take 16 x block x N bytes beside the
+#: result, instead of 16 x R x N for all replicates at once.
+REPLICATES_PER_BLOCK = 64
+
+
+def resample_weights(num_images: int, replicates: int, rng: np.random.Generator,
+                     block: int = REPLICATES_PER_BLOCK) -> Tensor:
+    """float64 [R + 1, N]: row 0 all ones, row r the multiplicities of replicate r (each sums to N).
+
+    Drawn ``block`` replicates at a time from the one stream, in order: the same draws, and so the
+    same weights, as drawing all R x N at once.
+    """
     weights = np.empty((replicates + 1, num_images))
     weights[0] = 1
-    weights[1:] = np.bincount(draws.ravel(), minlength=replicates * num_images).reshape(replicates, num_images)
+    for start in range(0, replicates, block):
+        rows = min(block, replicates - start)
+        draws = rng.integers(0, num_images, size=(rows, num_images))
+        draws += np.arange(0, rows * num_images, num_images)[:, None]  # one bincount for the block's rows
+        counts = np.bincount(draws.ravel(), minlength=rows * num_images)
+        weights[1 + start : 1 + start + rows] = counts.reshape(rows, num_images)
     return torch.from_numpy(weights)
 
 

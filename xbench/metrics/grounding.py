@@ -7,7 +7,7 @@ For the float32 thresholds ``tau_k = k / 100`` (k = 0..100) a pixel belongs to `
 pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every threshold at once.
 
 Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
-(exact under DDP) plus per-pair records (concatenated) for later analyses.
+(exact under DDP) plus records of the graded pairs only (concatenated) for later analyses.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
 from xbench.metrics.common import MetricValues, RecordsMetric
+from xbench.metrics.names import run_keys
 
 NUM_THRESHOLDS = 101
 #: The 101 thresholds tau_k = k/100 as float32; bins and reported tau values refer to this tensor.
@@ -173,7 +174,7 @@ def summarise_curves(
         best, best_index = torch.where(has_pairs.unsqueeze(1), curve, -1.0).max(dim=1)
         out[f"{name}@best"] = torch.where(has_pairs, best, nan)
         out[f"{name}@best_tau"] = torch.where(has_pairs, thresholds[best_index], nan)
-    for name in ("pointing_game", *(f"{c}@0.5" for c in curves), *(f"{c}@best" for c in curves)):
+    for name in run_keys("grounding", "macro"):
         values = out[name][has_pairs]
         out[f"macro/{name}"] = values.mean() if values.numel() else torch.tensor(float("nan"))
     out["classes_with_pairs"] = has_pairs.sum()
@@ -222,7 +223,6 @@ class GroundingMetrics(RecordsMetric):
     def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None) -> None:
         if self.validate_args:
             _check_grounding_inputs(saliency, masks, has_mask, self.num_classes)
-        batch = saliency.shape[0]
         r = grounding_records(saliency, masks, has_mask)
         graded = r["graded"]
         self.pairs += graded.sum(0)
@@ -234,16 +234,13 @@ class GroundingMetrics(RecordsMetric):
         self.iou_sum += r["iou"].sum(0)
         self.predicted_sum += r["predicted"].sum(0)
         self.inter_sum += r["inter"].sum(0)
-        # Records keep every graded pair. Selecting them needs their number, which on CUDA
-        # would stall the stream; the mask is applied on the device and the index is only
-        # materialised in ``compute``.
-        if index is None:
-            index = torch.full((batch,), -1, dtype=torch.int64, device=saliency.device)
-        classes = torch.arange(self.num_classes, device=saliency.device)
-        self.rec_index.append(torch.where(graded, index.view(-1, 1), -1).flatten())
-        self.rec_class.append(torch.where(graded, classes, -1).flatten())
-        self.rec_predicted.append(r["predicted"].flatten(0, 1).int())
-        self.rec_inter.append(r["inter"].flatten(0, 1).int())
+        # Records keep only the graded pairs (a few percent of a multi-label dataset's pairs).
+        # Selecting them costs one device-to-host sync per step: nonzero must learn their number.
+        image, cls = graded.nonzero(as_tuple=True)
+        self.rec_index.append(torch.full_like(image, -1) if index is None else index[image])
+        self.rec_class.append(cls)
+        self.rec_predicted.append(r["predicted"][image, cls].int())
+        self.rec_inter.append(r["inter"][image, cls].int())
 
     def compute(self) -> MetricValues:
         out = summarise_curves(
@@ -257,18 +254,15 @@ class GroundingMetrics(RecordsMetric):
 
     def records(self) -> dict[str, Tensor]:
         """Per graded pair: image index, class, ``|R|``, hit and the 101-point counts."""
-        cls = dim_zero_cat(self.rec_class)
-        keep = cls >= 0
-        index = dim_zero_cat(self.rec_index)[keep]
-        cls = cls[keep]
+        index, cls = dim_zero_cat(self.rec_index), dim_zero_cat(self.rec_class)
         order = torch.argsort(index * self.num_classes + cls, stable=True)
-        inter = dim_zero_cat(self.rec_inter)[keep][order].long()
+        inter = dim_zero_cat(self.rec_inter)[order].long()
         return {
             "index": index[order],
             "class": cls[order],
             "region": inter[:, 0],  # |B_0 & R| = |R|
             "hit": inter[:, -1] > 0,  # a top-bin pixel (the map's maximum) inside R
-            "predicted": dim_zero_cat(self.rec_predicted)[keep][order].long(),
+            "predicted": dim_zero_cat(self.rec_predicted)[order].long(),
             "inter": inter,
         }
 

@@ -17,6 +17,7 @@ into place at the end: an interrupted run leaves no half file and no half folder
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -221,27 +222,36 @@ def summary_markdown(results: dict) -> str:
 # -- writing ----------------------------------------------------------------------------------
 
 
-def pair_table(results: dict, grounding_records: dict, classification_records: dict, image_ids: list[str]) -> pd.DataFrame:
-    """One row per (image, class) evaluated; grounding columns empty for pairs not graded."""
+#: Images per chunk of ``pairs.csv.gz``: the table is built and written this many images at a time,
+#: so its memory stays bounded (about 1000 x C rows) whatever the dataset's size.
+PAIR_CHUNK_IMAGES = 1000
+
+
+def pair_table(results: dict, grounding_records: dict, classification_records: dict, image_ids: list[str],
+               images: slice = slice(None)) -> pd.DataFrame:
+    """One row per (image, class) evaluated, for the ``images`` rows of the classification records;
+    grounding columns empty for pairs not graded."""
     classes = results["classes"]
-    index = classification_records["index"].cpu().numpy()
+    index = classification_records["index"][images].cpu().numpy()
     num_classes = len(classes)
     rows = pd.DataFrame({
         "image_index": np.repeat(index, num_classes),
         "image_id": np.repeat(np.asarray(image_ids, dtype=object)[index], num_classes),
         "class": np.tile(np.asarray(classes, dtype=object), len(index)),
-        "label": classification_records["labels"].cpu().numpy().reshape(-1),
-        "logit": classification_records["logits"].cpu().numpy().reshape(-1),
+        "label": classification_records["labels"][images].cpu().numpy().reshape(-1),
+        "logit": classification_records["logits"][images].cpu().numpy().reshape(-1),
     })
+    graded_index = grounding_records["index"].cpu().numpy()
+    chosen = np.flatnonzero(np.isin(graded_index, index))
+    pick = lambda name: grounding_records[name].cpu().numpy()[chosen]  # noqa: E731
     counts = {
-        "image_index": grounding_records["index"].cpu().numpy(),
-        "class": np.asarray(classes, dtype=object)[grounding_records["class"].cpu().numpy()],
+        "image_index": graded_index[chosen],
+        "class": np.asarray(classes, dtype=object)[pick("class")],
         "graded": True,
-        "region_px": grounding_records["region"].cpu().numpy(),
-        "hit": grounding_records["hit"].cpu().numpy(),
+        "region_px": pick("region"),
+        "hit": pick("hit"),
     }
-    predicted = grounding_records["predicted"].cpu().numpy()
-    inter = grounding_records["inter"].cpu().numpy()
+    predicted, inter = pick("predicted"), pick("inter")
     predicted_names, inter_names = count_columns(predicted.shape[1])
     counts.update(zip(predicted_names, predicted.T))
     counts.update(zip(inter_names, inter.T))
@@ -251,6 +261,19 @@ def pair_table(results: dict, grounding_records: dict, classification_records: d
     integers = ["region_px", "hit", *predicted_names, *inter_names]
     table[integers] = table[integers].astype("Int64")
     return table
+
+
+def write_pairs(path: Path, results: dict, grounding_records: dict, classification_records: dict,
+                image_ids: list[str], chunk_images: int = PAIR_CHUNK_IMAGES) -> None:
+    """``pairs.csv.gz``: the pair table written ``chunk_images`` images at a time into one gzip stream."""
+    grounding_records = {name: values.cpu() for name, values in grounding_records.items()}
+    classification_records = {name: values.cpu() for name, values in classification_records.items()}
+    num_images = len(classification_records["index"])
+    with gzip.open(path, "wt", encoding="utf-8", newline="") as handle:
+        for start in range(0, max(num_images, 1), chunk_images):
+            images = slice(start, start + chunk_images)
+            table = pair_table(results, grounding_records, classification_records, image_ids, images)
+            table.to_csv(handle, index=False, header=start == 0)
 
 
 def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
@@ -306,8 +329,9 @@ def write_results(
         ])
         atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
         atomic_write(staging / "summary.md", lambda p: p.write_text(summary_markdown(results)))
-        pairs = pair_table(results, grounding_records, classification_records, datamodule.image_ids())
-        atomic_write(staging / PAIRS, lambda p: pairs.to_csv(p, index=False, compression="gzip"))
+        image_ids = datamodule.image_ids()
+        atomic_write(staging / PAIRS,
+                     lambda p: write_pairs(p, results, grounding_records, classification_records, image_ids))
         atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
             atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
