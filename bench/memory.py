@@ -161,6 +161,10 @@ def main() -> None:
                 if batch_idx == trainer.num_test_batches[0] - 1:
                     stages["loop"] = peaks.mark()
                     stages["states"] = sum(state_bytes(m) for m in (pl_module.grounding, pl_module.classification))
+                    grounding = pl_module.grounding
+                    stages["records"] = sum(len(rows) for rows in grounding.rec_class)
+                    stages["record_bytes"] = sum(t.numel() * t.element_size()
+                                                 for name in grounding.record_layout() for t in getattr(grounding, name))
 
         trainer.callbacks.append(LoopEnd())
         baseline = resident()
@@ -182,6 +186,9 @@ def main() -> None:
     print(f"\n{args.images} images x {len(classes)} classes at {args.size}², {graded} graded pairs "
           f"({100 * graded / (args.images * len(classes)):.1f} %); baseline resident {mib(baseline)}")
     print(f"metric states at the loop's end     {mib(stages['states'])}")
+    every_pair = stages["record_bytes"] / max(stages["records"], 1) * args.images * len(classes)
+    print(f"  of which grounding records         {mib(stages['record_bytes'])}   ({stages['records']} graded pairs; "
+          f"a record for every pair would take {mib(every_pair).strip()})")
     for stage, what in (("loop", "the loop (metric states, batches)"), ("end", "the run's end (compute, writer)"),
                         ("analysis", "the analysis (bootstrap)")):
         begin, peak = stages[stage]
