@@ -32,6 +32,7 @@ import codecs
 import importlib
 import inspect
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -303,11 +304,11 @@ def processes(pairs: list[Pair], mode: str) -> list[tuple[bool, list[Pair]]]:
     return batches
 
 
-def stream(command: list[str]) -> tuple[int, str]:
+def stream(command: list[str], stdin=None) -> tuple[int, str]:
     """Run ``command``, passing its stderr on as it comes; return its exit status and last stderr line."""
     tail: deque[str] = deque(maxlen=50)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with subprocess.Popen(command, stderr=subprocess.PIPE) as process:
+    with subprocess.Popen(command, stdin=stdin, stderr=subprocess.PIPE) as process:
         for chunk in iter(lambda: process.stderr.read1(4096), b""):
             text = decoder.decode(chunk)
             sys.stderr.write(text)
@@ -336,15 +337,19 @@ def run_worker(suite: Suite, pairs: list[Pair], first: int, total: int) -> list[
     because the worker died is failed (it was running) or not run (it came later)."""
     with tempfile.TemporaryDirectory(prefix="xbench-suite-") as folder:
         jobs, outcomes = Path(folder) / "jobs.json", Path(folder) / "outcomes.jsonl"
-        jobs.write_text(json.dumps([{"number": first + i, "total": total, "name": pair.name,
-                                     "args": run_arguments(suite, pair)} for i, pair in enumerate(pairs)]))
+        jobs.write_text(json.dumps({"outcomes": str(outcomes), "jobs": [
+            {"number": first + i, "total": total, "name": pair.name, "args": run_arguments(suite, pair)}
+            for i, pair in enumerate(pairs)]}))
         outcomes.touch()
-        status, last = stream([sys.executable, "-m", "xbench.suite_worker", str(jobs), str(outcomes)])
+        with jobs.open() as stdin:
+            status, last = stream([sys.executable, "-m", "xbench.suite_worker"], stdin=stdin)
         states = {}
         for line in outcomes.read_text().splitlines():
             record = json.loads(line)
             states[record["number"]] = (record["state"], record["detail"])
-    died = f"its worker died (exit status {status}{': ' + last if last else ''})"
+    # a signal's victim's last line is whatever it printed before; another death's is its error
+    died = (f"its worker was killed by {signal.Signals(-status).name}" if status < 0
+            else f"its worker died (exit status {status}: {last})")
     results = []
     for number, pair in enumerate(pairs, start=first):
         state, detail = states.get(number, ("not run", ""))

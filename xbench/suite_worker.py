@@ -1,8 +1,9 @@
-"""One model's pairs of a suite in one process: ``python -m xbench.suite_worker JOBS OUTCOMES``.
+"""One model's pairs of a suite in one process: ``python -m xbench.suite_worker < JOBS``.
 
-Started by ``xbench.suite`` in its per-model mode, never by hand. JOBS is a JSON list of the pairs,
-each ``{"number", "total", "name", "args"}`` with ``args`` its ``xbench.test`` arguments; they run
-in turn through :func:`xbench.test.run_test`, which reuses the model (weights loaded once) while its
+Started by ``xbench.suite`` in its per-model mode, never by hand. JOBS (JSON, on stdin: LightningCLI
+warns when the command line holds arguments beside the ones it is given) names an ``outcomes`` file
+and lists the ``jobs``, each ``{"number", "total", "name", "args"}`` with ``args`` the pair's
+``xbench.test`` arguments. They run in turn through :func:`xbench.test.run_test`, which reuses the model (weights loaded once) while its
 settings stay the same. A pair that raises is reported and the next one runs. Around each pair a
 JSON line goes to OUTCOMES (``started``, then ``ok`` or ``failed`` with the results folder or the
 error), so that if this process dies the suite knows which pair it was running and which never ran.
@@ -14,7 +15,6 @@ import json
 import os
 import sys
 import traceback
-from pathlib import Path
 
 from rich.console import Console
 
@@ -24,18 +24,17 @@ from xbench.test import LoadedModel, run_test
 NAME = "xbench-test"  # what a failed pair's line starts with, as in a pair's own process
 
 
-def main(args: list[str] | None = None) -> int:
-    """Run every job; the exit status is 1 if any pair failed."""
-    jobs_file, outcomes_file = args if args is not None else sys.argv[1:]
-    jobs = json.loads(Path(jobs_file).read_text())
+def main() -> int:
+    """Run every job read from stdin; the exit status is 1 if any pair failed."""
+    request = json.load(sys.stdin)
     console, loaded, failed = Console(), LoadedModel(), False
-    with open(outcomes_file, "a", encoding="utf-8") as outcomes:
+    with open(request["outcomes"], "a", encoding="utf-8") as outcomes:
 
         def record(job: dict, state: str, detail: str = "") -> None:
             outcomes.write(json.dumps({"number": job["number"], "state": state, "detail": detail}) + "\n")
             outcomes.flush()
 
-        for job in jobs:
+        for job in request["jobs"]:
             console.rule(f"[bold][{job['number']}/{job['total']}] {job['name']}")
             record(job, "started")
             try:

@@ -1,0 +1,197 @@
+"""The suite's two modes: one worker per model (the model loaded once) writes what one process per
+pair writes; a crash or a dead worker loses only its own pairs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import CONFIGS
+from xbench.suite import Entry, Pair, load_suite, main, processes
+
+REPO = Path(__file__).resolve().parents[1]
+
+USER_MODELS = '''
+import os
+import signal
+from pathlib import Path
+
+from xbench.models.baselines import RandomSaliency
+
+
+class Counted(RandomSaliency):
+    """Random maps; notes in counts.log each instance made, its one weight load, and each build."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.weights = None
+        self.note("init")
+
+    def note(self, event):
+        with Path("counts.log").open("a") as log:
+            log.write(f"{type(self).__name__} {event}\\n")
+
+    def build(self, classes):
+        if self.weights is None:
+            self.note("load")
+            self.weights = "loaded"
+        self.note("build " + ",".join(classes))
+
+
+class Flaky(Counted):
+    def infer(self, batch):
+        if len(self.classes) == 2:
+            raise RuntimeError("flaky: fails on two classes")
+        return super().infer(batch)
+
+
+class Killed(Counted):
+    def infer(self, batch):
+        if len(self.classes) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().infer(batch)
+'''
+
+PHANTOM = str(CONFIGS / "data" / "phantom.yaml")
+#: The phantom, the phantom with two of its three classes, the phantom rotated.
+DATASETS = [PHANTOM, {"config": PHANTOM, "settings": {"data.classes": ["nodule", "mass"]}},
+            {"config": [PHANTOM, str(CONFIGS / "augment" / "rotate10.yaml")]}]
+
+
+def write_suite(folder: Path, phantom_root: Path, models: list[str]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in models:
+        (folder / f"{name.lower()}.yaml").write_text(yaml.safe_dump({"model": {"class_path": f"user_models.{name}"}}))
+    suite = {
+        "results_dir": "results",
+        "settings": {"data.image_size": 32, "data.batch_size": 4, "data.num_workers": 0, "data.root": str(phantom_root),
+                     "trainer.enable_progress_bar": False, "trainer.logger": False},
+        "models": [f"{name.lower()}.yaml" for name in models],
+        "datasets": DATASETS,
+    }
+    (folder / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+
+
+@pytest.fixture
+def user_models(tmp_path, monkeypatch) -> Path:
+    (tmp_path / "user_models.py").write_text(textwrap.dedent(USER_MODELS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
+    return tmp_path
+
+
+def outcomes(out: str) -> list[tuple[str, str, str, str]]:
+    """(model, dataset, status, detail) of each pair, from the printed "Suite results" table."""
+    rows: list[list[str]] = []
+    for line in out.split("Suite results", 1)[1].splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) != 5:
+            continue
+        if cells[0]:
+            rows.append(cells[1:])
+        else:  # the detail folded onto the next line
+            rows[-1][3] += " " + cells[4]
+    return [tuple(row) for row in rows]
+
+
+def counts(folder: Path) -> list[str]:
+    return (folder / "counts.log").read_text().splitlines()
+
+
+def folder_contents(results: Path) -> dict[str, dict]:
+    """Each results folder's files, keyed on its data settings (the folder names hold the time):
+    everything but when it ran."""
+    found = {}
+    for folder in results.iterdir():
+        files = {}
+        for path in folder.iterdir():
+            if path.name == "metrics.json":
+                payload = json.loads(path.read_text())
+                assert payload.pop("created")
+                files[path.name] = payload
+            elif path.suffix == ".npz":
+                with np.load(path) as arrays:
+                    files[path.name] = {name: arrays[name].tolist() for name in arrays.files}
+            elif path.suffix == ".gz":
+                files[path.name] = gzip.decompress(path.read_bytes())
+            elif path.name == "summary.md":
+                files[path.name] = [line for line in path.read_text().splitlines() if not line.startswith("Run ")]
+            else:
+                files[path.name] = path.read_bytes()
+        found[json.dumps(files["metrics.json"]["config"]["data"], sort_keys=True)] = files
+    return found
+
+
+def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_models, phantom_root, monkeypatch, capsys):
+    for mode in ("per-pair", "per-model"):
+        write_suite(user_models / mode, phantom_root, ["Counted"])
+        monkeypatch.chdir(user_models / mode)
+        assert main(["--config", "suite.yaml", "--mode", mode]) == 0
+        assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * 3
+    per_pair, per_model = (folder_contents(user_models / mode / "results") for mode in ("per-pair", "per-model"))
+    assert len(per_model) == 3 and per_model.keys() == per_pair.keys()
+    for key, files in per_model.items():
+        assert files.keys() == per_pair[key].keys() and len(files) >= 6
+        for name in files:
+            assert files[name] == per_pair[key][name], (key, name)
+
+    builds = ["Counted build nodule,mass,consolidation", "Counted build nodule,mass",
+              "Counted build nodule,mass,consolidation"]
+    # one instance whose weights load once; the text side is built for each dataset's classes
+    assert counts(user_models / "per-model") == ["Counted init", "Counted load", *builds]
+    assert counts(user_models / "per-pair") == [
+        line for build in builds for line in ("Counted init", "Counted load", build)]
+
+
+def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(user_models, phantom_root, monkeypatch, capsys):
+    write_suite(user_models, phantom_root, ["Killed", "Flaky"])
+    monkeypatch.chdir(user_models)
+    assert main(["--config", "suite.yaml"]) == 1
+    found = outcomes(capsys.readouterr().out)
+    assert [row[:3] for row in found] == [
+        ("killed", "phantom", "ok"), ("killed", "phantom", "failed"), ("killed", "phantom+rotate10", "not run"),
+        ("flaky", "phantom", "ok"), ("flaky", "phantom", "failed"), ("flaky", "phantom+rotate10", "ok")]
+    assert found[1][3] == "its worker was killed by SIGKILL while running it"
+    assert found[2][3] == "its worker was killed by SIGKILL before it"
+    assert "flaky: fails on two classes" in found[4][3]
+    assert len(list((user_models / "results").iterdir())) == 3  # killed on the phantom; flaky on two
+    # the failed run's model is not reused: Flaky is made again for the pair after it
+    assert [line for line in counts(user_models) if line.endswith(("init", "load"))] == [
+        "Killed init", "Killed load", "Flaky init", "Flaky load", "Flaky init", "Flaky load"]
+
+
+def test_a_pair_on_several_devices_gets_its_own_process_in_per_model_mode():
+    model, other = Entry((Path("m.yaml"),)), Entry((Path("n.yaml"),))
+    data = Entry((Path("d.yaml"),))
+
+    def pair(entry, **trainer):
+        return Pair(entry, data, config={"trainer": trainer} if trainer else {})
+
+    one, two, ddp, auto, nodes, listed = (
+        pair(model), pair(model), pair(model, devices=2), pair(model, devices="auto"), pair(model, num_nodes=2),
+        pair(model, devices=[1]))
+    last = pair(other)
+    pairs = [one, two, ddp, auto, nodes, listed, last]
+    assert processes(pairs, "per-model") == [
+        (True, [one, two, listed]), (False, [ddp]), (False, [auto]), (False, [nodes]), (True, [last])]
+    assert processes(pairs, "per-pair") == [(False, [p]) for p in pairs]
+
+
+def test_the_mode_comes_from_the_suite_file_or_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    suite = {"models": [str(CONFIGS / "models" / "random.yaml")], "datasets": [PHANTOM]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(suite))
+    assert load_suite(tmp_path / "s.yaml").mode == "per-model"
+    assert main(["--config", "s.yaml", "--dry-run", "--mode", "per-pair"]) == 0
+    assert "1 of 1 pairs to run, per-pair" in capsys.readouterr().out
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**suite, "mode": "per-pair"}))
+    assert load_suite(tmp_path / "s.yaml").mode == "per-pair"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({**suite, "mode": "together"}))
+    with pytest.raises(ValueError, match="mode must be one of per-model, per-pair; got 'together'"):
+        load_suite(tmp_path / "s.yaml")
