@@ -20,9 +20,20 @@ dataset with an augment pipeline, a model with ``gradcam.yaml``. Its label joins
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
 its results already exist in ``results_dir`` (``--force`` runs it again). ``--dry-run`` stops
-there. Each pair then runs as its own ``python -m xbench.test`` process (so a crash, or a
-multi-GPU run, stays inside it) with its own results folder; a pair that fails is reported and
-the suite goes on. The exit status is 1 if any pair failed.
+there. Then the pairs run, each writing the results folder its own ``python -m xbench.test`` would,
+in one of two modes (``--mode``, or the suite file's ``mode``):
+
+- ``per-model`` (the default): one ``python -m xbench.suite_worker`` process per model runs its
+  datasets in turn, with the model made and its weights loaded once (its text side is built for
+  each dataset's classes); the same numbers, without a start (~10 s of imports) and a load per
+  pair: the paper's 7 x 7 suite starts 7 processes, not 49. A pair whose trainer asks for several
+  devices or nodes still gets a process of its own (DDP starts its processes per run).
+- ``per-pair``: each pair in its own ``python -m xbench.test`` process.
+
+A crash stays inside its process: a pair that raises is failed and its worker goes on with the
+model's next dataset (with the model made again); a worker that dies fails the pair it was running
+and reports the model's later pairs as not run. The suite goes on with the other models and prints
+every pair's outcome. The exit status is 1 if any pair failed or did not run.
 """
 
 from __future__ import annotations
