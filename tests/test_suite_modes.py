@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -12,8 +13,10 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import CONFIGS
+from conftest import CONFIGS, run_args
+from xbench.models.random_weights import write_biovil
 from xbench.suite import Entry, Pair, load_suite, main, processes
+from xbench.test import LoadedModel, run_test
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,18 +67,25 @@ DATASETS = [PHANTOM, {"config": PHANTOM, "settings": {"data.classes": ["nodule",
             {"config": [PHANTOM, str(CONFIGS / "augment" / "rotate10.yaml")]}]
 
 
-def write_suite(folder: Path, phantom_root: Path, models: list[str]) -> None:
+def user_model(name: str) -> str:
+    """A config of ``user_models.<name>``, written into the current folder."""
+    Path(f"{name.lower()}.yaml").write_text(yaml.safe_dump({"model": {"class_path": f"user_models.{name}"}}))
+    return f"{name.lower()}.yaml"
+
+
+def write_suite(folder: Path, phantom_root: Path, models: list, datasets: list = DATASETS) -> None:
+    """``suite.yaml`` in ``folder`` (made the current one): ``models`` (names in user_models, or suite
+    entries) on ``datasets``."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in models:
-        (folder / f"{name.lower()}.yaml").write_text(yaml.safe_dump({"model": {"class_path": f"user_models.{name}"}}))
+    os.chdir(folder)
     suite = {
         "results_dir": "results",
         "settings": {"data.image_size": 32, "data.batch_size": 4, "data.num_workers": 0, "data.root": str(phantom_root),
                      "trainer.enable_progress_bar": False, "trainer.logger": False},
-        "models": [f"{name.lower()}.yaml" for name in models],
-        "datasets": DATASETS,
+        "models": [user_model(model) if isinstance(model, str) else model for model in models],
+        "datasets": datasets,
     }
-    (folder / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    Path("suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
 
 
 @pytest.fixture
@@ -128,19 +138,24 @@ def folder_contents(results: Path) -> dict[str, dict]:
     return found
 
 
-def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_models, phantom_root, monkeypatch, capsys):
+def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: list, capsys) -> None:
+    """Run the suite per pair in ``folder/per-pair`` and per model in ``folder/per-model``; every
+    results folder of one equals the other's, file by file, all but the time of the run."""
     for mode in ("per-pair", "per-model"):
-        write_suite(user_models / mode, phantom_root, ["Counted"])
-        monkeypatch.chdir(user_models / mode)
+        write_suite(folder / mode, phantom_root, models, datasets)
         assert main(["--config", "suite.yaml", "--mode", mode]) == 0
-        assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * 3
-    per_pair, per_model = (folder_contents(user_models / mode / "results") for mode in ("per-pair", "per-model"))
-    assert len(per_model) == 3 and per_model.keys() == per_pair.keys()
+        assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * len(models) * len(datasets)
+    per_pair, per_model = (folder_contents(folder / mode / "results") for mode in ("per-pair", "per-model"))
+    assert len(per_model) == len(models) * len(datasets) and per_model.keys() == per_pair.keys()
     for key, files in per_model.items():
         assert files.keys() == per_pair[key].keys() and len(files) >= 6
         for name in files:
             assert files[name] == per_pair[key][name], (key, name)
 
+
+def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_models, phantom_root, monkeypatch, capsys):
+    monkeypatch.chdir(user_models)  # undone after the test
+    run_both_modes(user_models, phantom_root, ["Counted"], DATASETS, capsys)
     builds = ["Counted build nodule,mass,consolidation", "Counted build nodule,mass",
               "Counted build nodule,mass,consolidation"]
     # one instance whose weights load once; the text side is built for each dataset's classes
@@ -149,9 +164,19 @@ def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_mod
         line for build in builds for line in ("Counted init", "Counted load", build)]
 
 
+def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypatch, capsys):
+    """BioViL (random weights in the authors' layout): its prompts are embedded again for the
+    second dataset's classes, on the weights the first dataset's run loaded."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    folder = write_biovil(tmp_path / "biovil")
+    model = {"config": str(CONFIGS / "models" / "biovil.yaml"), "settings": {"model.checkpoint_dir": str(folder)}}
+    run_both_modes(tmp_path, phantom_root, [model], DATASETS[:2], capsys)
+
+
 def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(user_models, phantom_root, monkeypatch, capsys):
-    write_suite(user_models, phantom_root, ["Killed", "Flaky"])
     monkeypatch.chdir(user_models)
+    write_suite(user_models, phantom_root, ["Killed", "Flaky"])
     assert main(["--config", "suite.yaml"]) == 1
     found = outcomes(capsys.readouterr().out)
     assert [row[:3] for row in found] == [
@@ -195,3 +220,12 @@ def test_the_mode_comes_from_the_suite_file_or_the_command_line(tmp_path, monkey
     (tmp_path / "s.yaml").write_text(yaml.safe_dump({**suite, "mode": "together"}))
     with pytest.raises(ValueError, match="mode must be one of per-model, per-pair; got 'together'"):
         load_suite(tmp_path / "s.yaml")
+
+
+def test_a_worker_refuses_a_run_on_several_processes(phantom_root, tmp_path):
+    """The guard behind the routing above: a reused model cannot follow DDP's launch of processes."""
+    args = run_args("random", "phantom", phantom_root, tmp_path / "results", "--trainer.accelerator", "cpu",
+                    "--trainer.devices", "2", "--trainer.logger", "false")
+    with pytest.raises(RuntimeError, match="asks for 2 processes, which a run inside a suite worker cannot start"):
+        run_test(args, LoadedModel())
+    assert not (tmp_path / "results").exists()

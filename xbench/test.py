@@ -141,7 +141,6 @@ def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -
         loaded=loaded,
     )
     if loaded is not None and cli.trainer.world_size > 1:
-        loaded.forget()
         raise RuntimeError(
             f"this run asks for {cli.trainer.world_size} processes, which a run inside a suite worker cannot start: "
             "give it one device, or run the suite with --mode per-pair")
