@@ -3,10 +3,11 @@
 Started by ``xbench.suite`` in its per-model mode, never by hand. JOBS (JSON, on stdin: LightningCLI
 warns when the command line holds arguments beside the ones it is given) names an ``outcomes`` file
 and lists the ``jobs``, each ``{"number", "total", "name", "args"}`` with ``args`` the pair's
-``xbench.test`` arguments. They run in turn through :func:`xbench.test.run_test`, which reuses the model (weights loaded once) while its
-settings stay the same. A pair that raises is reported and the next one runs. Around each pair a
-JSON line goes to OUTCOMES (``started``, then ``ok`` or ``failed`` with the results folder or the
-error), so that if this process dies the suite knows which pair it was running and which never ran.
+``xbench.test`` arguments. They run in turn through :func:`xbench.test.run_test`, which reuses the
+model (its weights loaded once) while its settings stay the same. A pair that raises is reported and
+the next one runs. Around each pair a JSON line goes to the outcomes file (``started``, then ``ok``
+or ``failed`` with the results folder or the error), so that if this process dies the suite knows
+which pair it was running and which never ran.
 """
 
 from __future__ import annotations
