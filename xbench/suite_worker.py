@@ -17,10 +17,14 @@ import os
 import sys
 import traceback
 
+# xbench.test (Lightning) before rich: rich makes a Union[float, int, None], and Python's cache of
+# equal Unions would hand it to the Trainer's signature in place of Union[int, float, None], so that
+# jsonargparse read `--trainer.limit_test_batches 1` as 1.0 (every batch) instead of one batch.
+from xbench.test import LoadedModel, run_test  # isort: skip
+
 from rich.console import Console
 
 from xbench.cli import error_line, run
-from xbench.test import LoadedModel, run_test
 
 NAME = "xbench-test"  # what a failed pair's line starts with, as in a pair's own process
 
