@@ -62,9 +62,10 @@ class Killed(Counted):
 '''
 
 PHANTOM = str(CONFIGS / "data" / "phantom.yaml")
-#: The phantom, the phantom with two of its three classes, the phantom rotated.
-DATASETS = [PHANTOM, {"config": PHANTOM, "settings": {"data.classes": ["nodule", "mass"]}},
-            {"config": [PHANTOM, str(CONFIGS / "augment" / "rotate10.yaml")]}]
+TWO_CLASSES = {"config": PHANTOM, "settings": {"data.classes": ["nodule", "mass"]}}
+ROTATED = {"config": [PHANTOM, str(CONFIGS / "augment" / "rotate10.yaml")]}
+#: The phantom; rotated (the same classes and dataset name, other images); with two of its classes.
+DATASETS = [PHANTOM, ROTATED, TWO_CLASSES]
 
 
 def user_model(name: str) -> str:
@@ -89,7 +90,7 @@ def write_suite(folder: Path, phantom_root: Path, models: list, datasets: list =
 
 
 @pytest.fixture
-def mode_models(tmp_path, monkeypatch) -> Path:
+def user_models(tmp_path, monkeypatch) -> Path:
     (tmp_path / "mode_models.py").write_text(textwrap.dedent(USER_MODELS))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{REPO}")
@@ -153,14 +154,14 @@ def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: lis
             assert files[name] == per_pair[key][name], (key, name)
 
 
-def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(mode_models, phantom_root, monkeypatch, capsys):
-    monkeypatch.chdir(mode_models)  # undone after the test
-    run_both_modes(mode_models, phantom_root, ["Counted"], DATASETS, capsys)
-    builds = ["Counted build nodule,mass,consolidation", "Counted build nodule,mass",
-              "Counted build nodule,mass,consolidation"]
-    # one instance whose weights load once; the text side is built for each dataset's classes
-    assert counts(mode_models / "per-model") == ["Counted init", "Counted load", *builds]
-    assert counts(mode_models / "per-pair") == [
+def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_models, phantom_root, monkeypatch, capsys):
+    monkeypatch.chdir(user_models)  # undone after the test
+    run_both_modes(user_models, phantom_root, ["Counted"], DATASETS, capsys)
+    builds = ["Counted build nodule,mass,consolidation", "Counted build nodule,mass,consolidation",
+              "Counted build nodule,mass"]
+    # one instance whose weights load once; built for each dataset, also one with the same classes
+    assert counts(user_models / "per-model") == ["Counted init", "Counted load", *builds]
+    assert counts(user_models / "per-pair") == [
         line for build in builds for line in ("Counted init", "Counted load", build)]
 
 
@@ -173,15 +174,15 @@ def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypa
     # one batch of each dataset: a ResNet-50 at 480 x 480 is slow on CPUs
     model = {"config": str(CONFIGS / "models" / "biovil.yaml"),
              "settings": {"model.checkpoint_dir": str(folder), "trainer.limit_test_batches": 1}}
-    run_both_modes(tmp_path, phantom_root, [model], DATASETS[:2], capsys)
+    run_both_modes(tmp_path, phantom_root, [model], [PHANTOM, TWO_CLASSES], capsys)
     # the limit holds in a worker too (the order of its imports once made it read 1 as 1.0: all batches)
     assert {json.loads(path.read_text())["data"]["images_evaluated"]
             for path in (tmp_path / "per-model" / "results").glob("*/metrics.json")} == {4}
 
 
-def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(mode_models, phantom_root, monkeypatch, capsys):
-    monkeypatch.chdir(mode_models)
-    write_suite(mode_models, phantom_root, ["Killed", "Flaky"])
+def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(user_models, phantom_root, monkeypatch, capsys):
+    monkeypatch.chdir(user_models)
+    write_suite(user_models, phantom_root, ["Killed", "Flaky"], [PHANTOM, TWO_CLASSES, ROTATED])
     assert main(["--config", "suite.yaml"]) == 1
     found = outcomes(capsys.readouterr().out)
     assert [row[:3] for row in found] == [
@@ -190,9 +191,9 @@ def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(mode_models, phantom_
     assert found[1][3] == "its worker was killed by SIGKILL while running it"
     assert found[2][3] == "its worker was killed by SIGKILL before it"
     assert "flaky: fails on two classes" in found[4][3]
-    assert len(list((mode_models / "results").iterdir())) == 3  # killed on the phantom; flaky on two
+    assert len(list((user_models / "results").iterdir())) == 3  # killed on the phantom; flaky on two
     # the failed run's model is not reused: Flaky is made again for the pair after it
-    assert [line for line in counts(mode_models) if line.endswith(("init", "load"))] == [
+    assert [line for line in counts(user_models) if line.endswith(("init", "load"))] == [
         "Killed init", "Killed load", "Flaky init", "Flaky load", "Flaky init", "Flaky load"]
 
 
