@@ -83,7 +83,7 @@ class Suite:
     settings: dict[str, Any]
     models: list[Entry]
     datasets: list[Entry]
-    mode: str = MODES[0]
+    mode: str
 
 
 @dataclass
