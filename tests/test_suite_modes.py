@@ -235,3 +235,13 @@ def test_a_worker_refuses_a_run_on_several_processes(phantom_root, tmp_path):
     with pytest.raises(RuntimeError, match="asks for 2 processes, which a run inside a suite worker cannot start"):
         run_test(args, LoadedModel())
     assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("precision, kept", [("32-true", True), ("bf16-mixed", True), ("16-mixed", True),
+                                              ("bf16-true", False), ("16-true", False), ("64-true", False)])
+def test_a_model_a_precision_converted_is_not_kept(precision, kept):
+    """A fresh model builds its text side before the precision plugin converts its weights; a kept
+    converted one would build it from converted weights."""
+    loaded, model = LoadedModel(), object()
+    loaded.keep("key", model, precision)
+    assert (loaded.model is model and loaded.key == "key") if kept else (loaded.model is None and loaded.key is None)
