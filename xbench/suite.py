@@ -4,6 +4,7 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
 ``xbench.test``, as a mapping) for every run, for a model or for a dataset::
 
     results_dir: results
+    mode: per-model          # the default; or per-pair (--mode overrides it)
     settings: {data.image_size: 224, data.batch_size: 8}
     models:
       - lightning_configs/models/medklip.yaml
