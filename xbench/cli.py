@@ -50,6 +50,11 @@ def invalid_value_message(error: BaseException) -> str:
     return f"option {key!r}: " + "; ".join(reasons) + (f" (given: {given})" if given is not None else "")
 
 
+def error_line(name: str, error: BaseException) -> str:
+    """The one line a command prints for a failure."""
+    return f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
+
+
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
     error (message only, unless debugging), 130 when interrupted."""
@@ -74,7 +79,6 @@ def run(main: Callable[[], object], name: str) -> None:
     except Exception as error:  # noqa: BLE001 -- every failure reaches the user as one message
         if debug:
             raise
-        print(f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)",
-              file=sys.stderr)
+        print(error_line(name, error), file=sys.stderr)
         sys.exit(1)
     sys.exit(status if isinstance(status, int) else 0)

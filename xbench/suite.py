@@ -4,6 +4,7 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
 ``xbench.test``, as a mapping) for every run, for a model or for a dataset::
 
     results_dir: results
+    mode: per-model          # the default; or per-pair (--mode overrides it)
     settings: {data.image_size: 224, data.batch_size: 8}
     models:
       - lightning_configs/models/medklip.yaml
@@ -20,9 +21,20 @@ dataset with an augment pipeline, a model with ``gradcam.yaml``. Its label joins
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
 its results already exist in ``results_dir`` (``--force`` runs it again). ``--dry-run`` stops
-there. Each pair then runs as its own ``python -m xbench.test`` process (so a crash, or a
-multi-GPU run, stays inside it) with its own results folder; a pair that fails is reported and
-the suite goes on. The exit status is 1 if any pair failed.
+there. Then the pairs run, each writing the results folder its own ``python -m xbench.test`` would,
+in one of two modes (``--mode``, or the suite file's ``mode``):
+
+- ``per-model`` (the default): one ``python -m xbench.suite_worker`` process per model runs its
+  datasets in turn, with the model made and its weights loaded once (its text side is built for
+  each dataset's classes); the same numbers, without a start (~10 s of imports) and a load per
+  pair: the paper's 7 x 7 suite starts 7 processes, not 49. A pair whose trainer asks for several
+  devices or nodes still gets a process of its own (DDP starts its processes per run).
+- ``per-pair``: each pair in its own ``python -m xbench.test`` process.
+
+A crash stays inside its process: a pair that raises is failed and its worker goes on with the
+model's next dataset (with the model made again); a worker that dies fails the pair it was running
+and reports the model's later pairs as not run. The suite goes on with the other models and prints
+every pair's outcome. The exit status is 1 if any pair failed or did not run.
 """
 
 from __future__ import annotations
@@ -32,10 +44,13 @@ import codecs
 import importlib
 import inspect
 import json
+import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +61,9 @@ from rich.table import Table
 from xbench.cli import run
 from xbench.reporting.folder import find_result_folders, read_results
 
-SUITE_KEYS = {"results_dir", "settings", "models", "datasets"}
+SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets"}
+#: How pairs map to processes; the first is the default.
+MODES = ("per-model", "per-pair")
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,7 @@ class Suite:
     settings: dict[str, Any]
     models: list[Entry]
     datasets: list[Entry]
+    mode: str
 
 
 @dataclass
@@ -111,7 +129,11 @@ def load_suite(path: Path) -> Suite:
     for key in ("models", "datasets"):
         if not raw.get(key):
             raise ValueError(f"{path}: `{key}` must list at least one config")
+    mode = raw.get("mode", MODES[0])
+    if mode not in MODES:
+        raise ValueError(f"{path}: mode must be one of {', '.join(MODES)}; got {mode!r}")
     return Suite(
+        mode=mode,
         results_dir=Path(raw.get("results_dir", "results")),
         settings=dict(raw.get("settings") or {}),
         models=[_entry(item, f"{path}: models[{i}]") for i, item in enumerate(raw["models"])],
@@ -271,26 +293,88 @@ def plan(suite: Suite, force: bool = False) -> list[Pair]:
 # -- running -----------------------------------------------------------------------------------
 
 
-def run_pair(suite: Suite, pair: Pair) -> tuple[bool, str]:
-    """Run the pair as ``python -m xbench.test``; stream its output; return (ok, results folder or error)."""
-    before = set(result_folders(suite.results_dir))
-    command = [sys.executable, "-m", "xbench.test", *run_arguments(suite, pair)]
+def one_process(config: dict) -> bool:
+    """Whether the pair's trainer runs in one process (one device of one node), so that it can share
+    a worker: ``devices: auto``, ``-1`` or several, or several nodes, get a process of their own."""
+    trainer = config.get("trainer") or {}
+    devices = trainer.get("devices", 1)
+    one_device = devices in (1, "1") or (isinstance(devices, list) and len(devices) == 1)
+    return one_device and trainer.get("num_nodes", 1) in (1, "1")
+
+
+def processes(pairs: list[Pair], mode: str) -> list[tuple[bool, list[Pair]]]:
+    """The pairs as processes run them, each as (a worker?, its pairs): per-pair, a process each;
+    per-model, one worker per model for its one-process pairs, and its own process for the others."""
+    if mode == "per-pair":
+        return [(False, [pair]) for pair in pairs]
+    batches: list[tuple[bool, list[Pair]]] = []
+    for _, group in groupby(pairs, key=lambda pair: id(pair.model)):  # plan() lists pairs model by model
+        group = list(group)
+        shared = [pair for pair in group if one_process(pair.config)]
+        batches += [(True, shared)] if shared else []
+        batches += [(False, [pair]) for pair in group if not one_process(pair.config)]
+    return batches
+
+
+def stream(command: list[str], stdin=None) -> tuple[int, str]:
+    """Run ``command``, passing its stderr on as it comes; return its exit status and last stderr line."""
     tail: deque[str] = deque(maxlen=50)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with subprocess.Popen(command, stderr=subprocess.PIPE) as process:
+    with subprocess.Popen(command, stdin=stdin, stderr=subprocess.PIPE) as process:
         for chunk in iter(lambda: process.stderr.read1(4096), b""):
             text = decoder.decode(chunk)
             sys.stderr.write(text)
             sys.stderr.flush()
             tail.extend(text.splitlines())
-    if process.returncode != 0:
-        last = next((line.strip() for line in reversed(tail) if line.strip()), "")
-        return False, f"exit status {process.returncode}: {last}"
+    return process.returncode, next((line.strip() for line in reversed(tail) if line.strip()), "")
+
+
+#: A pair's outcome: ``ok`` (detail: its results folder), ``failed`` (the error) or ``not run`` (its
+#: worker died before it).
+Outcome = tuple[Pair, str, str]
+
+
+def run_pair(suite: Suite, pair: Pair) -> Outcome:
+    """Run the pair as its own ``python -m xbench.test``."""
+    before = set(result_folders(suite.results_dir))
+    status, last = stream([sys.executable, "-m", "xbench.test", *run_arguments(suite, pair)])
+    if status != 0:
+        return pair, "failed", f"exit status {status}: {last}"
     new = [folder for folder in result_folders(suite.results_dir) if folder not in before]
-    return True, str(new[-1]) if new else "(no results folder written)"
+    return pair, "ok", str(new[-1]) if new else "(no results folder written)"
+
+
+def run_worker(suite: Suite, pairs: list[Pair], first: int, total: int) -> list[Outcome]:
+    """Run one model's pairs in one ``python -m xbench.suite_worker``; a pair it did not finish
+    because the worker died is failed (it was running) or not run (it came later)."""
+    with tempfile.TemporaryDirectory(prefix="xbench-suite-") as folder:
+        jobs, outcomes = Path(folder) / "jobs.json", Path(folder) / "outcomes.jsonl"
+        jobs.write_text(json.dumps({"outcomes": str(outcomes), "jobs": [
+            {"number": first + i, "total": total, "name": pair.name, "args": run_arguments(suite, pair)}
+            for i, pair in enumerate(pairs)]}))
+        outcomes.touch()
+        with jobs.open() as stdin:
+            status, last = stream([sys.executable, "-m", "xbench.suite_worker"], stdin=stdin)
+        states = {}
+        for line in outcomes.read_text().splitlines():
+            record = json.loads(line)
+            states[record["number"]] = (record["state"], record["detail"])
+    # a signal's victim's last line is whatever it printed before; another death's is its error
+    died = (f"its worker was killed by {signal.Signals(-status).name}" if status < 0
+            else f"its worker died (exit status {status}: {last})")
+    results = []
+    for number, pair in enumerate(pairs, start=first):
+        state, detail = states.get(number, ("not run", ""))
+        if state == "started":
+            state, detail = "failed", f"{died} while running it"
+        elif state == "not run":
+            detail = f"{died} before it"
+        results.append((pair, state, detail))
+    return results
 
 
 STATUS_TEXT = {"run": "[green]run", "done": "[dim]skip: results exist", "missing": "[yellow]skip: missing"}
+OUTCOME_TEXT = {"ok": "[green]ok", "failed": "[red]failed", "not run": "[red]not run"}
 
 
 def print_table(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
@@ -309,28 +393,37 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="the suite file")
     parser.add_argument("--dry-run", action="store_true", help="print which pairs would run and which are skipped")
     parser.add_argument("--force", action="store_true", help="run pairs whose results already exist again")
+    parser.add_argument("--mode", choices=MODES, help="one process per model (default; or the suite file's `mode`) "
+                        "or one per pair")
     options = parser.parse_args(args)
     suite = load_suite(options.config)
+    mode = options.mode or suite.mode
     console = Console()
     if not console.is_terminal:  # a log file or a pipe: keep each pair on one line
         console = Console(width=200)
     pairs = plan(suite, force=options.force)
     to_run = [p for p in pairs if p.status == "run"]
-    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run",
+    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run, {mode}",
                 [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
     if options.dry_run:
         return 0
-    outcomes = []
-    for n, pair in enumerate(to_run, start=1):
-        console.rule(f"[bold][{n}/{len(to_run)}] {pair.name}")
-        ok, detail = run_pair(suite, pair)
-        outcomes.append((pair, "[green]ok" if ok else "[red]failed", detail))
-        if not ok:
-            console.print(f"[red]{pair.name} failed[/red] ({detail}); going on with the next pair")
-    finished = {id(pair): (status, detail) for pair, status, detail in outcomes}
-    rows = [(p.model.label, p.dataset.label, *finished.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
+    outcomes: list[Outcome] = []
+    for worker, batch in processes(to_run, mode):
+        first = len(outcomes) + 1
+        if worker:
+            console.rule(f"[bold]{batch[0].model.label}: {len(batch)} pair(s) in one process")
+            finished = run_worker(suite, batch, first, len(to_run))
+        else:
+            console.rule(f"[bold][{first}/{len(to_run)}] {batch[0].name}")
+            finished = [run_pair(suite, batch[0])]
+        outcomes += finished
+        for pair, status, detail in finished:
+            if status != "ok":
+                console.print(f"[red]{pair.name}: {status}[/red] ({detail}); going on with the next pair")
+    done = {id(pair): (OUTCOME_TEXT[status], detail) for pair, status, detail in outcomes}
+    rows = [(p.model.label, p.dataset.label, *done.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
     print_table(console, "Suite results", rows)
-    return 1 if any(status == "[red]failed" for _, status, _ in outcomes) else 0
+    return 1 if any(status != "ok" for _, status, _ in outcomes) else 0
 
 
 def cli() -> None:

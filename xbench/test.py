@@ -9,6 +9,7 @@ results folder, logs to Weights & Biases offline (``--trainer.logger false`` tur
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -64,10 +65,67 @@ def print_summary(results: dict, path: Path | None, offline_runs: list[str]) -> 
         console.print(f"W&B run saved offline in {run} (upload it with `wandb sync {run}`)")
 
 
-def main(args: list[str] | None = None) -> dict | None:
-    """Parse the configs, run ``trainer.test`` once, print the summary; return the results payload."""
+class LoadedModel:
+    """The model of this process's last run, kept for the next run with the same model and trainer
+    settings (``xbench.suite_worker`` runs one model on each of its datasets in one process).
+
+    The weights are read once, in the first run's ``build``; each later run's ``setup`` builds only
+    what depends on the dataset (the model's text side for its classes). Not kept: a model whose run
+    failed (it may be half built), nor one a ``*-true`` precision other than 32 converted (a fresh
+    model builds its text side in float32 before the conversion).
+    """
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.model: XBenchModel | None = None
+
+    @staticmethod
+    def key_of(config) -> str:
+        """The run's model and trainer sections: what the kept model must have been made with."""
+        whole = config.as_dict()
+        return json.dumps({name: whole.get(name) for name in ("model", "trainer", "seed_everything")},
+                          sort_keys=True, default=str)
+
+    def keep(self, key: str, model: XBenchModel, precision: str) -> None:
+        if precision == "32-true" or precision.endswith("-mixed"):
+            self.key, self.model = key, model
+        else:
+            self.forget()
+
+    def forget(self) -> None:
+        self.key, self.model = None, None
+
+
+class XBenchCLI(LightningCLI):
+    """LightningCLI that takes the model from ``loaded`` when the run's settings are the ones it was
+    made with, instead of instantiating another."""
+
+    def __init__(self, *args, loaded: LoadedModel | None = None, **kwargs) -> None:
+        self.loaded = loaded
+        self.loaded_key: str | None = None
+        super().__init__(*args, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        if self.loaded is None:
+            return super().instantiate_classes()
+        self.loaded_key = self.loaded.key_of(self.config)
+        if self.loaded.model is None or self.loaded.key != self.loaded_key:
+            self.loaded.forget()
+            return super().instantiate_classes()
+        config = self.config.clone()
+        config.model = None  # jsonargparse then instantiates the data and the trainer only
+        self.config_init = self.parser.instantiate_classes(config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self.loaded.model
+        self.trainer = self.instantiate_trainer()
+
+
+def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -> XBenchModel:
+    """Parse the configs, run ``trainer.test`` once, print the summary; return the model that ran
+    (its ``results`` and ``results_path``). ``loaded``: reuse and keep the model between runs of
+    one process (one process only: a reused model cannot follow a multi-process launch)."""
     load_all()
-    cli = LightningCLI(
+    cli = XBenchCLI(
         XBenchModel,
         XBenchDataModule,
         subclass_mode_model=True,
@@ -80,18 +138,32 @@ def main(args: list[str] | None = None) -> dict | None:
         auto_configure_optimizers=False,
         # a wrong value raises (xbench.cli turns it into one line) instead of printing jsonargparse's dump
         parser_kwargs={"description": __doc__, "exit_on_error": False},
+        loaded=loaded,
     )
+    if loaded is not None and cli.trainer.world_size > 1:
+        raise RuntimeError(
+            f"this run asks for {cli.trainer.world_size} processes, which a run inside a suite worker cannot start: "
+            "give it one device, or run the suite with --mode per-pair")
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
     try:
         cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     except BaseException:
         abandon_runs(cli.trainer.loggers)
+        if loaded is not None:
+            loaded.forget()
         raise
+    if loaded is not None:
+        loaded.keep(cli.loaded_key, cli.model, cli.trainer.precision)
     if cli.trainer.is_global_zero:
         offline_runs = finish_runs(cli.trainer.loggers)
         if cli.model.results is not None:
             print_summary(cli.model.results, cli.model.results_path, offline_runs)
-    return cli.model.results
+    return cli.model
+
+
+def main(args: list[str] | None = None) -> dict | None:
+    """Run ``xbench.test`` with ``args`` (default: the command line); return the results payload."""
+    return run_test(args).results
 
 
 def cli() -> None:

@@ -139,13 +139,15 @@ class XBenchModel(L.LightningModule):
                 f"{type(self).__name__} needs an XBench datamodule (with `classes`): "
                 "call trainer.test(model, datamodule=...)"
             )
-        dataset_name = getattr(datamodule, "name", None)
-        if (classes, dataset_name) != (self.classes, self.dataset_name):
-            self.classes, self.dataset_name = classes, dataset_name
-            self.grounding = GroundingMetrics(len(classes), validate_args=False)
-            self.classification = ClassificationMetrics(len(classes))
-            self.region_counts = RegionCounts(len(classes))
-            self.build(classes)
+        # Every run builds anew, also on the same classes and dataset name: what build reads may
+        # differ (another root or split, a precomputed model's image ids), and a model reused for
+        # the next dataset (xbench.suite_worker) must run as a fresh one would. Weights load once:
+        # each model's build skips what it has already loaded.
+        self.classes, self.dataset_name = classes, getattr(datamodule, "name", None)
+        self.grounding = GroundingMetrics(len(classes), validate_args=False)
+        self.classification = ClassificationMetrics(len(classes))
+        self.region_counts = RegionCounts(len(classes))
+        self.build(classes)
         datamodule.set_model_transform(self.preprocess)
         if self.results_dir is not None and self.trainer.is_global_zero:
             check_writable(Path(self.results_dir))
