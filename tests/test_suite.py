@@ -81,7 +81,7 @@ def test_dry_run_lists_every_pair_with_the_missing_path(suite_dir, capsys):
 
 
 def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
-    assert main(["--config", "suite.yaml"]) == 1  # one pair failed
+    assert main(["--config", "suite.yaml", "--mode", "per-pair"]) == 1  # one pair failed, in its own process
     out = capsys.readouterr()
     assert "boom: this model always fails" in out.out  # in the summary table
     folder = only_folder(suite_dir / "results")

@@ -15,8 +15,9 @@ import yaml
 
 from conftest import CONFIGS, run_args
 from xbench.models.random_weights import write_biovil
-from xbench.suite import Entry, Pair, load_suite, main, processes
+from xbench.suite import Entry, Pair, load_suite, main, plan, processes, run_arguments
 from xbench.test import LoadedModel, run_test
+from xbench.test import main as xbench_test
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -140,12 +141,17 @@ def folder_contents(results: Path) -> dict[str, dict]:
 
 
 def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: list, capsys) -> None:
-    """Run the suite per pair in ``folder/per-pair`` and per model in ``folder/per-model``; every
-    results folder of one equals the other's, file by file, all but the time of the run."""
-    for mode in ("per-pair", "per-model"):
-        write_suite(folder / mode, phantom_root, models, datasets)
-        assert main(["--config", "suite.yaml", "--mode", mode]) == 0
-        assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * len(models) * len(datasets)
+    """Run the suite per model in ``folder/per-model``, and in ``folder/per-pair`` each pair as per-pair
+    mode would, with the same ``xbench.test`` arguments, a fresh model each (in this process: per-pair
+    mode's own subprocesses are tested in test_suite.py); every results folder of one equals the
+    other's, file by file, all but the time of the run."""
+    write_suite(folder / "per-pair", phantom_root, models, datasets)
+    suite = load_suite(Path("suite.yaml"))
+    for pair in plan(suite):
+        xbench_test(run_arguments(suite, pair))
+    write_suite(folder / "per-model", phantom_root, models, datasets)
+    assert main(["--config", "suite.yaml", "--mode", "per-model"]) == 0
+    assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * len(models) * len(datasets)
     per_pair, per_model = (folder_contents(folder / mode / "results") for mode in ("per-pair", "per-model"))
     assert len(per_model) == len(models) * len(datasets) and per_model.keys() == per_pair.keys()
     for key, files in per_model.items():
