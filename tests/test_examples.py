@@ -17,18 +17,31 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from xbench import findings
 from xbench.findings import display_name, finding_key, short_name
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 
 
-def load(module: str):
-    spec = importlib.util.spec_from_file_location(module, EXAMPLES / f"{module}.py")
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[module] = loaded  # the YAML's class_path imports it by this name, as PYTHONPATH=examples does
-    spec.loader.exec_module(loaded)
-    return loaded
+@pytest.fixture
+def load(monkeypatch):
+    """Import an example module as ``PYTHONPATH=examples`` would; what it registers in
+    ``xbench.findings`` (a new finding, a dataset's vocabulary) is undone after the test."""
+    tables = (findings.FINDINGS, findings.SPELLINGS, findings.DEFAULT_CLASSES, findings.DATASET_NAMES)
+    before = [dict(table) for table in tables]
+
+    def loader(module: str):
+        spec = importlib.util.spec_from_file_location(module, EXAMPLES / f"{module}.py")
+        loaded = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, module, loaded)
+        spec.loader.exec_module(loaded)
+        return loaded
+
+    yield loader
+    for table, saved in zip(tables, before):
+        table.clear()
+        table.update(saved)
 
 
 def readme_commands() -> list[str]:
@@ -68,12 +81,13 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     assert "Large Opacity" in done.stdout
 
 
-@pytest.fixture(scope="module")
-def png_folder():
+@pytest.fixture
+def png_folder(load):
     return load("png_folder")
 
 
 def test_dataset_registers_its_new_finding_from_outside(png_folder):
+    """Registered when the class is defined (and undone after this test, see ``load``)."""
     assert (display_name("large_opacity"), short_name("large_opacity")) == ("Large Opacity", "LOPA")
     assert finding_key("png_folder", "Large opacity") == "large_opacity"
     assert png_folder.PngFolder.default_classes() == ("nodule", "mass", "large_opacity")
@@ -114,7 +128,7 @@ def test_dataset_bad_row_names_file_and_line(png_folder, tmp_path, row, message)
     assert f"line {len(lines) + 1}" in str(error.value)
 
 
-def test_model_scores_as_open_clip_itself(tmp_path):
+def test_model_scores_as_open_clip_itself(tmp_path, load):
     """The example's logits and maps against open_clip's own encoders on the same weights."""
     example = load("open_clip_model")
     weights = tmp_path / "tiny.safetensors"
@@ -142,3 +156,4 @@ def test_model_scores_as_open_clip_itself(tmp_path):
     patches = F.normalize(tokens @ reference.visual.proj, dim=-1)
     for c, prompt in enumerate(("nodule", "large opacity")):
         torch.testing.assert_close(maps[:, c], (patches @ text[prompt]).reshape(2, 8, 8), rtol=1e-5, atol=1e-5)
+
