@@ -10,7 +10,9 @@ first ``--classes``), each (image, class) pair a positive with a random box with
 as the model, one process (no DataLoader workers), float32 on the CPU. A thread reads the
 process's resident set (``/proc/self/statm``) every 5 ms; each stage's peak is stated above the
 resident set when the stage began, and the baseline is what torch, Lightning and XBench take
-once imported. The stated metric states are their tensors' bytes at the end of the loop. Target
+once imported. glibc's mmap threshold is fixed as XBench's commands fix it
+(``xbench.cli.return_large_frees_to_the_system``), unless ``--adaptive-malloc``. The stated
+metric states are their tensors' bytes at the end of the loop. Target
 (issue 24): the whole run at most 1.5 GB above the baseline.
 """
 
@@ -30,6 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from xbench.analyze import main as analyze
+from xbench.cli import return_large_frees_to_the_system
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import PAPER_CLASSES
@@ -145,7 +148,11 @@ def main() -> None:
     parser.add_argument("--graded", type=float, default=0.05)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--adaptive-malloc", action="store_true",
+                        help="leave glibc's mmap threshold adaptive, as a script importing XBench does")
     args = parser.parse_args()
+    if not args.adaptive_malloc:
+        return_large_frees_to_the_system()  # as XBench's commands do
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     classes = list(PAPER_CLASSES["vindr"][: args.classes])
     with tempfile.TemporaryDirectory(prefix="xbench-memory-") as scratch_name:

@@ -3,11 +3,12 @@
 A failure prints ``<command>: error: <what went wrong>`` and exits 1 (argparse's usage errors exit
 2 as usual); the traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The
 third-party notices a user cannot act on are silenced here, in the commands only: a script that
-imports XBench keeps its warnings.
+imports XBench keeps its warnings and its memory allocator's settings.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -55,6 +56,24 @@ def error_line(name: str, error: BaseException) -> str:
     return f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
 
 
+#: glibc's ``mallopt`` parameter number for the mmap threshold, and the value XBench fixes it at
+#: (glibc's starting value).
+M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES = -3, 128 * 1024
+
+
+def return_large_frees_to_the_system() -> None:
+    """Fix glibc's mmap threshold at 128 KiB, so every block of that size or more is its own mapping,
+    given back to the system when freed. Left adaptive, the threshold rises to 32 MiB once a large
+    tensor is freed; the batches' tensors then come from a heap that fragments and is never given
+    back. Measured with ``bench/memory.py`` (15,000 images x 21 classes): the whole run's peak above
+    the baseline went from 1.89 GB to 0.83 GB, the loop's from 1.38 GB to 0.15 GB, where the metric
+    states hold 14 MB. DataLoader workers inherit it (fork). Nothing happens where libc has no
+    ``mallopt`` (macOS); musl ignores it."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+
+
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
     error (message only, unless debugging), 130 when interrupted."""
@@ -66,6 +85,7 @@ def run(main: Callable[[], object], name: str) -> None:
             warnings.filterwarnings("ignore", message=message, category=category)
         for logger in QUIET_LOGGERS:
             logging.getLogger(logger).setLevel(logging.WARNING)
+    return_large_frees_to_the_system()
     try:
         status = main()
     except ArgumentError as error:  # a value of the wrong type, when the parser does not exit itself
