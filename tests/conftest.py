@@ -93,6 +93,36 @@ def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: s
     return root
 
 
+#: The datasets a model's end-to-end CLI test runs on (``model_cli_dataset``).
+CLI_DATASETS = ("phantom", "chestx_det10", "rsna")
+
+
+def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path, list[str], int]:
+    """A small dataset for a model's ``python -m xbench.test`` test, in its real format: the phantom
+    (9 images), a ChestX-Det10 fixture (PNGs, boxes, a negative) or an RSNA fixture (DICOMs,
+    uncompressed and JPEG Baseline, 80 x 64, boxes, a negative). Returns its root, the extra
+    arguments it needs and its number of images."""
+    if data == "phantom":
+        return phantom_root, [], 9
+    if data == "chestx_det10":
+        entries = [{"file_name": f"{i}.png", "syms": ["Mass"], "boxes": [[8, 4, 40, 30]]} for i in range(3)]
+        entries.append({"file_name": "3.png", "syms": [], "boxes": []})
+        return write_chestx_det10(folder / "det10", entries, size=72), [], 4
+    if data == "rsna":
+        root = folder / "rsna"
+        rows = [("p-pos", "10.0", "12.0", "30.0", "24.0", "1"), ("p-neg", "", "", "", "", "0"),
+                ("p-jpeg", "20.0", "8.0", "16.0", "40.0", "1")]
+        (root / "stage_2_train_images").mkdir(parents=True)
+        (root / "stage_2_train_labels.csv").write_text(
+            "patientId,x,y,width,height,Target\n" + "".join(",".join(row) + "\n" for row in rows))
+        pixels = np.random.default_rng(0).integers(0, 256, size=(64, 80), dtype=np.uint8)
+        for patient, *_ in rows:
+            compression = "jpeg" if patient == "p-jpeg" else None
+            write_dicom(root / "stage_2_train_images" / f"{patient}.dcm", pixels, compression=compression)
+        return root, ["--data.split_file", "null"], 3
+    raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Fail any attempt to open a socket to a non-local address (Unix sockets and loopback are local)."""

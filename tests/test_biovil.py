@@ -184,22 +184,19 @@ def test_transform_runs_in_the_datamodule_workers(variant, tmp_path, monkeypatch
         torch.testing.assert_close(batch["window"][row], window, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("variant, data", [("biovil", "phantom"), ("biovil_t", "chestx_det10")])
+@pytest.mark.parametrize("variant, data", [("biovil", "phantom"), ("biovil", "rsna"),
+                                           ("biovil_t", "chestx_det10"), ("biovil_t", "rsna")])
 def test_cli_end_to_end(variant, data, phantom_root, tmp_path, no_network):
-    """``python -m xbench.test`` with the authors' layouts (random weights): BioViL on the phantom,
-    BioViL-T on a ChestX-Det10 fixture; every image evaluated, metrics in range."""
-    from conftest import run_args, write_chestx_det10
+    """``python -m xbench.test`` with the authors' layouts (random weights) on the phantom and on
+    ChestX-Det10 and RSNA fixtures; every image evaluated, metrics in range."""
+    from conftest import model_cli_dataset, run_args
     from xbench.models.random_weights import write_biovil_t
     from xbench.test import main
 
     folder = (write_biovil if variant == "biovil" else write_biovil_t)(tmp_path / variant)
-    root = phantom_root
-    if data == "chestx_det10":
-        entries = [{"file_name": f"{i}.png", "syms": ["Mass"], "boxes": [[8, 4, 40, 30]]} for i in range(2)]
-        entries.append({"file_name": "2.png", "syms": [], "boxes": []})
-        root = write_chestx_det10(tmp_path / "det10", entries, size=72)
+    root, extra, images = model_cli_dataset(data, tmp_path, phantom_root)
     results = main(run_args(variant, data, root, tmp_path / "results", "--model.checkpoint_dir", str(folder),
-                            "--data.batch_size", "4"))
-    assert results["model"] == variant and results["data"]["images_evaluated"] == (9 if data == "phantom" else 3)
+                            "--data.batch_size", "4", *extra))
+    assert results["model"] == variant and results["data"]["images_evaluated"] == images
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import CLI_DATASETS
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.chexzero import CHECKPOINT_FILE, CheXzero
 from xbench.models.random_weights import MANIFESTS, clip_state, register_small_chexzero, write_chexzero
@@ -149,21 +150,17 @@ def test_gradcam_keeps_the_authors_score(small_folder, small_arch):
     assert maps.shape == (2, len(CLASSES), 7, 7) and torch.isfinite(maps).all()
 
 
-@pytest.mark.parametrize("data", ["phantom", "chestx_det10"])
+@pytest.mark.parametrize("data", CLI_DATASETS)
 def test_cli_end_to_end(data, small_folder, small_arch, phantom_root, tmp_path, no_network):
-    """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on a
-    ChestX-Det10 fixture of non-square images: every image evaluated, metrics in range."""
-    from conftest import run_args, write_chestx_det10
+    """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
+    ChestX-Det10 and RSNA fixtures: every image evaluated, metrics in range."""
+    from conftest import model_cli_dataset, run_args
     from xbench.test import main
 
-    root = phantom_root
-    if data == "chestx_det10":
-        entries = [{"file_name": f"{i}.png", "syms": ["Mass"], "boxes": [[8, 4, 40, 30]]} for i in range(3)]
-        entries.append({"file_name": "3.png", "syms": [], "boxes": []})
-        root = write_chestx_det10(tmp_path / "det10", entries, size=72)
+    root, extra, images = model_cli_dataset(data, tmp_path, phantom_root)
     results = main(run_args("chexzero", data, root, tmp_path / "results", "--model.checkpoint_dir", str(small_folder),
-                            "--model.arch", small_arch, "--data.batch_size", "4"))
-    assert results["model"] == "chexzero" and results["data"]["images_evaluated"] == (9 if data == "phantom" else 4)
+                            "--model.arch", small_arch, "--data.batch_size", "4", *extra))
+    assert results["model"] == "chexzero" and results["data"]["images_evaluated"] == images
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
