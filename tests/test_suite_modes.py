@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, run_args
-from xbench.models.random_weights import write_biovil
+from xbench.models.random_weights import write_gloria
 from xbench.suite import Entry, Pair, load_suite, main, plan, processes, run_arguments
 from xbench.test import LoadedModel, run_test
 from xbench.test import main as xbench_test
@@ -172,13 +172,13 @@ def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_mod
 
 
 def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypatch, capsys):
-    """BioViL (random weights in the authors' layout): its prompts are embedded again for the
+    """GLoRIA (random weights in the authors' layout): its prompts are embedded again for the
     second dataset's classes, on the weights the first dataset's run loaded."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    folder = write_biovil(tmp_path / "biovil")
-    # one batch of each dataset: a ResNet-50 at 480 x 480 is slow on CPUs
-    model = {"config": str(CONFIGS / "models" / "biovil.yaml"),
+    folder = write_gloria(tmp_path / "gloria")
+    # one batch of each dataset: a ResNet-50 at 299 x 299 is slow on CPUs
+    model = {"config": str(CONFIGS / "models" / "gloria.yaml"),
              "settings": {"model.checkpoint_dir": str(folder), "trainer.limit_test_batches": 1}}
     run_both_modes(tmp_path, phantom_root, [model], [PHANTOM, TWO_CLASSES], capsys)
     # the limit holds in a worker too (the order of its imports once made it read 1 as 1.0: all batches)
