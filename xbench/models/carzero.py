@@ -158,6 +158,26 @@ def word_merge_matrix(tokens: list[list[str]], slots: int = TEXT_SLOTS) -> Tenso
     return merge
 
 
+def tokenize_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], model: str,
+                     vocabulary: str) -> tuple[dict[str, Tensor], Tensor]:
+    """The authors' cleaning, then BERT tokens padded to the word slots, and the word-merge matrix
+    (CARZero and GLoRIA alike). A prompt the cleaning empties is an error; a word the tokenizer
+    does not know is a warning that names ``vocabulary``, the file that is probably wrong."""
+    texts = [clean_text(prompt) for prompt in prompts]
+    for prompt, text in zip(prompts, texts):
+        if not text:
+            raise ValueError(f"prompt {prompt!r} is empty after {model}'s cleaning (it needs two or more words)")
+    tokens = tokenizer(texts, truncation=True, padding="max_length", max_length=TEXT_SLOTS, return_tensors="pt")
+    pieces = [tokenizer.convert_ids_to_tokens(ids) for ids in tokens["input_ids"].tolist()]
+    unknown = [prompt for prompt, split in zip(prompts, pieces) if tokenizer.unk_token in split]
+    if unknown:
+        warnings.warn(
+            f"{model}'s tokenizer maps words of {unknown} to {tokenizer.unk_token}: is {vocabulary}?",
+            stacklevel=3,
+        )
+    return tokens, word_merge_matrix(pieces)
+
+
 @dataclass(frozen=True)
 class Architecture:
     """CARZero's sizes (the authors' defaults). BERT's come from its ``config.json``."""
@@ -366,20 +386,9 @@ class CARZero(XBenchModel):
     @torch.no_grad()
     def encode_prompts(self, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:
         """Prompts -> word slots [C, 97, D] and sentence vectors [C, D], as the authors' text tower."""
-        texts = [clean_text(prompt) for prompt in prompts]
-        for prompt, text in zip(prompts, texts):
-            if not text:
-                raise ValueError(f"prompt {prompt!r} is empty after CARZero's cleaning (it needs two or more words)")
-        tokens = tokenizer(texts, truncation=True, padding="max_length", max_length=TEXT_SLOTS, return_tensors="pt")
-        pieces = [tokenizer.convert_ids_to_tokens(ids) for ids in tokens["input_ids"].tolist()]
-        unknown = [prompt for prompt, split in zip(prompts, pieces) if tokenizer.unk_token in split]
-        if unknown:
-            warnings.warn(
-                f"CARZero's tokenizer maps words of {unknown} to {tokenizer.unk_token}: is "
-                f"{TEXT_FOLDER}/vocab.txt the authors' vocabulary?",
-                stacklevel=2,
-            )
-        return self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], word_merge_matrix(pieces))
+        tokens, merge = tokenize_prompts(
+            tokenizer, prompts, "CARZero", f"{TEXT_FOLDER}/vocab.txt the authors' vocabulary")
+        return self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], merge)
 
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         if self.network is None:

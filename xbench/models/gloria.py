@@ -45,7 +45,6 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import ClassVar
 
@@ -57,7 +56,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, word_merge_matrix
+from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
@@ -219,20 +218,8 @@ class GLoRIA(XBenchModel):
     ) -> tuple[Tensor, Tensor, list[int]]:
         """Prompts -> word slots [C, 97, D] and sentence vectors [C, D], as the authors' ``process_text``
         and ``BertEncoder``; and each prompt's number of words (slots between ``[CLS]`` and ``[SEP]``)."""
-        texts = [clean_text(prompt) for prompt in prompts]
-        for prompt, text in zip(prompts, texts):
-            if not text:
-                raise ValueError(f"prompt {prompt!r} is empty after GLoRIA's cleaning (it needs two or more words)")
-        tokens = tokenizer(texts, truncation=True, padding="max_length", max_length=TEXT_SLOTS, return_tensors="pt")
-        pieces = [tokenizer.convert_ids_to_tokens(ids) for ids in tokens["input_ids"].tolist()]
-        unknown = [prompt for prompt, split in zip(prompts, pieces) if tokenizer.unk_token in split]
-        if unknown:
-            warnings.warn(
-                f"GLoRIA's tokenizer maps words of {unknown} to {tokenizer.unk_token}: is "
-                f"{TEXT_FOLDER}/vocab.txt Bio_ClinicalBERT's vocabulary?",
-                stacklevel=2,
-            )
-        merge = word_merge_matrix(pieces)
+        tokens, merge = tokenize_prompts(
+            tokenizer, prompts, "GLoRIA", f"{TEXT_FOLDER}/vocab.txt Bio_ClinicalBERT's vocabulary")
         counts = [int(row.any(dim=1).sum()) - 2 for row in merge]  # the filled slots but [CLS] and [SEP]
         words, sentences = self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], merge)
         return words, sentences, counts
