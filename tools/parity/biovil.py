@@ -32,7 +32,6 @@ state dicts of the authors' ``ImageModel`` (ResNet-50 or its multi-image encoder
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import sys
@@ -48,27 +47,17 @@ from PIL import Image
 
 from xbench.findings import PAPER_CLASSES, finding_text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
+
 #: Per variant: the image model's file, the authors' encoder type, the centre crop.
 VARIANTS = {
     "biovil": ("biovil_image_resnet50_proj_size_128.pt", "resnet50", 480),
     "biovil_t": ("biovil_t_image_model_proj_size_128.pt", "resnet50_multi_image", 448),
 }
 
-SEED = 0
-DATASET = "chexlocalize"
-FRAME = 224
 RESIZE = 512
-IMAGES = (
-    "nih/00000001_000.png",
-    "chexlocalize/valid/patient64541/study1/view1_frontal.jpg",
-    "chexlocalize/valid/patient64542/study1/view1_frontal.jpg",
-)
 TEMPLATES = ("{}", "no {}")
-
-
-def image_key(path: Path) -> str:
-    """The first 12 hex digits of the file's sha256: the golden file names its inputs by content."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def crop_window(path: Path, crop: int) -> np.ndarray:
@@ -139,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     positive = [TEMPLATES[0].format(finding_text(key)) for key in classes]
     negative = [TEMPLATES[1].format(finding_text(key)) for key in classes]
     paths = [args.real_data / relative for relative in IMAGES]
-    arrays = {}
+    per_image = {}
     for path in paths:
         key = image_key(path)
         logits = [
@@ -151,9 +140,8 @@ def main(argv: list[str] | None = None) -> None:
             engine._get_similarity_map_from_embeddings(patches, text_engine.get_embeddings_from_prompt(prompt))
             for prompt in positive
         ]
-        arrays[f"{key}_logits"] = np.array(logits, dtype=np.float32)
-        arrays[f"{key}_maps"] = torch.stack(maps).numpy().astype(np.float32)
-        arrays[f"{key}_window"] = crop_window(path, crop)
+        per_image[key] = {"logits": np.array(logits, dtype=np.float32),
+                          "maps": torch.stack(maps).numpy().astype(np.float32), "window": crop_window(path, crop)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -172,9 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         "map": "the authors' smoothed patch-text cosine (_get_similarity_map_from_embeddings) on the 15x15 grid",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
-        args.out / f"{args.variant}.npz", classes=np.array(classes), meta=np.array(json.dumps(meta, indent=1)), **arrays
-    )
+    save_golden(args.out / f"{args.variant}.npz", per_image, classes, meta)
     print(f"wrote {args.out / args.variant}.npz")
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import subprocess
 import sys
@@ -46,23 +45,13 @@ import tqdm
 from PIL import Image
 
 from xbench.findings import PAPER_CLASSES, finding_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
 from xbench.models import random_weights
 
-SEED = 0
-DATASET = "chexlocalize"
-FRAME = 224
 LETTERBOX = 320
-IMAGES = (
-    "nih/00000001_000.png",
-    "chexlocalize/valid/patient64541/study1/view1_frontal.jpg",
-    "chexlocalize/valid/patient64542/study1/view1_frontal.jpg",
-)
 TEMPLATES = ("{}", "no {}")
-
-
-def image_key(path: Path) -> str:
-    """The first 12 hex digits of the file's sha256: the golden file names its inputs by content."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def letterbox_window(path: Path) -> np.ndarray:
@@ -156,12 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     cosine = F.normalize(patch_tokens(network, images), dim=-1) @ text
     grid = int(round(cosine.shape[1] ** 0.5))
     maps = cosine.permute(0, 2, 1).reshape(len(paths), len(classes), grid, grid)
-    arrays = {}
+    per_image = {}
     for index, path in enumerate(paths):
         key = image_key(path)
-        arrays[f"{key}_logits"] = logits[index].astype(np.float32)
-        arrays[f"{key}_maps"] = maps[index].numpy().astype(np.float32)
-        arrays[f"{key}_window"] = letterbox_window(path)
+        per_image[key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].numpy().astype(np.float32),
+                          "window": letterbox_window(path)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -182,9 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         "map": "XBench's patch-text similarity on the authors' network (the authors take no map)",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
-        args.out / "chexzero.npz", classes=np.array(classes), meta=np.array(json.dumps(meta, indent=1)), **arrays
-    )
+    save_golden(args.out / "chexzero.npz", per_image, classes, meta)
     print(f"wrote {args.out / 'chexzero.npz'}: logits {logits.round(5).tolist()}")
 
 

@@ -42,7 +42,6 @@ the authors' ``GLoRIA`` class at Bio_ClinicalBERT's shape (BERT-base, vocabulary
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import subprocess
@@ -60,23 +59,13 @@ from PIL import Image
 
 from xbench.findings import PAPER_CLASSES, finding_text
 
-SEED = 0
-DATASET = "chexlocalize"
-FRAME = 224
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
+
 LETTERBOX = 256
 CROP = 224
-IMAGES = (
-    "nih/00000001_000.png",
-    "chexlocalize/valid/patient64541/study1/view1_frontal.jpg",
-    "chexlocalize/valid/patient64542/study1/view1_frontal.jpg",
-)
 #: Bio_ClinicalBERT's vocabulary size (the rest of its config is BERT-base's).
 BIO_CLINICAL_BERT_VOCAB = 28996
-
-
-def image_key(path: Path) -> str:
-    """The first 12 hex digits of the file's sha256: the golden file names its inputs by content."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
 
 
 def import_authors(repo: Path):
@@ -207,12 +196,11 @@ def main(argv: list[str] | None = None) -> None:
     if not np.allclose(standardised, expected, atol=1e-4):
         off = np.abs(standardised - expected).max()
         raise RuntimeError(f"zero_shot_classification is not get_similarities standardised (off by {off:.2e})")
-    arrays = {}
+    per_image = {}
     for index, path in enumerate(paths):
         key = image_key(path)
-        arrays[f"{key}_logits"] = logits[index].astype(np.float32)
-        arrays[f"{key}_maps"] = maps[index].astype(np.float32)
-        arrays[f"{key}_window"] = crop_window(model, path)
+        per_image[key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].astype(np.float32),
+                          "window": crop_window(model, path)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -234,9 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         "map": "attention_fn's word-region attention inside get_local_similarities, max over the prompt's words",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(
-        args.out / "gloria.npz", classes=np.array(classes), meta=np.array(json.dumps(meta, indent=1)), **arrays
-    )
+    save_golden(args.out / "gloria.npz", per_image, classes, meta)
     print(f"wrote {args.out / 'gloria.npz'}: logits {logits.round(5).tolist()}")
 
 

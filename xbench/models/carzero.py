@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 from transformers import BertModel, PreTrainedTokenizerBase
