@@ -93,8 +93,60 @@ def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: s
     return root
 
 
+def write_ms_cxr(
+    root: Path, rows: list[dict], *, version: str = "v1.1.0", size: tuple[int, int] = (64, 48),
+    images_root: Path | None = None, images: bool = True,
+) -> Path:
+    """Write MS-CXR's release file ``MS_CXR_Local_Alignment_<version>.csv`` in ``root`` (v1.0.0:
+    without the ``split`` column) and, unless ``images`` is false, a grey JPEG of ``size`` (width,
+    height) for each distinct ``path`` under ``images_root`` (default ``root``), where
+    MIMIC-CXR-JPG keeps it (``files/pXX/pXXXXXXXX/sXXXXXXXX/<dicom_id>.jpg``).
+
+    ``rows``: one dict per box with the CSV's columns (``dicom_id, category_name, label_text, path,
+    x, y, w, h``); ``image_width``/``image_height`` default to ``size``, ``split`` to ``test``. A
+    value is written as given (a string stays a string), so a test can write a bad one. Returns the
+    CSV's path."""
+    import csv
+
+    columns = ["dicom_id", "category_name", "label_text", "path", "x", "y", "w", "h", "image_width", "image_height"]
+    if version != "v1.0.0":
+        columns.append("split")
+    defaults = {"image_width": size[0], "image_height": size[1], "split": "test"}
+    root.mkdir(parents=True, exist_ok=True)
+    csv_path = root / f"MS_CXR_Local_Alignment_{version}.csv"
+    with open(csv_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        writer.writerows([{**defaults, **row}.get(name, "") for name in columns] for row in rows)
+    if images:
+        images_root = root if images_root is None else images_root
+        rng = np.random.default_rng(0)
+        for relative in dict.fromkeys(row["path"] for row in rows):
+            (images_root / relative).parent.mkdir(parents=True, exist_ok=True)
+            pixels = rng.integers(0, 256, size=(size[1], size[0]), dtype=np.uint8)
+            Image.fromarray(pixels).save(images_root / relative, format="JPEG", quality=95)
+    return csv_path
+
+
 #: The datasets a model's end-to-end CLI test runs on (``model_cli_dataset``).
-CLI_DATASETS = ("phantom", "chestx_det10", "rsna")
+CLI_DATASETS = ("phantom", "chestx_det10", "rsna", "ms_cxr")
+
+#: The MS-CXR fixture of the models' CLI tests: three images, five phrases (two findings on one
+#: image, a phrase drawn as two boxes, two phrases of one finding on one image).
+MS_CXR_CLI_ROWS = [
+    {"dicom_id": "d1", "category_name": "Pneumothorax", "label_text": "small left apical pneumothorax",
+     "path": "files/p10/p10000001/s50000001/d1.jpg", "x": 6, "y": 4, "w": 20, "h": 14},
+    {"dicom_id": "d1", "category_name": "Pleural Effusion", "label_text": "right pleural effusion",
+     "path": "files/p10/p10000001/s50000001/d1.jpg", "x": 36, "y": 26, "w": 22, "h": 16},
+    {"dicom_id": "d2", "category_name": "Pneumonia", "label_text": "bilateral patchy opacities",
+     "path": "files/p10/p10000002/s50000002/d2.jpg", "x": 4, "y": 10, "w": 16, "h": 20},
+    {"dicom_id": "d2", "category_name": "Pneumonia", "label_text": "bilateral patchy opacities",
+     "path": "files/p10/p10000002/s50000002/d2.jpg", "x": 40, "y": 10, "w": 16, "h": 20},
+    {"dicom_id": "d3", "category_name": "Pneumonia", "label_text": "left lower lobe pneumonia",
+     "path": "files/p10/p10000003/s50000003/d3.jpg", "x": 8, "y": 24, "w": 18, "h": 16},
+    {"dicom_id": "d3", "category_name": "Pneumonia", "label_text": "opacity at the right base",
+     "path": "files/p10/p10000003/s50000003/d3.jpg", "x": 38, "y": 26, "w": 18, "h": 14},
+]
 
 
 def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path, list[str], int]:
@@ -120,7 +172,36 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
             compression = "jpeg" if patient == "p-jpeg" else None
             write_dicom(root / "stage_2_train_images" / f"{patient}.dcm", pixels, compression=compression)
         return root, ["--data.split_file", "null"], 3
+    if data == "ms_cxr":
+        return write_ms_cxr(folder / "ms_cxr", MS_CXR_CLI_ROWS).parent, [], 3
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
+
+
+def check_phrase_results(results: dict, folder: Path, query_mode: str) -> None:
+    """A run on :data:`MS_CXR_CLI_ROWS` scored every query (5, each under its finding) the way the
+    model grounds phrases, with the finding-name view and the paired difference for a phrase-mode
+    model; ``queries.csv.gz`` holds one row per query and view."""
+    import pandas as pd
+
+    phrases = results["phrase_grounding"]
+    assert phrases["query_mode"] == query_mode and phrases["phrases"] == 5
+    pairs = {key: v["pairs"] for key, v in phrases["by_query"]["per_class"].items() if v["pairs"]}
+    assert pairs == {"pneumothorax": 1, "pleural_effusion": 1, "pneumonia": 3}
+    for values in phrases["by_query"]["per_class"].values():
+        assert values["pointing_game"] is None or 0 <= values["pointing_game"] <= 1
+        assert values["cnr"] is None or values["cnr"] >= 0
+    intervals = phrases["intervals"]
+    macro = intervals["by_query"]["pointing_game"]["macro"]
+    assert macro["lower"] <= macro["estimate"] <= macro["upper"]
+    table = pd.read_csv(folder / "queries.csv.gz")
+    views = ["query", "finding_name"] if query_mode == "phrase" else ["query"]
+    assert sorted(set(table["view"])) == sorted(views) and len(table) == 5 * len(views)
+    assert set(table["phrase"]) == {row["label_text"] for row in MS_CXR_CLI_ROWS}
+    if query_mode == "phrase":
+        assert phrases["by_finding_name"]["per_class"]["pneumonia"]["pairs"] == 3
+        assert set(intervals["phrase_minus_name"]) == {"pointing_game", "dice@0.5", "iou@0.5", "cnr"}
+    else:
+        assert phrases["by_finding_name"] is None and "phrase_minus_name" not in intervals
 
 
 @pytest.fixture

@@ -41,9 +41,14 @@ def random_counts(rng: np.random.Generator, regions: np.ndarray, area: int) -> t
     return inside + outside, inside
 
 
-def make_pairs(image, cls, region, hit, predicted, inter) -> GradedPairs:
+def make_pairs(image, cls, region, hit, predicted, inter, cnr=None) -> GradedPairs:
+    """Graded pairs; ``cnr`` default: a value per pair from the counts, NaN (undefined) for every fifth."""
+    if cnr is None:
+        cnr = np.asarray(inter, dtype=float)[:, 50] / np.asarray(region, dtype=float)
+        cnr[::5] = np.nan
     return GradedPairs(*(torch.as_tensor(np.asarray(v)) for v in (image, cls, region, hit)),
-                       torch.as_tensor(predicted).long(), torch.as_tensor(inter).long())
+                       torch.as_tensor(predicted).long(), torch.as_tensor(inter).long(),
+                       torch.as_tensor(np.asarray(cnr, dtype=np.float64)))
 
 
 def random_pairs(rng, num_images: int, num_classes: int, area: int = 400, share: float = 0.6) -> GradedPairs:
@@ -74,7 +79,7 @@ def write_run(folder: Path, model: str, dataset: str, classes: list[str], image_
         folder / "pairs.csv.gz",
         payload,
         {"index": pairs.image, "class": pairs.cls, "region": pairs.region, "hit": pairs.hit,
-         "predicted": pairs.predicted, "inter": pairs.inter},
+         "predicted": pairs.predicted, "inter": pairs.inter, "cnr": pairs.cnr},
         {"index": index, "logits": torch.as_tensor(logits, dtype=torch.float32),
          "labels": torch.as_tensor(labels, dtype=torch.int8)},
         image_ids,
@@ -171,7 +176,8 @@ def test_cross_fitting_equals_a_hand_written_k_fold_loop():
     pairs = random_pairs(rng, num_images, num_classes)
     # class 2 has a single pair: its fold has nothing to choose on, so it is undefined
     keep = (pairs.cls != 2) | (torch.arange(len(pairs.cls)) == int(torch.nonzero(pairs.cls == 2)[0]))
-    pairs = GradedPairs(*(getattr(pairs, f)[keep] for f in ("image", "cls", "region", "hit", "predicted", "inter")))
+    pairs = GradedPairs(*(getattr(pairs, f)[keep] for f in ("image", "cls", "region", "hit", "predicted", "inter",
+                                                             "cnr")))
     folds = assign_folds(num_images, k_folds, np.random.default_rng(6))
     weights = resample_weights(num_images, 3, np.random.default_rng(8))
     stats = grounding_statistics(pairs, num_classes, weights, CrossFitting(folds, k_folds))
@@ -359,7 +365,7 @@ def test_pairs_written_in_chunks_equal_the_table_built_whole(tmp_path):
     keep = (pairs.image < 4) | (pairs.image >= 8)  # the second chunk of 4 images has no graded pair
     grounding = {"index": torch.as_tensor(index)[pairs.image[keep]], "class": pairs.cls[keep],
                  "region": pairs.region[keep], "hit": pairs.hit[keep], "predicted": pairs.predicted[keep],
-                 "inter": pairs.inter[keep]}
+                 "inter": pairs.inter[keep], "cnr": pairs.cnr[keep]}
     labels = {"index": torch.as_tensor(index), "logits": torch.randn(23, len(classes)),
               "labels": torch.as_tensor(rng.integers(-1, 2, size=(23, len(classes))), dtype=torch.int8)}
     payload = {"classes": classes}

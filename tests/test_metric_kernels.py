@@ -70,12 +70,13 @@ def test_grounding_kernel_equals_the_run_time_metrics(seed):
     graded = records["graded"]
     image, cls = torch.nonzero(graded, as_tuple=True)
     pairs = GradedPairs(image=image, cls=cls, region=records["region"][graded], hit=records["hit"][graded],
-                        predicted=records["predicted"][graded], inter=records["inter"][graded])
+                        predicted=records["predicted"][graded], inter=records["inter"][graded],
+                        cnr=records["cnr"][graded])
     weights = multiplicities(n, seed)
     kernel = grounding_statistics(pairs, c, weights).per_class
     names = [name for name in analysed_keys("grounding") if not name.endswith("@calibrated")]
     assert set(names) == {"pointing_game", "dice@0.5", "iou@0.5", "dice@best", "dice@best_tau", "iou@best",
-                          "iou@best_tau"}
+                          "iou@best_tau", "cnr"}
     for row in range(weights.shape[0]):
         repeated = torch.repeat_interleave(torch.arange(n), weights[row].long())
         metric = GroundingMetrics(c)
@@ -91,7 +92,10 @@ def test_grounding_macro_means_are_those_of_the_per_class_values():
     pairs = torch.tensor([3, 0, 2])
     hits = torch.tensor([1, 0, 2])
     curves = torch.rand(3, 101, dtype=torch.float64)
+    cnr_pairs = torch.tensor([2, 0, 0])  # the last class has pairs but no defined CNR
     out = summarise_curves(pairs, hits, curves * pairs[:, None], curves * pairs[:, None],
-                           torch.ones(3, 101, dtype=torch.int64), torch.ones(3, 101, dtype=torch.int64))
-    for name in ("pointing_game", "dice@0.5", "dice@best", "iou@0.5"):
+                           torch.ones(3, 101, dtype=torch.int64), torch.ones(3, 101, dtype=torch.int64),
+                           cnr_pairs, torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64))
+    assert out["macro/cnr"].item() == 1.5
+    for name in ("pointing_game", "dice@0.5", "dice@best", "iou@0.5", "cnr"):
         assert out[f"macro/{name}"].item() == pytest.approx(torch.nanmean(out[name]).item(), abs=1e-15)

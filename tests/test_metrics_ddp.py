@@ -27,23 +27,27 @@ def make_data():
     has = rng.random((NUM_SAMPLES, NUM_CLASSES)) < 0.7
     logits = rng.normal(size=(NUM_SAMPLES, NUM_CLASSES)).astype(np.float32)
     labels = rng.integers(-1, 2, size=(NUM_SAMPLES, NUM_CLASSES))
-    return [torch.from_numpy(a) for a in (s, m, has, logits, labels)]
+    # a phrase dataset's view of the same maps: slot k of image i is a query of finding
+    # query_class[i, k] (-1: an unused slot, no mask), several queries of one finding per image
+    query_class = rng.integers(0, NUM_CLASSES - 1, size=(NUM_SAMPLES, NUM_CLASSES))
+    query_class[~has] = -1
+    return [torch.from_numpy(a) for a in (s, m, has, logits, labels, query_class)]
 
 
-def evaluate(indices, batch_size):
-    s, m, has, logits, labels = make_data()
+def evaluate(indices, batch_size, queries=False):
+    s, m, has, logits, labels, query_class = make_data()
     grounding, classification = GroundingMetrics(NUM_CLASSES), ClassificationMetrics(NUM_CLASSES)
     for start in range(0, len(indices), batch_size):
         i = torch.as_tensor(indices[start : start + batch_size], dtype=torch.int64)
-        grounding.update(s[i], m[i], has[i], i)
+        grounding.update(s[i], m[i], has[i], i, query_class[i] if queries else None)
         classification.update(logits[i], labels[i], i)
     return grounding.compute(), classification.compute()
 
 
-def _worker(rank, world, port, shares, out_path):
+def _worker(rank, world, port, shares, out_path, queries=False):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        g, c = evaluate(shares[rank], batch_size=rank + 2)
+        g, c = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
         if rank == 0:
             torch.save({"g": dict(g.items()), "c": dict(c.items())}, out_path)
     finally:
@@ -86,6 +90,17 @@ def test_ddp_equals_single_process(tmp_path, shares):
     assert_same(dict(c.items()), distributed["c"])
 
 
+def test_ddp_equals_single_process_with_queries(tmp_path):
+    """(image, query) pairs summed into their findings' classes: 2 processes give one's numbers."""
+    shares = [list(range(0, 17, 2)), list(range(1, 17, 2))]
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_worker, args=(2, free_port(), shares, out, True), nprocs=2, join=True)
+    distributed = torch.load(out, weights_only=True)
+    g, _ = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=True)
+    assert int(g["pairs"][-1]) == 0 and int(g["pairs"].sum()) > 0  # no query of the last finding
+    assert_same(dict(g.items()), distributed["g"])
+
+
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather", "all_gather_object", "gather", "reduce")
 
 
@@ -123,12 +138,12 @@ def _count_worker(rank, world, port, out_path):
 
 
 def test_end_of_run_sync_makes_one_collective_per_dtype(tmp_path):
-    """torchmetrics syncs each state on its own (a barrier and two all-gathers: 39 collectives for
-    the grounding metric's 13 states, 9 for classification's 3). The packed sync sends the sum states
+    """torchmetrics syncs each state on its own (a barrier and two all-gathers: 51 collectives for
+    the grounding metric's 17 states, 9 for classification's 3). The packed sync sends the sum states
     of a dtype together (int64, float64) and the records as their row counts plus one tensor per
-    dtype (grounding: int64, int32; classification: int64, float32, int8)."""
+    dtype (grounding: int64, float64, int32; classification: int64, float32, int8)."""
     out = tmp_path / "counts.pt"
     mp.spawn(_count_worker, args=(2, free_port(), out), nprocs=2, join=True)
     counts = torch.load(out, weights_only=True)
-    assert counts["grounding"] == ["all_gather"] * 5
+    assert counts["grounding"] == ["all_gather"] * 6
     assert counts["classification"] == ["all_gather"] * 4

@@ -12,22 +12,44 @@ TAUS = [np.float32(k / 100) for k in range(101)]
 EDGE_VALUES = np.array([0.29, 0.5, 1.0, 0.0, 0.01, 0.53, 0.09, 0.33, 0.99], dtype=np.float32)
 
 
-def reference(s, m, has):
-    """Brute force: a Python loop per image, class and threshold with ``>=``."""
-    B, C = s.shape[:2]
-    out = {k: np.zeros(C, dtype=np.int64) for k in ("pairs", "hits", "const", "tied", "empty", "region")}
+def reference_cnr(smap, region):
+    """CNR with numpy's mean and (population) variance; None where it is undefined: no pixel
+    outside the region, or no noise with a contrast (an infinite ratio)."""
+    smap = smap.astype(np.float64)
+    if region.all():
+        return None
+    inside, outside = smap[region], smap[~region]
+    contrast = abs(inside.mean() - outside.mean())
+    noise = np.sqrt(np.var(inside) + np.var(outside))
+    if noise == 0:
+        return 0.0 if contrast == 0 else None
+    return contrast / noise
+
+
+def reference(s, m, has, pair_class=None, num_classes=None):
+    """Brute force: a Python loop per image, pair and threshold with ``>=``; pair ``(b, k)`` counts
+    under class ``pair_class[b, k]`` (default ``k``)."""
+    B, K = s.shape[:2]
+    C = K if num_classes is None else num_classes
+    out = {k: np.zeros(C, dtype=np.int64) for k in ("pairs", "hits", "const", "tied", "empty", "region", "cnr_pairs")}
     out.update({k: np.zeros((C, 101)) for k in ("dice", "iou")})
     out.update({k: np.zeros((C, 101), dtype=np.int64) for k in ("pred", "inter")})
+    out["cnr"] = np.zeros(C)
     rows = []
     for b in range(B):
-        for c in range(C):
-            if not has[b, c]:
+        for k in range(K):
+            if not has[b, k]:
                 continue
-            region = m[b, c]
+            c = k if pair_class is None else pair_class[b, k]
+            region = m[b, k]
             if region.sum() == 0:
                 out["empty"][c] += 1
                 continue
-            smap = s[b, c]
+            smap = s[b, k]
+            cnr = reference_cnr(smap, region)
+            if cnr is not None:
+                out["cnr_pairs"][c] += 1
+                out["cnr"][c] += cnr
             peak = smap.max()
             constant = bool((smap == smap.flat[0]).all())
             at_peak = smap == peak
@@ -49,7 +71,7 @@ def reference(s, m, has):
                 out["inter"][c, k] += inter
                 preds.append(pred)
                 inters.append(inter)
-            rows.append((b, c, int(region.sum()), hit, preds, inters))
+            rows.append((b, c, int(region.sum()), hit, preds, inters, np.nan if cnr is None else cnr))
     return out, rows
 
 
@@ -105,6 +127,9 @@ def check_against_reference(result, ref):
     assert torch.equal(result["constant_maps"], torch.from_numpy(ref["const"]))
     assert torch.equal(result["tied_maxima"], torch.from_numpy(ref["tied"]))
     assert torch.equal(result["empty_masks"], torch.from_numpy(ref["empty"]))
+    assert torch.equal(result["cnr_pairs"], torch.from_numpy(ref["cnr_pairs"]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.testing.assert_allclose(result["cnr"].numpy(), ref["cnr"] / ref["cnr_pairs"], rtol=1e-9, atol=1e-9)
     pairs = ref["pairs"][:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
         dice = ref["dice"] / pairs
@@ -159,8 +184,9 @@ def test_metric_matches_brute_force(shape):
     check_against_reference(result, ref)
     records = result["records"]
     assert len(rows) == len(records["index"])
-    for (b, c, region, hit, preds, inters), i in zip(rows, range(len(rows))):
+    for (b, c, region, hit, preds, inters, cnr), i in zip(rows, range(len(rows))):
         assert (records["index"][i].item(), records["class"][i].item()) == (b, c)
+        np.testing.assert_allclose(records["cnr"][i].item(), cnr, rtol=1e-9, atol=1e-9)
         assert records["region"][i].item() == region
         assert records["hit"][i].item() == hit
         assert records["predicted"][i].tolist() == preds
@@ -188,9 +214,52 @@ def test_record_states_hold_only_the_graded_pairs():
     assert records["index"].tolist() == [index[b] for b, *_ in rows]
     assert records["class"].tolist() == [c for _, c, *_ in rows]
     assert records["region"].tolist() == [region for _, _, region, *_ in rows]
-    assert records["hit"].tolist() == [hit for *_, hit, _, _ in rows]
-    assert records["predicted"].tolist() == [preds for *_, preds, _ in rows]
-    assert records["inter"].tolist() == [inters for *_, inters in rows]
+    assert records["hit"].tolist() == [hit for *_, hit, _, _, _ in rows]
+    assert records["predicted"].tolist() == [preds for *_, preds, _, _ in rows]
+    assert records["inter"].tolist() == [inters for *_, inters, _ in rows]
+
+
+def test_cnr_edge_cases_against_numpy():
+    """A constant map scores 0; a region covering the frame, or a map that is exactly the
+    region's indicator (no noise, a contrast), has no CNR: counted out, not averaged in."""
+    region = np.zeros((1, 1, 6, 6), dtype=bool)
+    region[0, 0, 1:3, 2:5] = True
+    ramp = np.linspace(0, 1, 36, dtype=np.float32).reshape(1, 1, 6, 6)
+    cases = {"constant": np.zeros_like(ramp), "indicator": region.astype(np.float32), "ramp": ramp}
+    has = np.ones((1, 1), dtype=bool)
+    for name, smap in cases.items():
+        result = run_metric([(smap, region, has, np.arange(1))], 1)
+        expected = reference_cnr(smap[0, 0], region[0, 0])
+        assert result["cnr_pairs"].item() == (expected is not None), name
+        if expected is None:
+            assert np.isnan(result["cnr"].item()) and np.isnan(result["records"]["cnr"].item()), name
+        else:
+            assert result["cnr"].item() == pytest.approx(expected, abs=1e-12), name
+    everywhere = np.ones_like(region)
+    result = run_metric([(ramp, everywhere, has, np.arange(1))], 1)
+    assert result["pairs"].item() == 1 and result["cnr_pairs"].item() == 0 and np.isnan(result["macro/cnr"].item())
+
+
+def test_queries_are_summed_into_their_findings_classes():
+    """The query axis: pair (image, slot) is scored under its finding's class; several queries of
+    one finding on an image each count; unused slots (-1) count nowhere. Equals the brute-force
+    loop, records included (in image, slot order, with the slot and the finding)."""
+    rng = np.random.default_rng(21)
+    s, m, has = make_batch(rng, 7, 4, 8, 6, p_mask=0.8)
+    pair_class = rng.integers(0, 3, size=(7, 4))  # 3 findings, 4 query slots: repeats per image
+    pair_class[~has] = -1
+    metric = GroundingMetrics(3)
+    for part in (slice(0, 3), slice(3, 7)):
+        metric.update(*(torch.from_numpy(a[part]) for a in (s, m, has)), torch.arange(7)[part],
+                      torch.from_numpy(pair_class[part]))
+    result = metric.compute()
+    ref, rows = reference(s, m, has, pair_class, num_classes=3)
+    check_against_reference(result, ref)
+    records = result["records"]
+    graded = [(b, k) for b in range(7) for k in range(4) if has[b, k] and m[b, k].any()]
+    assert list(zip(records["index"].tolist(), records["slot"].tolist())) == graded
+    assert records["class"].tolist() == [c for _, c, *_ in rows]
+    np.testing.assert_allclose(records["cnr"].numpy(), [row[-1] for row in rows], rtol=1e-9, atol=1e-9)
 
 
 @settings(max_examples=25, deadline=None)

@@ -34,7 +34,7 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
     graded = [p for p in pointing if p is not None]
     curve = [max(0.0, dice_best * (1 - abs(t - curve_peak))) for t in THRESHOLDS]
     payload = {
-        "schema": "xbench.results/1", "model": model, "dataset": dataset, "created": created, "classes": classes,
+        "schema": "xbench.results/2", "model": model, "dataset": dataset, "created": created, "classes": classes,
         "thresholds": THRESHOLDS,
         "grounding": {
             "macro": {"pointing_game": sum(graded) / len(graded) if graded else None, "dice@0.5": dice_fixed,

@@ -50,8 +50,9 @@ def model_data(seed: int, skill: float) -> dict:
     predicted, inter = random_counts(rng, region, SIZE * SIZE)
     hit = rng.random(len(image)) < skill
     logits = rng.normal(size=labels.shape) + 3 * skill * labels
+    cnr = rng.random(len(image)) * 2 * skill
     return {"labels": labels, "logits": logits, "image": image, "cls": cls, "region": region, "hit": hit,
-            "predicted": predicted, "inter": inter, "dice": 2 * inter / (predicted + region[:, None])}
+            "predicted": predicted, "inter": inter, "dice": 2 * inter / (predicted + region[:, None]), "cnr": cnr}
 
 
 def per_class_means(data: dict, values: np.ndarray, drawn: np.ndarray) -> np.ndarray:
@@ -96,7 +97,8 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
     (folder / "metrics.json").write_text(json.dumps(payload))
     records = {"index": torch.as_tensor(data["image"]), "class": torch.as_tensor(data["cls"]),
                "region": torch.as_tensor(data["region"]), "hit": torch.as_tensor(data["hit"]),
-               "predicted": torch.as_tensor(data["predicted"]), "inter": torch.as_tensor(data["inter"])}
+               "predicted": torch.as_tensor(data["predicted"]), "inter": torch.as_tensor(data["inter"]),
+               "cnr": torch.as_tensor(data["cnr"])}
     labels = {"index": torch.arange(N), "logits": torch.as_tensor(data["logits"], dtype=torch.float32),
               "labels": torch.as_tensor(data["labels"], dtype=torch.int8)}
     image_ids = [f"img{i:02d}" for i in range(N)]  # sorted = index order, as the analysis orders images

@@ -23,6 +23,7 @@ DATA_MODULES = (
     "xbench.data.chexlocalize",
     "xbench.data.chestxray14",
     "xbench.data.vindr",
+    "xbench.data.ms_cxr",
 )
 
 

@@ -1,8 +1,9 @@
 """Grounding statistics of every bootstrap replicate at once, from the 101-point pair counts.
 
 Each graded pair contributes a feature row: its Dice curve (101 values), its IoU curve, its
-Pointing Game hit, a 1 (to count pairs) and, per lesion-size stratum, the same count, hit and
-Dice at 0.5 when the pair is in that stratum. A class's replicate sums are ``weights[:, images]
+Pointing Game hit, a 1 (to count pairs), per lesion-size stratum the same count, hit and Dice at
+0.5 when the pair is in that stratum, and last its CNR and a 1 where the CNR is defined (0 and 0
+where not: a class's CNR is the mean over its pairs with one). A class's replicate sums are ``weights[:, images]
 @ features`` -- one matrix product for all replicates -- taken per cross-fitting fold, so the
 fold sums, their complements and the totals all come from it. From the sums, per replicate:
 
@@ -123,8 +124,10 @@ def grounding_statistics(
     if strata is None:
         strata = torch.zeros(len(pairs.cls), dtype=torch.int64)
     in_stratum = torch.nn.functional.one_hot(strata, num_strata).double()
+    cnr_defined = ~pairs.cnr.isnan()
     features = torch.cat([curves, in_stratum, in_stratum * curves[:, _HIT, None],
-                          in_stratum * curves[:, FIXED_TAU_INDEX, None]], 1)
+                          in_stratum * curves[:, FIXED_TAU_INDEX, None],
+                          pairs.cnr.nan_to_num(0.0).unsqueeze(1), cnr_defined.double().unsqueeze(1)], 1)
     if isinstance(calibration, CrossFitting):
         num_folds, fold = calibration.num_folds, calibration.folds[pairs.image]
     else:
@@ -132,7 +135,7 @@ def grounding_statistics(
 
     nan = torch.full((rows, num_classes), float("nan"), dtype=torch.float64)
     per_class = {name: nan.clone() for name in (
-        "pairs", "pointing_game", *(f"{c}@{s}" for c in CURVES for s in ("0.5", "best", "best_tau")))}
+        "pairs", "pointing_game", "cnr", *(f"{c}@{s}" for c in CURVES for s in ("0.5", "best", "best_tau")))}
     best_index = {c: torch.full((rows, num_classes), -1, dtype=torch.int64) for c in CURVES}
     calibrated_tau: dict[str, Tensor] = {}
     if calibration is not None:
@@ -162,6 +165,8 @@ def grounding_statistics(
         present = count > 0
         per_class["pairs"][:, c] = count
         per_class["pointing_game"][:, c] = torch.where(present, total[:, _HIT] / count, float("nan"))
+        cnr_sum, cnr_count = total[:, -2], total[:, -1]
+        per_class["cnr"][:, c] = torch.where(cnr_count > 0, cnr_sum / cnr_count, float("nan"))
         for curve_name, where in _SLICES.items():
             means = total[:, where] / count.unsqueeze(1)  # [R + 1, 101]
             best = _best(means, present)

@@ -1,8 +1,8 @@
 """Results folders read back as tensors, and runs grouped by dataset for paired analyses.
 
 A results folder (``xbench.reporting.results``) keeps one row per (image, class) in
-``pairs.csv.gz``: the label and logit, and for graded pairs ``|R|``, the Pointing Game hit and
-the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
+``pairs.csv.gz``: the label and logit, and for graded pairs ``|R|``, the Pointing Game hit, the
+CNR and the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
 
 Every run's images are put in the order of their sorted ``image_id``, so two runs on the same
 images line up row for row, whatever order their loaders used.
@@ -23,7 +23,7 @@ from xbench.metrics.grounding import NUM_THRESHOLDS
 from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, count_columns, read_results
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
-PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit",
+PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit", "cnr",
                 *PREDICTED_COLUMNS, *INTER_COLUMNS)
 
 
@@ -37,6 +37,7 @@ class GradedPairs:
     hit: Tensor  # bool [P]: Pointing Game hit
     predicted: Tensor  # int64 [P, 101]: |B_k|
     inter: Tensor  # int64 [P, 101]: |B_k & R|
+    cnr: Tensor  # float64 [P]: contrast-to-noise ratio, NaN where undefined
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def load_run(folder: str | Path) -> Run:
             hit=hit,
             predicted=predicted,
             inter=inter,
+            cnr=torch.tensor(table.loc[graded, "cnr"].to_numpy(dtype=np.float64)),
         ),
         instrument=bool(metrics.get("instrument")),
     )

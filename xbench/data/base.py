@@ -12,6 +12,14 @@ also when an augmentation pushed it out). When the model handed the datamodule i
 (:meth:`XBenchDataModule.set_model_transform`), also ``model_input`` float32 [B,3,s,s], made in the
 workers from the native image (after decoding, the cache and any augmentation), and ``window``
 float32 [B,4], the (top, left, height, width) that input covers in the frame.
+
+A phrase-grounding dataset (MS-CXR) gives samples free-text :class:`Query` records; its batches
+then also carry a query axis of ``Q`` slots (the most queries any image of the split has):
+``query_masks`` bool [B,Q,S,S], ``query_has_mask`` bool [B,Q] (a slot holds a query whose region
+is not empty in the frame), ``query_class`` int64 [B,Q] (the query's finding, an index into the
+classes; -1 for an unused slot), ``query_phrase`` int64 [B,Q] (an index into the datamodule's
+``phrases``; -1 unused) and ``query_lost`` bool [B,Q] (a query region empty inside the frame, left
+out). Class-level datasets carry none of these keys.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from rich.console import Console
 
 from xbench.cache import cache_root
-from xbench.data import augment, cache, io, regions, transforms
+from xbench.data import augment, cache, io, queries, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
 from xbench.data.cache import (
     NATIVE_SHORTER_SIDE,
@@ -43,22 +51,26 @@ from xbench.data.cache import (
     quantise,
 )
 from xbench.data.io import read_image
+from xbench.data.queries import query_fields
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
 
 if TYPE_CHECKING:
+    from xbench.data.queries import Query
     from xbench.models.preprocess import Preprocess
 
 
 @dataclass
 class Sample:
-    """One image of a split: where it is, its labels and its regions, by canonical class key."""
+    """One image of a split: where it is, its labels and its regions, by canonical class key; a
+    phrase-grounding dataset also lists the image's queries (:class:`xbench.data.queries.Query`)."""
 
     image_id: str
     path: Path
     labels: dict[str, int]
     regions: dict[str, Region] = field(default_factory=dict)
+    queries: tuple[Query, ...] = ()
 
 
 class ExactlyOnceSampler(Sampler[int]):
@@ -93,6 +105,8 @@ class XBenchDataset(Dataset):
         mask_threshold: float,
         augment: AugmentConfig | None = None,
         augment_seed: int = 0,
+        query_slots: int = 0,
+        phrases: Sequence[str] = (),
     ):
         self.samples = samples
         self.classes = list(classes)
@@ -100,6 +114,8 @@ class XBenchDataset(Dataset):
         self.mask_threshold = mask_threshold
         self.pipeline = build_pipeline(augment) if augment is not None else None
         self.augment_seed = augment_seed
+        self.query_slots = query_slots
+        self.phrase_row = {text: row for row, text in enumerate(phrases)}
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -113,40 +129,49 @@ class XBenchDataset(Dataset):
         image = read_image(sample.path)
         height, width = image.shape
         size, num_classes = self.image_size, len(self.classes)
+        # Class regions under their class index, query regions under num_classes + slot: one list
+        # through the augmentation, so a query's mask moves with its class's.
         native: dict[int, np.ndarray] = {}
         clipped = 0
-        for c, key in enumerate(self.classes):
-            region = sample.regions.get(key)
+        image_queries = [q for q in sample.queries if q.finding in self.classes]
+        drawn = [(c, sample.regions.get(key)) for c, key in enumerate(self.classes)]
+        drawn += [(num_classes + slot, query.region) for slot, query in enumerate(image_queries)]
+        for target, region in drawn:
             if region is not None:
-                native[c], clipped_shapes = region.to_mask(height, width)
-                clipped += clipped_shapes
+                native[target], clipped_shapes = region.to_mask(height, width)
+                clipped += clipped_shapes if target < num_classes else 0  # a query's boxes are its class's too
         if self.pipeline is not None:
             image, augmented = augment_sample(self.pipeline, self.augment_seed, index, image, list(native.values()))
             native = dict(zip(native, augmented))
-        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
-        has_mask = torch.zeros(num_classes, dtype=torch.bool)
-        lost = torch.zeros(num_classes, dtype=torch.bool)
-        for c, mask in native.items():
+        targets = num_classes + self.query_slots
+        masks = torch.zeros(targets, size, size, dtype=torch.bool)
+        has_mask = torch.zeros(targets, dtype=torch.bool)
+        lost = torch.zeros(targets, dtype=torch.bool)
+        for target, mask in native.items():
             if mask.any():
-                masks[c] = resize_mask(mask, size, self.mask_threshold)
-                has_mask[c] = True
+                masks[target] = resize_mask(mask, size, self.mask_threshold)
+                has_mask[target] = True
             else:
-                lost[c] = True
+                lost[target] = True
         record = {
             "image": quantise(resize_image(image, size)),
             "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
-            "masks": masks,
-            "has_mask": has_mask,
+            "masks": masks[:num_classes],
+            "has_mask": has_mask[:num_classes],
             "index": index,
             "image_id": sample.image_id,
             "clipped_shapes": clipped,
-            "lost_regions": lost,
+            "lost_regions": lost[:num_classes],
         }
+        if self.query_slots:
+            record.update(query_fields(image_queries, self.classes, self.phrase_row, self.query_slots))
+            record.update(query_masks=masks[num_classes:], query_has_mask=has_mask[num_classes:],
+                          query_lost=lost[num_classes:])
         return record, image if with_native else None
 
 
 #: The code that decides the cached pixels; its source is part of the cache's fingerprint.
-PIXEL_CODE = (io, regions, transforms, augment, cache, XBenchDataset)
+PIXEL_CODE = (io, regions, transforms, augment, cache, queries, XBenchDataset)
 
 
 class ModelInputDataset(Dataset):
@@ -307,9 +332,21 @@ class XBenchDataModule(L.LightningDataModule):
                 "entry per image in the annotation file."
             )
 
+    @property
+    def phrases(self) -> list[str]:
+        """The split's distinct query phrases (of the chosen classes' findings), in first-seen order;
+        a batch's ``query_phrase`` indexes this list. Empty for a class-level dataset."""
+        return list(dict.fromkeys(q.text for s in self.samples for q in s.queries if q.finding in self.classes))
+
+    @property
+    def query_slots(self) -> int:
+        """``Q``, the query axis of a batch: the most queries (of the chosen classes) on one image."""
+        return max((sum(q.finding in self.classes for q in s.queries) for s in self.samples), default=0)
+
     def decoding_dataset(self) -> XBenchDataset:
         return XBenchDataset(
-            self.samples, self.classes, self.image_size, self.mask_threshold, self.augment, self.augment_seed
+            self.samples, self.classes, self.image_size, self.mask_threshold, self.augment, self.augment_seed,
+            self.query_slots, self.phrases,
         )
 
     def cache_folder(self) -> Path:
@@ -345,7 +382,9 @@ class XBenchDataModule(L.LightningDataModule):
 
     def setup(self, stage: str | None = None) -> None:
         if self.cache and self.cache_folder().exists():
-            self.test_set = CachedDataset(self.cache_folder(), self.samples, self.classes, self.image_size)
+            self.test_set = CachedDataset(
+                self.cache_folder(), self.samples, self.classes, self.image_size, self.query_slots, self.phrases
+            )
         else:
             self.test_set = self.decoding_dataset()
 

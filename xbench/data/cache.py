@@ -41,9 +41,10 @@ from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from xbench import __version__
+from xbench.data.queries import query_fields
 from xbench.data.transforms import cap_shorter_side
 
-FORMAT = 2
+FORMAT = 3
 IMAGE_LEVELS = 65535
 #: The default cap on the native image's shorter side in the cache: twice the largest model input
 #: (KAD's 512), and the native size of NIH ChestX-ray14, ChestX-Det10, RSNA and SIIM, which are
@@ -87,8 +88,10 @@ def fingerprint(samples: Sequence, settings: dict) -> str:
     digest = hashlib.sha256(json.dumps({**settings, "format": FORMAT, "xbench": __version__}, sort_keys=True).encode())
     for sample in samples:
         regions = sorted((key, repr(region)) for key, region in sample.regions.items())
-        digest.update(repr((sample.image_id, str(sample.path), sorted(sample.labels.items()), regions)).encode())
-        for path in (sample.path, *(p for region in sample.regions.values() for p in _region_files(region))):
+        digest.update(repr((sample.image_id, str(sample.path), sorted(sample.labels.items()), regions,
+                            sample.queries)).encode())
+        drawn = [*sample.regions.values(), *(query.region for query in sample.queries)]
+        for path in (sample.path, *(p for region in drawn for p in _region_files(region))):
             stat = os.stat(path)
             digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:20]
@@ -146,6 +149,11 @@ def build_cache(
         )
         has_mask = np.zeros(rows_of.shape, dtype=bool)
         lost = np.zeros(rows_of.shape, dtype=bool)
+        slots = getattr(dataset, "query_slots", 0)
+        # a phrase dataset's query masks: few (MS-CXR has about one per image), kept in full
+        query_masks = np.zeros((count, slots, (pixels + 7) // 8), dtype=np.uint8)
+        query_has_mask = np.zeros((count, slots), dtype=bool)
+        query_lost = np.zeros((count, slots), dtype=bool)
         clipped = np.zeros(count, dtype=np.int64)
         native_offsets = np.zeros(count, dtype=np.int64)
         native_shapes = np.zeros((count, 2), dtype=np.int64)
@@ -163,6 +171,10 @@ def build_cache(
                 has_mask[rows] = batch["has_mask"].numpy()
                 lost[rows] = batch["lost_regions"].numpy()
                 clipped[rows] = batch["clipped_shapes"].numpy()
+                if slots:
+                    query_masks[rows] = np.packbits(batch["query_masks"].numpy().reshape(len(rows), slots, pixels), axis=-1)
+                    query_has_mask[rows] = batch["query_has_mask"].numpy()
+                    query_lost[rows] = batch["query_lost"].numpy()
                 for row, native in zip(rows, natives):
                     natives_file.write(native.tobytes())
                     native_offsets[row], native_shapes[row] = offset, native.shape
@@ -172,7 +184,8 @@ def build_cache(
         del frames, masks
         np.savez(
             staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, mask_rows=rows_of,
-            native_offsets=native_offsets, native_shapes=native_shapes,
+            native_offsets=native_offsets, native_shapes=native_shapes, query_masks=query_masks,
+            query_has_mask=query_has_mask, query_lost=query_lost,
         )
         try:
             os.rename(staging, folder)
@@ -187,12 +200,18 @@ class CachedDataset(Dataset):
     """Samples read back from a cache folder; the same dicts :class:`XBenchDataset` yields, and
     (:meth:`item`) the cached native image."""
 
-    def __init__(self, folder: Path, samples: Sequence, classes: Sequence[str], image_size: int) -> None:
+    def __init__(self, folder: Path, samples: Sequence, classes: Sequence[str], image_size: int,
+                 query_slots: int = 0, phrases: Sequence[str] = ()) -> None:
         self.folder = folder
         self.samples = samples
         self.classes = list(classes)
         self.image_size = image_size
+        self.query_slots = query_slots
+        self.phrase_row = {text: row for row, text in enumerate(phrases)}
         index = np.load(folder / "index.npz")
+        self.query_masks = index["query_masks"]
+        self.query_has_mask = torch.from_numpy(index["query_has_mask"])
+        self.query_lost = torch.from_numpy(index["query_lost"])
         self.has_mask = torch.from_numpy(index["has_mask"])
         self.lost_regions = torch.from_numpy(index["lost_regions"])
         self.clipped_shapes = index["clipped_shapes"]
@@ -235,6 +254,12 @@ class CachedDataset(Dataset):
             "clipped_shapes": int(self.clipped_shapes[index]),
             "lost_regions": self.lost_regions[index].clone(),
         }
+        if self.query_slots:
+            unpacked = np.unpackbits(self.query_masks[index], axis=-1, count=size * size)
+            queries = [q for q in sample.queries if q.finding in self.classes]
+            record.update(query_fields(queries, self.classes, self.phrase_row, self.query_slots))
+            record.update(query_masks=torch.from_numpy(unpacked.view(bool).reshape(self.query_slots, size, size)),
+                          query_has_mask=self.query_has_mask[index].clone(), query_lost=self.query_lost[index].clone())
         if not with_native:
             return record, None
         start, (height, width) = int(self.native_offsets[index]), self.native_shapes[index]

@@ -46,7 +46,7 @@ class MetricValues:
 class PackedSyncMetric(Metric):
     """A ``Metric`` whose states cross processes in a few collectives, not three per state.
 
-    torchmetrics gathers each state on its own (a barrier, its shape, its values): 39 collectives
+    torchmetrics gathers each state on its own (a barrier, its shape, its values): 51 collectives
     for a :class:`~xbench.metrics.grounding.GroundingMetrics` at the end of a run. Here the sum
     states of one dtype travel as one flat tensor, and the concatenated states as one gather of
     every state's row count and one flat tensor per dtype. Results are those of torchmetrics' sync:

@@ -6,8 +6,16 @@ For the float32 thresholds ``tau_k = k / 100`` (k = 0..100) a pixel belongs to `
 ``torch.bucketize(s, THRESHOLDS, right=True) - 1`` returns. Histograms of all pixels and of the
 pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every threshold at once.
 
+Contrast-to-noise ratio (BioViL's grounding metric) of a graded pair: ``|mean_in - mean_out| /
+sqrt(var_in + var_out)`` of the normalised map inside and outside ``R`` (population variances),
+from the sums of ``s`` and ``s^2`` over both. A map with no contrast and no noise (a constant map)
+scores 0; a pair whose region covers the whole frame (no outside) or whose map is exactly constant
+inside and outside with a contrast (infinite CNR) has no CNR: counted, left out of its mean.
+
 Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
-(exact under DDP) plus records of the graded pairs only (concatenated) for later analyses.
+(exact under DDP) plus records of the graded pairs only (concatenated) for later analyses. A
+phrase dataset's (image, query) pairs enter the same way, summed into the class of each query's
+finding (``pair_class``).
 """
 
 from __future__ import annotations
@@ -108,12 +116,32 @@ def pair_scores(predicted: Tensor, inter: Tensor) -> tuple[Tensor, Tensor]:
     return dice, iou
 
 
+def contrast_to_noise(saliency: Tensor, masks: Tensor) -> Tensor:
+    """CNR (float64 [P]) of P maps [P, H, W] against their regions [P, H, W]; NaN where undefined."""
+    s = saliency.flatten(1).double()
+    inside = masks.flatten(1)
+    pixels = s.shape[1]
+    count_in = inside.sum(1).double()
+    count_out = pixels - count_in
+    sum_all, square_all = s.sum(1), (s * s).sum(1)
+    sum_in = (s * inside).sum(1)
+    square_in = (s * s * inside).sum(1)
+    mean_in, mean_out = sum_in / count_in, (sum_all - sum_in) / count_out
+    var_in = (square_in / count_in - mean_in**2).clamp(min=0)
+    var_out = ((square_all - square_in) / count_out - mean_out**2).clamp(min=0)
+    contrast, noise = (mean_in - mean_out).abs(), (var_in + var_out).sqrt()
+    cnr = torch.where(noise > 0, contrast / noise, torch.where(contrast == 0, 0.0, float("nan")))
+    return torch.where(count_out > 0, cnr, float("nan"))
+
+
 def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict[str, Tensor]:
     """Functional twin of :class:`GroundingMetrics`: everything one batch contributes, per pair.
 
     Returns a dict of [B, C] tensors (``graded``: the pair enters grounding -- it has a mask and the
-    mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``) and [B, C, 101]
-    tensors (``predicted``, ``inter``, ``dice``, ``iou``; zero for pairs that are not graded).
+    mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``; ``cnr``, NaN
+    where not graded or undefined), [B, C, 101] tensors (``predicted``, ``inter``, ``dice``,
+    ``iou``; zero for pairs that are not graded) and ``graded_pairs``, the (image, class) indices of
+    the graded pairs.
 
     Pointing Game: the map's maximum is 1 after min-max normalisation, so the pixels attaining it
     are exactly the top bin; a hit is any of them inside ``R`` (ties count symmetrically). A
@@ -126,6 +154,11 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict
     top = predicted[..., -1]
     dice, iou = pair_scores(predicted, inter)
     keep = graded.unsqueeze(-1)
+    # Only graded pairs (a few percent of a multi-label dataset's) get a CNR. Selecting them costs
+    # one device-to-host sync per step: nonzero must learn their number.
+    graded_pairs = graded.nonzero(as_tuple=True)
+    cnr = torch.full(graded.shape, float("nan"), dtype=torch.float64, device=saliency.device)
+    cnr[graded_pairs] = contrast_to_noise(saliency[graded_pairs], masks[graded_pairs])
     return {
         "graded": graded,
         "empty_mask": has_mask & (region == 0),
@@ -137,6 +170,8 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict
         "inter": inter * keep,
         "dice": torch.where(keep, dice, 0.0),
         "iou": torch.where(keep, iou, 0.0),
+        "cnr": cnr,
+        "graded_pairs": graded_pairs,
     }
 
 
@@ -147,6 +182,8 @@ def summarise_curves(
     iou_sum: Tensor,
     predicted_sum: Tensor,
     inter_sum: Tensor,
+    cnr_pairs: Tensor,
+    cnr_sum: Tensor,
 ) -> dict[str, Tensor]:
     """Per-class results and macro means from summed states."""
     count = pairs.double()
@@ -164,6 +201,8 @@ def summarise_curves(
         "pairs": pairs,
         "hits": hits,
         "pointing_game": torch.where(has_pairs, hits.double() / count.clamp(min=1), nan),
+        "cnr_pairs": cnr_pairs,
+        "cnr": torch.where(cnr_pairs > 0, cnr_sum / cnr_pairs.clamp(min=1), nan),
     }
     thresholds = THRESHOLDS.to(device=count.device, dtype=torch.float64)
     for name, curve in curves.items():
@@ -175,19 +214,21 @@ def summarise_curves(
         out[f"{name}@best"] = torch.where(has_pairs, best, nan)
         out[f"{name}@best_tau"] = torch.where(has_pairs, thresholds[best_index], nan)
     for name in run_keys("grounding", "macro"):
-        values = out[name][has_pairs]
+        values = out[name][has_pairs & ~out[name].isnan()]
         out[f"macro/{name}"] = values.mean() if values.numel() else torch.tensor(float("nan"))
     out["classes_with_pairs"] = has_pairs.sum()
     return out
 
 
 class GroundingMetrics(RecordsMetric):
-    """Pointing Game, Dice and IoU (per-image mean and pooled) at tau = 0.5 and at the best tau.
+    """Pointing Game, Dice and IoU (per-image mean and pooled) at tau = 0.5 and at the best tau, and CNR.
 
-    ``update(saliency, masks, has_mask, index)``:
-        saliency: float [B, C, H, W] in [0, 1], min-max normalised per (image, class) so that a
-            non-constant map has maximum exactly 1 and a constant map is all zeros.
-        masks: bool [B, C, H, W]; has_mask: bool [B, C]; index: int64 [B] global sample index.
+    ``update(saliency, masks, has_mask, index, pair_class)``:
+        saliency: float [B, K, H, W] in [0, 1], min-max normalised per pair so that a non-constant
+            map has maximum exactly 1 and a constant map is all zeros.
+        masks: bool [B, K, H, W]; has_mask: bool [B, K]; index: int64 [B] global sample index.
+        pair_class: int64 [B, K], the class each pair is scored under (a phrase dataset's queries:
+            the query's finding; -1 for an unused slot); ``None``: pair ``k`` is class ``k``.
 
     Only pairs with ``has_mask`` and a non-empty mask are graded; pairs with ``has_mask`` but an
     empty mask are counted as ``empty_masks`` and left out. ``best`` values are chosen on the
@@ -204,8 +245,9 @@ class GroundingMetrics(RecordsMetric):
         self.validate_args = validate_args
         per_class = lambda dtype: torch.zeros(num_classes, dtype=dtype)  # noqa: E731
         per_curve = lambda dtype: torch.zeros(num_classes, NUM_THRESHOLDS, dtype=dtype)  # noqa: E731
-        for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks"):
+        for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks", "cnr_pairs"):
             self.add_state(name, per_class(torch.int64), dist_reduce_fx="sum")
+        self.add_state("cnr_sum", per_class(torch.float64), dist_reduce_fx="sum")
         for name in ("dice_sum", "iou_sum"):
             self.add_state(name, per_curve(torch.float64), dist_reduce_fx="sum")
         for name in ("predicted_sum", "inter_sum"):
@@ -215,36 +257,40 @@ class GroundingMetrics(RecordsMetric):
     def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         return {
             "rec_index": ((), torch.int64),
+            "rec_slot": ((), torch.int64),
             "rec_class": ((), torch.int64),
+            "rec_cnr": ((), torch.float64),
             "rec_predicted": ((NUM_THRESHOLDS,), torch.int32),
             "rec_inter": ((NUM_THRESHOLDS,), torch.int32),
         }
 
-    def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None) -> None:
+    def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None,
+               pair_class: Tensor | None = None) -> None:
         if self.validate_args:
-            _check_grounding_inputs(saliency, masks, has_mask, self.num_classes)
+            _check_grounding_inputs(saliency, masks, has_mask, self.num_classes, pair_class)
         r = grounding_records(saliency, masks, has_mask)
-        graded = r["graded"]
-        self.pairs += graded.sum(0)
-        self.hits += r["hit"].sum(0)
-        self.constant_maps += r["constant"].sum(0)
-        self.tied_maxima += r["tied"].sum(0)
-        self.empty_masks += r["empty_mask"].sum(0)
-        self.dice_sum += r["dice"].sum(0)
-        self.iou_sum += r["iou"].sum(0)
-        self.predicted_sum += r["predicted"].sum(0)
-        self.inter_sum += r["inter"].sum(0)
+        cnr = r["cnr"]
+        defined = ~cnr.isnan()
+        for state, values in (
+            (self.pairs, r["graded"]), (self.hits, r["hit"]), (self.constant_maps, r["constant"]),
+            (self.tied_maxima, r["tied"]), (self.empty_masks, r["empty_mask"]), (self.cnr_pairs, defined),
+            (self.cnr_sum, torch.where(defined, cnr, 0.0)), (self.dice_sum, r["dice"]), (self.iou_sum, r["iou"]),
+            (self.predicted_sum, r["predicted"]), (self.inter_sum, r["inter"]),
+        ):
+            state += _sum_by_class(values, pair_class, self.num_classes)
         # Records keep only the graded pairs (a few percent of a multi-label dataset's pairs).
-        # Selecting them costs one device-to-host sync per step: nonzero must learn their number.
-        image, cls = graded.nonzero(as_tuple=True)
+        image, slot = r["graded_pairs"]
         self.rec_index.append(torch.full_like(image, -1) if index is None else index[image])
-        self.rec_class.append(cls)
-        self.rec_predicted.append(r["predicted"][image, cls].int())
-        self.rec_inter.append(r["inter"][image, cls].int())
+        self.rec_slot.append(slot)
+        self.rec_class.append(slot if pair_class is None else pair_class[image, slot])
+        self.rec_cnr.append(cnr[image, slot])
+        self.rec_predicted.append(r["predicted"][image, slot].int())
+        self.rec_inter.append(r["inter"][image, slot].int())
 
     def compute(self) -> MetricValues:
         out = summarise_curves(
-            self.pairs, self.hits, self.dice_sum, self.iou_sum, self.predicted_sum, self.inter_sum
+            self.pairs, self.hits, self.dice_sum, self.iou_sum, self.predicted_sum, self.inter_sum,
+            self.cnr_pairs, self.cnr_sum,
         )
         out["constant_maps"] = self.constant_maps
         out["tied_maxima"] = self.tied_maxima
@@ -253,23 +299,44 @@ class GroundingMetrics(RecordsMetric):
         return MetricValues(out)
 
     def records(self) -> dict[str, Tensor]:
-        """Per graded pair: image index, class, ``|R|``, hit and the 101-point counts."""
-        index, cls = dim_zero_cat(self.rec_index), dim_zero_cat(self.rec_class)
-        order = torch.argsort(index * self.num_classes + cls, stable=True)
+        """Per graded pair, in (image, slot) order: image index, slot (the class, or a phrase
+        dataset's query slot), class, ``|R|``, hit, CNR and the 101-point counts."""
+        index, slot = dim_zero_cat(self.rec_index), dim_zero_cat(self.rec_slot)
+        slots = int(slot.max()) + 1 if slot.numel() else 1
+        order = torch.argsort(index * slots + slot, stable=True)
         inter = dim_zero_cat(self.rec_inter)[order].long()
         return {
             "index": index[order],
-            "class": cls[order],
+            "slot": slot[order],
+            "class": dim_zero_cat(self.rec_class)[order],
             "region": inter[:, 0],  # |B_0 & R| = |R|
             "hit": inter[:, -1] > 0,  # a top-bin pixel (the map's maximum) inside R
+            "cnr": dim_zero_cat(self.rec_cnr)[order],
             "predicted": dim_zero_cat(self.rec_predicted)[order].long(),
             "inter": inter,
         }
 
 
-def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, num_classes: int) -> None:
-    if saliency.ndim != 4 or saliency.shape[1] != num_classes:
+def _sum_by_class(values: Tensor, pair_class: Tensor | None, num_classes: int) -> Tensor:
+    """Per-pair values [B, K, ...] summed over images into their classes: [C, ...]."""
+    if pair_class is None:
+        return values.sum(0)
+    flat = values.flatten(0, 1)
+    flat = flat.long() if flat.dtype == torch.bool else flat
+    # unused slots (class -1) hold zeros: adding them to class 0 changes nothing
+    return flat.new_zeros((num_classes, *flat.shape[1:])).index_add_(0, pair_class.clamp(min=0).flatten(), flat)
+
+
+def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, num_classes: int,
+                            pair_class: Tensor | None) -> None:
+    if pair_class is None and (saliency.ndim != 4 or saliency.shape[1] != num_classes):
         raise ValueError(f"saliency must be [B, {num_classes}, H, W]; got {tuple(saliency.shape)}")
+    if pair_class is not None:
+        if saliency.ndim != 4 or pair_class.shape != saliency.shape[:2]:
+            raise ValueError(f"saliency must be [B, K, H, W] and pair_class [B, K]; got {tuple(saliency.shape)} "
+                             f"and {tuple(pair_class.shape)}")
+        if bool(((pair_class < -1) | (pair_class >= num_classes)).any()) or bool((has_mask & (pair_class < 0)).any()):
+            raise ValueError(f"pair_class must hold classes 0..{num_classes - 1} (-1 only for slots without a mask)")
     if masks.shape != saliency.shape or masks.dtype != torch.bool:
         raise ValueError(f"masks must be bool with the saliency's shape {tuple(saliency.shape)}; "
                          f"got {masks.dtype} {tuple(masks.shape)}")

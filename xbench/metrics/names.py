@@ -18,7 +18,7 @@ Section = Literal["grounding", "classification"]
 @dataclass(frozen=True)
 class Metric:
     """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a tau or probability, shown
-    as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
+    as is), ``ratio`` (shown as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
     ``per_class``: it has a per-class value; ``analysed``: the bootstrap analysis gives it intervals
     (per class, and as a macro mean where ``macro``)."""
 
@@ -26,7 +26,7 @@ class Metric:
     section: Section
     short: str
     long: str
-    unit: Literal["percent", "threshold", "logit", "count"] = "percent"
+    unit: Literal["percent", "threshold", "ratio", "logit", "count"] = "percent"
     chosen: bool = False
     macro: bool = True
     per_class: bool = True
@@ -57,6 +57,8 @@ METRICS: tuple[Metric, ...] = (
     *_grounding_curves(),
     Metric("dice@calibrated", "grounding", "Dice@τcal", "Dice at the calibrated threshold τcal", analysed=True),
     Metric("iou@calibrated", "grounding", "IoU@τcal", "IoU at the calibrated threshold τcal", analysed=True),
+    Metric("cnr", "grounding", "CNR", "contrast-to-noise ratio", unit="ratio", analysed=True),
+    Metric("cnr_pairs", "grounding", "CNR pairs", "graded pairs with a defined CNR", unit="count", macro=False),
     Metric("constant_maps", "grounding", "Constant maps", "constant maps (a Pointing Game miss)", unit="count",
            macro=False),
     Metric("tied_maxima", "grounding", "Tied maxima", "maps whose maximum is tied", unit="count", macro=False),

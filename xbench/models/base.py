@@ -15,13 +15,21 @@ A subclass only says how to turn images into scores and maps:
 - ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
   (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
   the window of the frame its input shows.
+
+Phrase grounding (a dataset whose images carry free-text queries, such as MS-CXR): a model whose
+text side encodes free text sets ``query_mode = "phrase"`` and implements ``encode_phrases``, which
+returns its text side for the phrases as the attributes ``forward`` reads, one row per phrase; the
+base then runs ``forward`` with a batch's phrases in place of the classes (:meth:`phrase_maps`). A
+fixed-vocabulary model (MedKLIP, MAVL; baselines) keeps ``query_mode = "finding"``: it grounds the
+map of the phrase's finding, and the results say so.
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import ClassVar
+from contextlib import contextmanager
+from typing import ClassVar, Literal
 
 import lightning as L
 import torch
@@ -38,7 +46,8 @@ from xbench.reporting.wandb import log_run
 
 class RegionCounts(PackedSyncMetric):
     """Data-quality counters carried by the batch: shapes clipped at the image border and
-    annotated regions that came out empty inside the frame (left out of grounding)."""
+    annotated regions (and a phrase dataset's query regions) that came out empty inside the frame
+    (left out of grounding)."""
 
     full_state_update = False
 
@@ -46,14 +55,18 @@ class RegionCounts(PackedSyncMetric):
         super().__init__(**kwargs)
         self.add_state("clipped_shapes", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self.add_state("lost_regions", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
+        self.add_state("lost_queries", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
 
-    def update(self, clipped_shapes: Tensor, lost_regions: Tensor) -> None:
+    def update(self, clipped_shapes: Tensor, lost_regions: Tensor, lost_queries: Tensor | None = None) -> None:
         self.clipped_shapes += clipped_shapes.sum()
         self.lost_regions += lost_regions.sum(0)
+        if lost_queries is not None:
+            self.lost_queries += lost_queries.sum()
 
     def compute(self) -> MetricValues:
         # MetricValues, not a dict: torchmetrics would squeeze a one-class dataset's [1] counts
-        return MetricValues({"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone()})
+        return MetricValues({"clipped_shapes": self.clipped_shapes, "lost_regions": self.lost_regions.clone(),
+                             "lost_queries": self.lost_queries})
 
 
 class XBenchModel(L.LightningModule):
@@ -77,6 +90,9 @@ class XBenchModel(L.LightningModule):
     instrument: ClassVar[bool] = False
     #: The authors' input transform and map rule; ``None``: the model reads the frame image.
     preprocess: Preprocess | None = None
+    #: How a free-text query is grounded: ``phrase`` (the text side encodes the phrase, see
+    #: :meth:`encode_phrases`) or ``finding`` (the map of the phrase's finding).
+    query_mode: ClassVar[Literal["phrase", "finding"]] = "finding"
 
     def __init__(
         self, upsample: MapUpsample | None = None, results_dir: str | None = "results", overlay_pairs: int = 2
@@ -120,6 +136,31 @@ class XBenchModel(L.LightningModule):
     def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError(f"{type(self).__name__} must implement forward(model_input) -> (logits, maps)")
 
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """The text side for free-text ``phrases`` (``query_mode = "phrase"`` models): attribute name
+        -> the value ``forward`` reads there, one row (dim 0) per phrase, in the model's own prompt
+        style for phrases. Called once per run with every phrase of the split."""
+        raise NotImplementedError(f"{type(self).__name__} has query_mode 'phrase' but no encode_phrases(phrases)")
+
+    @contextmanager
+    def text_side(self, rows: dict[str, Tensor]):
+        """``forward`` reads ``rows`` as its text side inside the block; the classes' after it."""
+        saved = {name: getattr(self, name) for name in rows}
+        try:
+            for name, value in rows.items():
+                setattr(self, name, value)
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
+        """Maps [B, T, h, w] of the T phrases whose text side ``rows`` holds (rows of
+        :meth:`encode_phrases`): ``forward`` with the phrases in place of the classes. A model whose
+        prompts are decoded together (KAD's query set) grounds each phrase on its own instead."""
+        with self.text_side(rows):
+            return self(model_input)[1]
+
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
         return self(batch["image"] if self.preprocess is None else batch["model_input"])
@@ -148,14 +189,25 @@ class XBenchModel(L.LightningModule):
         self.classification = ClassificationMetrics(len(classes))
         self.region_counts = RegionCounts(len(classes))
         self.build(classes)
+        # A phrase dataset's queries: scored by the model's grounding of each phrase (its query_mode)
+        # and, for a phrase-mode model, also by the map of the phrase's finding name, on the same pairs.
+        phrases = list(getattr(datamodule, "phrases", []))
+        by_phrase = phrases and self.query_mode == "phrase"
+        self.phrase_text = self.encode_phrases(phrases) if by_phrase else None
+        self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
+        self.name_grounding = GroundingMetrics(len(classes), validate_args=False) if by_phrase else None
         datamodule.set_model_transform(self.preprocess)
         if self.results_dir is not None and self.trainer.is_global_zero:
             check_writable(Path(self.results_dir))
         choice = choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
         self.overlays = OverlayRecords(choice, datamodule.image_size)
 
+    def run_metrics(self) -> list:
+        return [metric for metric in (self.grounding, self.classification, self.region_counts, self.overlays,
+                                      self.query_grounding, self.name_grounding) if metric is not None]
+
     def on_test_epoch_start(self) -> None:
-        for metric in (self.grounding, self.classification, self.region_counts, self.overlays):
+        for metric in self.run_metrics():
             metric.reset()
 
     def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
@@ -172,21 +224,48 @@ class XBenchModel(L.LightningModule):
             )
         torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
                             f"{type(self).__name__} produced non-finite logits or maps")
-        frame = tuple(masks.shape[-2:])
+        saliency = self.frame_saliency(maps, batch)
+        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
+        self.classification.update(logits.float(), batch["labels"], batch["index"])
+        self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
+        self.overlays.update(batch["image"], saliency, masks, batch["index"], batch["image_id"])
+        if self.query_grounding is not None:
+            self.ground_queries(batch, maps)
+        return {"logits": logits, "saliency": saliency}
+
+    def frame_saliency(self, maps: Tensor, batch: dict) -> Tensor:
+        """Maps [B, K, h, w] on the model's grid -> normalised saliency [B, K, S, S] in the frame."""
+        batch_size, frame = maps.shape[0], tuple(batch["masks"].shape[-2:])
         windows = whole_frame(batch_size, frame, maps.device) if self.preprocess is None else batch["window"]
         # a map that points nowhere becomes all zeros: the metrics count it as constant, a miss
         saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
-        saliency = saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
-        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
-        self.classification.update(logits.float(), batch["labels"], batch["index"])
-        self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"])
-        self.overlays.update(batch["image"], saliency, masks, batch["index"], batch["image_id"])
-        return {"logits": logits, "saliency": saliency}
+        return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
+
+    def ground_queries(self, batch: dict, class_maps: Tensor) -> None:
+        """Score a phrase dataset's (image, query) pairs: the map of each query's finding name and,
+        for a phrase-mode model, the map of its phrase."""
+        query_class, query_phrase = batch["query_class"], batch["query_phrase"]
+        grid = class_maps.shape[-2:]
+        by_name = class_maps.gather(1, query_class.clamp(min=0)[..., None, None].expand(-1, -1, *grid))
+        scored = [(self.query_grounding, by_name)]
+        phrase_ids = torch.unique(query_phrase[query_phrase >= 0]).cpu()
+        if self.phrase_text is not None and len(phrase_ids):
+            rows = {name: value[phrase_ids].to(class_maps.device) for name, value in self.phrase_text.items()}
+            model_input = batch["image"] if self.preprocess is None else batch["model_input"]
+            maps = self.phrase_maps(model_input, rows)
+            position = torch.searchsorted(phrase_ids.to(query_phrase.device), query_phrase.clamp(min=0))
+            by_phrase = maps.gather(1, position.clamp(max=maps.shape[1] - 1)[..., None, None].expand(-1, -1, *grid))
+            scored = [(self.query_grounding, by_phrase), (self.name_grounding, by_name)]
+        for metric, maps in scored:
+            metric.update(self.frame_saliency(maps, batch), batch["query_masks"], batch["query_has_mask"],
+                          batch["index"], query_class)
 
     def on_test_epoch_end(self) -> None:
         grounding = self.grounding.compute()
         classification = self.classification.compute()
         counts = self.region_counts.compute()
+        queries = {name: metric.compute() for name, metric in (("phrase", self.query_grounding),
+                                                               ("name", self.name_grounding)) if metric is not None}
         overlay_records = self.overlays.compute()
         datamodule = self.trainer.datamodule
         evaluated = classification["records"]["index"]
@@ -206,6 +285,8 @@ class XBenchModel(L.LightningModule):
         notes = [f"{clipped} annotated shapes reached outside their image and were clipped"] if clipped else []
         if lost:
             notes.append(f"{lost} annotated regions were empty inside the frame and left out of grounding")
+        if int(counts["lost_queries"]):
+            notes.append(f"{int(counts['lost_queries'])} query regions were empty inside the frame and left out")
         if notes:
             warnings.warn(
                 "; ".join(notes) + " (counted under data.clipped_shapes and data.lost_regions in metrics.json)",
@@ -218,6 +299,7 @@ class XBenchModel(L.LightningModule):
             classification=classification,
             region_counts=counts,
             config=self.run_config,
+            queries=queries,
         )
         self.results.update(self.extra_results())
         # Every process holds the same synced values, so no key needs a collective of its own (a
@@ -229,6 +311,6 @@ class XBenchModel(L.LightningModule):
         if self.results_dir is not None:
             self.results_path = write_results(
                 Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule,
-                overlays,
+                overlays, {name: values["records"] for name, values in queries.items()},
             )
         log_run(self.loggers, self.results, overlays, self.results_path)

@@ -16,10 +16,11 @@ import numpy as np
 
 from xbench.data.annotation_files import read_json
 
-SCHEMA = "xbench.results/1"
+SCHEMA = "xbench.results/2"
 METRICS = "metrics.json"
 OVERLAYS = "overlays.npz"
 PAIRS = "pairs.csv.gz"
+QUERIES = "queries.csv.gz"
 
 
 def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:

@@ -5,7 +5,10 @@
 - ``per_class.csv``: one row per class, every per-class number;
 - ``summary.md``: the table a person reads;
 - ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
-  the Pointing Game hit and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
+  the Pointing Game hit, the CNR and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
+- ``queries.csv.gz`` (a phrase dataset's run): one row per graded (image, query) and view (``query``:
+  as the model grounds the phrase; ``finding_name``: by its finding's name), with the phrase and
+  the same columns as a graded pair;
 - ``config.yaml``: the resolved configuration;
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
   ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
@@ -37,7 +40,7 @@ from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
 from xbench.metrics.names import chosen_keys, metric, run_keys
 from xbench.reporting.render import markdown_grid
-from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, SCHEMA, atomic_write, count_columns
+from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, QUERIES, SCHEMA, atomic_write, count_columns
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
@@ -49,7 +52,8 @@ CHOSEN_ON_EVALUATED_SET = (
     f"classification: {', '.join(chosen_keys('classification'))}"
 )
 #: The console summary's and summary.md's columns.
-SUMMARY_GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "iou@0.5", "iou@best", "iou@best_tau")
+SUMMARY_GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "iou@0.5", "iou@best", "iou@best_tau",
+                     "cnr")
 SUMMARY_RECOGNITION = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1")
 PACKAGES = ("xbench", "torch", "lightning", "torchmetrics", "transformers", "open_clip_torch", "timm", "pydicom")
 
@@ -75,8 +79,42 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def build_results(*, model, datamodule, grounding, classification, region_counts, config) -> dict:
-    """The ``metrics.json`` payload of a finished run."""
+def grounding_section(grounding, classes: list[str]) -> dict:
+    """A grounding section of ``metrics.json``: macro means, per-class values and curves."""
+    return {
+        "macro": {name: _number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
+        "classes_with_pairs": _number(grounding["classes_with_pairs"]),
+        "per_class": {
+            key: {name: _number(grounding[name][c]) for name in GROUNDING_PER_CLASS} for c, key in enumerate(classes)
+        },
+        "curves": {
+            key: {name: [_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
+            for c, key in enumerate(classes)
+        },
+    }
+
+
+def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
+    """``phrase_grounding``: a phrase dataset's (image, query) pairs scored per finding as the model
+    grounds a query (its ``query_mode``) and, for a phrase-mode model, by the finding's name, with
+    intervals and the paired difference (:mod:`xbench.analysis.phrases`)."""
+    from xbench.analysis.phrases import phrase_intervals  # the analysis stack loads only for phrase runs
+
+    classes = list(datamodule.classes)
+    name = queries.get("name")
+    return {
+        "query_mode": model.query_mode,
+        "phrases": len(datamodule.phrases),
+        "by_query": grounding_section(queries["phrase"], classes),
+        "by_finding_name": grounding_section(name, classes) if name is not None else None,
+        "intervals": phrase_intervals(queries["phrase"]["records"], name["records"] if name is not None else None,
+                                      datamodule.image_ids(), evaluated, classes, datamodule.name),
+    }
+
+
+def build_results(*, model, datamodule, grounding, classification, region_counts, config, queries=None) -> dict:
+    """The ``metrics.json`` payload of a finished run; ``queries``: a phrase dataset's query metrics
+    (``phrase``: as the model grounds a query; ``name``: by the finding's name)."""
     classes = list(datamodule.classes)
     evaluated = int(classification["records"]["index"].numel())
     return {
@@ -92,18 +130,9 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "map_upsample": model.map_upsample,
         "thresholds": [float(t) for t in THRESHOLDS],
         "chosen_on_evaluated_set": CHOSEN_ON_EVALUATED_SET,
-        "grounding": {
-            "macro": {name: _number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
-            "classes_with_pairs": _number(grounding["classes_with_pairs"]),
-            "per_class": {
-                key: {name: _number(grounding[name][c]) for name in GROUNDING_PER_CLASS}
-                for c, key in enumerate(classes)
-            },
-            "curves": {
-                key: {name: [_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
-                for c, key in enumerate(classes)
-            },
-        },
+        "grounding": grounding_section(grounding, classes),
+        "phrase_grounding": phrase_section(model, datamodule, queries, classification["records"]["index"])
+        if queries else None,
         "classification": {
             "calibrated_logits": model.calibrated_logits,
             "macro": {name: _number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
@@ -120,6 +149,7 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
             "image_size": datamodule.image_size,
             "mask_threshold": datamodule.mask_threshold,
             "clipped_shapes": _number(region_counts["clipped_shapes"]),
+            "lost_queries": _number(region_counts["lost_queries"]),
             "lost_regions": {key: _number(region_counts["lost_regions"][c]) for c, key in enumerate(classes)},
             "notes": datamodule.notes,
         },
@@ -159,26 +189,36 @@ def _text(key: str, value) -> str:
     if value is None:
         return "–"
     unit = metric(key).unit
-    return f"{100 * value:.1f}" if unit == "percent" else f"{value:.2f}" if unit == "threshold" else str(value)
+    return f"{100 * value:.1f}" if unit == "percent" else f"{value:.2f}" if unit in ("threshold", "ratio") else str(value)
 
 
-def _summary_table(results: dict, section: str, counts: tuple[str, ...], shown: tuple[str, ...],
+def _summary_table(results: dict, section: dict, counts: tuple[str, ...], shown: tuple[str, ...],
                    summed: bool) -> list[list[str]]:
     """One row per class (display name, counts, values), then the macro mean (counts summed or blank)."""
-    per_class, macro = results[section]["per_class"], results[section]["macro"]
+    per_class, macro = section["per_class"], section["macro"]
     rows = [[display_name(key), *(_text(n, per_class[key][n]) for n in counts + shown)] for key in results["classes"]]
     totals = [_text(n, sum(v[n] for v in per_class.values())) if summed else "" for n in counts]
     return rows + [["Macro mean", *totals, *(_text(n, macro[n]) if n in macro else "" for n in shown)]]
 
 
 def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[str]]]]:
-    """The run's two tables (grounding, recognition) as (title, headers, rows); last row = macro mean."""
+    """The run's tables (grounding, recognition; a phrase dataset's query grounding) as (title,
+    headers, rows); last row = macro mean."""
+    shown = [("Grounding (percent; CNR a ratio)", results["grounding"], ("pairs",), SUMMARY_GROUNDING, True),
+             ("Recognition (percent)", results["classification"], ("positives", "negatives"), SUMMARY_RECOGNITION,
+              False)]
+    phrases = results.get("phrase_grounding")
+    if phrases:
+        how = "the report phrase" if phrases["query_mode"] == "phrase" else "the finding's map (fixed vocabulary)"
+        shown.append((f"Phrase grounding, each query grounded by {how} (percent; CNR a ratio)",
+                      phrases["by_query"], ("pairs",), SUMMARY_GROUNDING, True))
+        if phrases["by_finding_name"] is not None:
+            shown.append(("Phrase grounding, the same queries grounded by the finding's name",
+                          phrases["by_finding_name"], ("pairs",), SUMMARY_GROUNDING, True))
     tables = []
-    for title, section, counts, shown, summed in (
-            ("Grounding (percent)", "grounding", ("pairs",), SUMMARY_GROUNDING, True),
-            ("Recognition (percent)", "classification", ("positives", "negatives"), SUMMARY_RECOGNITION, False)):
-        headers = ("Finding", *(metric(n).short for n in counts + shown))
-        tables.append((title, headers, _summary_table(results, section, counts, shown, summed)))
+    for title, section, counts, columns, summed in shown:
+        headers = ("Finding", *(metric(n).short for n in counts + columns))
+        tables.append((title, headers, _summary_table(results, section, counts, columns, summed)))
     return tables
 
 
@@ -202,9 +242,36 @@ def summary_footnotes(results: dict) -> list[str]:
         f"{edge['constant_maps']} constant maps, {edge['tied_maxima']} maps with tied maxima, "
         f"{edge['empty_masks']} pairs with an empty mask (left out); {d['clipped_shapes']} shapes clipped at the "
         f"image border; {sum(d['lost_regions'].values())} annotated regions empty in the frame (left out).",
+        "CNR: contrast-to-noise ratio, |mean inside − mean outside| / √(var inside + var outside) of the normalised "
+        "map, averaged over the pairs where it is defined (a constant map scores 0; a region covering the frame, or a "
+        "map exactly constant inside and outside, has none).",
         *calibration,
+        *_phrase_notes(results.get("phrase_grounding")),
     ]
     return notes
+
+
+def _phrase_notes(phrases: dict | None) -> list[str]:
+    """The phrase-vs-name paired differences (macro means with their intervals), when there are any."""
+    if not phrases:
+        return []
+    intervals = phrases["intervals"]
+    if "phrase_minus_name" not in intervals:
+        return [f"Queries are grounded by their finding's map (query_mode {phrases['query_mode']}): the model has "
+                "a fixed vocabulary or no text side, so its phrase and finding-name results are one and the same."]
+    level = round(100 * intervals["confidence"])
+
+    def difference(key: str) -> str:
+        value = intervals["phrase_minus_name"][key]["macro"]
+        if value["estimate"] is None:
+            return f"{metric(key).short} –"
+        scale = 100 if metric(key).unit == "percent" else 1
+        return (f"{metric(key).short} {scale * value['estimate']:+.2f} "
+                f"[{scale * value['lower']:+.2f}, {scale * value['upper']:+.2f}]")
+
+    shown = ", ".join(difference(key) for key in intervals["phrase_minus_name"])
+    return [f"Report phrase minus finding name, macro mean over findings, paired over the same queries "
+            f"({level} % bootstrap interval over images, {intervals['replicates']} replicates): {shown}."]
 
 
 def summary_markdown(results: dict) -> str:
@@ -250,6 +317,7 @@ def pair_table(results: dict, grounding_records: dict, classification_records: d
         "graded": True,
         "region_px": pick("region"),
         "hit": pick("hit"),
+        "cnr": pick("cnr"),
     }
     predicted, inter = pick("predicted"), pick("inter")
     predicted_names, inter_names = count_columns(predicted.shape[1])
@@ -274,6 +342,33 @@ def write_pairs(path: Path, results: dict, grounding_records: dict, classificati
             images = slice(start, start + chunk_images)
             table = pair_table(results, grounding_records, classification_records, image_ids, images)
             table.to_csv(handle, index=False, header=start == 0)
+
+
+def query_table(results: dict, query_records: dict[str, dict], datamodule) -> pd.DataFrame:
+    """One row per graded (image, query) and view: the phrase, its finding and the pair's columns."""
+    classes, samples = results["classes"], datamodule.samples
+    tables = []
+    for view, records in (("query", query_records["phrase"]), ("finding_name", query_records.get("name"))):
+        if records is None:
+            continue
+        records = {name: value.cpu().numpy() for name, value in records.items()}
+        index, slot = records["index"], records["slot"]
+        phrases = [[q.text for q in samples[i].queries if q.finding in classes][k] for i, k in zip(index, slot)]
+        predicted_names, inter_names = count_columns(records["predicted"].shape[1])
+        tables.append(pd.DataFrame({
+            "image_index": index,
+            "image_id": np.asarray(datamodule.image_ids(), dtype=object)[index],
+            "query": slot,
+            "finding": np.asarray(classes, dtype=object)[records["class"]],
+            "phrase": phrases,
+            "view": view,
+            "region_px": records["region"],
+            "hit": records["hit"],
+            "cnr": records["cnr"],
+            **dict(zip(predicted_names, records["predicted"].T)),
+            **dict(zip(inter_names, records["inter"].T)),
+        }))
+    return pd.concat(tables, ignore_index=True)
 
 
 def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
@@ -312,7 +407,7 @@ def check_writable(results_dir: Path) -> None:
 
 def write_results(
     results_dir: Path, results: dict, grounding_records: dict, classification_records: dict, datamodule,
-    overlays: dict[str, np.ndarray] | None = None,
+    overlays: dict[str, np.ndarray] | None = None, query_records: dict[str, dict] | None = None,
 ) -> Path:
     """Write the run's folder under ``results_dir`` and return its path."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -335,6 +430,9 @@ def write_results(
         atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
             atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
+        if query_records:
+            table = query_table(results, query_records, datamodule)
+            atomic_write(staging / QUERIES, lambda p: table.to_csv(p, index=False, compression="gzip"))
         final = claim_folder(staging, results_dir, name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

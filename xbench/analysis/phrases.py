@@ -1,0 +1,99 @@
+"""Phrase grounding's intervals and its paired question: does the model use the report's words?
+
+A phrase dataset's (image, query) pairs are scored twice by a phrase-mode model: by the map of the
+report phrase and by the map of the phrase's finding name, against the same region. Per finding
+and as a macro mean over findings, this gives Pointing Game, Dice and IoU at tau = 0.5 and CNR for
+both, with bootstrap percentile intervals over images, and their paired difference (phrase minus
+name, the same replicates for both, so the interval is that of the difference itself).
+
+The replicates are those of :mod:`xbench.analysis.bootstrap` over the run's images in the order
+of their sorted ids (the analysis's convention), from the stream (seed, dataset, ``"test"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from xbench.analysis.bootstrap import paired_difference, percentile_interval, random_stream, resample_weights
+from xbench.analysis.settings import Settings
+from xbench.metrics.grounding import FIXED_TAU_INDEX, pair_scores
+
+#: The per-pair metrics a phrase run reports with intervals (each a mean over the finding's pairs).
+PHRASE_METRICS = ("pointing_game", "dice@0.5", "iou@0.5", "cnr")
+
+
+def pair_values(records: dict[str, Tensor]) -> Tensor:
+    """float64 [P, 4]: each graded pair's hit, Dice and IoU at tau = 0.5 and CNR (NaN: undefined)."""
+    dice, iou = pair_scores(records["predicted"], records["inter"])
+    return torch.stack([records["hit"].double(), dice[:, FIXED_TAU_INDEX], iou[:, FIXED_TAU_INDEX],
+                        records["cnr"].double()], dim=1)
+
+
+def finding_means(values: Tensor, image_row: Tensor, finding: Tensor, weights: Tensor, num_findings: int) -> Tensor:
+    """[R + 1, F, M]: per replicate and finding, the weighted mean of each metric over the
+    finding's pairs where it is defined (NaN where none is)."""
+    pair_weights = weights[:, image_row]  # [R + 1, P]
+    defined = ~values.isnan()
+    one_hot = torch.nn.functional.one_hot(finding, num_findings).double()  # [P, F]
+    totals = torch.einsum("rp,pf,pm->rfm", pair_weights, one_hot, values.nan_to_num(0.0))
+    counts = torch.einsum("rp,pf,pm->rfm", pair_weights, one_hot, defined.double())
+    return torch.where(counts > 0, totals / counts.clamp(min=1e-300), float("nan"))
+
+
+def _json(interval: dict[str, Tensor], index: tuple = ()) -> dict[str, float | None]:
+    out = {}
+    for key in ("estimate", "lower", "upper"):
+        value = float(interval[key][index])
+        out[key] = None if np.isnan(value) else value
+    if "a_better" in interval:
+        value = float(interval["a_better"][index])
+        out["p_phrase_better"] = None if np.isnan(value) else value
+    return out
+
+
+def _report(statistic: dict[str, Tensor], findings: Sequence[str]) -> dict:
+    """{metric: {"macro": interval, "per_finding": {key: interval}}} from [M]- and [F, M]-shaped intervals."""
+    return {
+        metric: {
+            "macro": _json(statistic["macro"], (m,)),
+            "per_finding": {key: _json(statistic["per_finding"], (f, m)) for f, key in enumerate(findings)},
+        }
+        for m, metric in enumerate(PHRASE_METRICS)
+    }
+
+
+def phrase_intervals(query_records: dict[str, Tensor], name_records: dict[str, Tensor] | None,
+                     image_ids: Sequence[str], evaluated: Tensor, findings: Sequence[str], dataset: str,
+                     settings: Settings = Settings()) -> dict:
+    """Intervals of the query view (and the finding-name view and phrase minus name, where there
+    is one) for a run whose ``evaluated`` sample indices name images in ``image_ids``."""
+    evaluated = evaluated.cpu()
+    ids = np.asarray(image_ids, dtype=object)[evaluated.numpy()]
+    order = np.argsort(ids.astype(str), kind="stable")
+    row_of = torch.full((int(evaluated.max()) + 1 if len(evaluated) else 1,), -1, dtype=torch.int64)
+    row_of[evaluated[torch.from_numpy(order)]] = torch.arange(len(order))
+    weights = resample_weights(len(order), settings.replicates, random_stream(settings.seed, dataset, "test"))
+
+    def means(records: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        records = {name: value.cpu() for name, value in records.items()}
+        per_finding = finding_means(pair_values(records), row_of[records["index"]], records["class"], weights,
+                                    len(findings))
+        return per_finding, per_finding.nanmean(dim=1)  # the macro mean over findings with a pair
+
+    query_per_finding, query_macro = means(query_records)
+    out = {"replicates": settings.replicates, "confidence": settings.confidence, "by_query": _report(
+        {"per_finding": percentile_interval(query_per_finding, settings.confidence),
+         "macro": percentile_interval(query_macro, settings.confidence)}, findings)}
+    if name_records is not None:
+        name_per_finding, name_macro = means(name_records)
+        out["by_finding_name"] = _report(
+            {"per_finding": percentile_interval(name_per_finding, settings.confidence),
+             "macro": percentile_interval(name_macro, settings.confidence)}, findings)
+        out["phrase_minus_name"] = _report(
+            {"per_finding": paired_difference(query_per_finding, name_per_finding, settings.confidence),
+             "macro": paired_difference(query_macro, name_macro, settings.confidence)}, findings)
+    return out
