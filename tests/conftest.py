@@ -151,9 +151,10 @@ MS_CXR_CLI_ROWS = [
 
 def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path, list[str], int]:
     """A small dataset for a model's ``python -m xbench.test`` test, in its real format: the phantom
-    (9 images), a ChestX-Det10 fixture (PNGs, boxes, a negative) or an RSNA fixture (DICOMs,
-    uncompressed and JPEG Baseline, 80 x 64, boxes, a negative). Returns its root, the extra
-    arguments it needs and its number of images."""
+    (9 images), a ChestX-Det10 fixture (PNGs, boxes, a negative), an RSNA fixture (DICOMs,
+    uncompressed and JPEG Baseline, 80 x 64, boxes, a negative) or an MS-CXR fixture (JPEGs in
+    MIMIC-CXR-JPG's tree, report phrases). Returns its root, the extra arguments it needs and its
+    number of images."""
     if data == "phantom":
         return phantom_root, [], 9
     if data == "chestx_det10":
@@ -175,6 +176,16 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     if data == "ms_cxr":
         return write_ms_cxr(folder / "ms_cxr", MS_CXR_CLI_ROWS).parent, [], 3
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
+
+
+def run_on_ms_cxr(model: str, folder: Path, query_mode: str, *extra: str) -> dict:
+    """``python -m xbench.test`` with ``model`` on the MS-CXR fixture (:data:`MS_CXR_CLI_ROWS`) and
+    the checks of :func:`check_phrase_results`; the metrics.json payload."""
+    root, data_extra, images = model_cli_dataset("ms_cxr", folder, folder)
+    results = main(run_args(model, "ms_cxr", root, folder / "results", "--data.batch_size", "2", *data_extra, *extra))
+    assert results["model"] == model and results["data"]["images_evaluated"] == images
+    check_phrase_results(results, only_folder(folder / "results"), query_mode)
+    return results
 
 
 def check_phrase_results(results: dict, folder: Path, query_mode: str) -> None:

@@ -184,3 +184,9 @@ def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):
     assert results["model"] == "biomedclip" and results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
+
+
+def test_cli_grounds_ms_cxr_phrases(tiny_folder, tmp_path, no_network):
+    from conftest import run_on_ms_cxr
+
+    run_on_ms_cxr("biomedclip", tmp_path, "phrase", "--model.checkpoint_dir", str(tiny_folder))

@@ -586,6 +586,12 @@ def test_bf16_mixed_stays_close_to_fp32(checkpoint_folder, tiny):
 # -- end to end ---------------------------------------------------------------------------------
 
 
+def test_cli_grounds_ms_cxr_phrases(checkpoint_folder, tmp_path, tiny, no_network):
+    from conftest import run_on_ms_cxr
+
+    run_on_ms_cxr("carzero", tmp_path, "phrase", "--model.checkpoint_dir", str(checkpoint_folder))
+
+
 def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_path, tiny, no_network):
     results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results",
                             "--model.checkpoint_dir", str(checkpoint_folder), "--data.batch_size", "4"))

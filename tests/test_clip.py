@@ -257,3 +257,10 @@ def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
+
+
+def test_cli_grounds_ms_cxr_phrases(tiny_folder, tmp_path, no_network):
+    from conftest import run_on_ms_cxr
+
+    run_on_ms_cxr("clip", tmp_path, "phrase", "--model.checkpoint_dir", str(tiny_folder),
+                  "--model.arch", "xbench-tiny-clip")

@@ -276,6 +276,12 @@ def test_kad_channels_last_converts_its_whole_trunk(kad224):
     assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
 
 
+def test_kad_grounds_ms_cxr_phrases_through_the_cli(kad_files, tmp_path, no_network):
+    from conftest import run_on_ms_cxr
+
+    run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]))
+
+
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
     """The 64-px metric frame does not limit the model: it reads the 256-px native phantom at 224."""
     results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
@@ -395,6 +401,13 @@ def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
     for parameter in model.image_encoder.parameters():
         parameter.data.normal_(0, 0.05)
     assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
+
+
+def test_devide_grounds_ms_cxr_phrases_through_the_cli(devide_dir, tmp_path, no_network):
+    from conftest import run_on_ms_cxr
+
+    with pytest.warns(UserWarning, match="provisional"):
+        run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]))
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):

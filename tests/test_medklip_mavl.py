@@ -422,6 +422,15 @@ def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path,
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
 
 
+@pytest.mark.parametrize("model, files", [("medklip", "medklip_files"), ("mavl", "mavl_files")])
+def test_ms_cxr_queries_are_grounded_by_their_finding(model, files, request, tmp_path, no_network):
+    """A fixed vocabulary: each report phrase is grounded by its finding's map, and the results say so."""
+    from conftest import run_on_ms_cxr
+
+    folder, _ = request.getfixturevalue(files)
+    run_on_ms_cxr(model, tmp_path, "finding", "--model.checkpoint_dir", str(folder))
+
+
 # -- the GPU path: bf16 and channels-last -------------------------------------------------------------
 
 def with_small_trunk(model):

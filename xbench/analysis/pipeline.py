@@ -118,7 +118,7 @@ def analyze(
             calibrates its model's tau. Without them, tau is cross-fitted over the test images.
     """
     settings = settings or Settings()
-    runs = [load_run(folder) for folder in find_run_folders(results)]
+    runs = [load_run(folder, settings.queries) for folder in find_run_folders(results)]
     validation = list(validation)
-    validation_runs = [load_run(folder) for folder in find_run_folders(validation)] if validation else []
+    validation_runs = [load_run(folder, settings.queries) for folder in find_run_folders(validation)] if validation else []
     return Analysis(settings, [analyze_dataset(group, settings) for group in group_runs(runs, validation_runs)])

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, count_columns, read_results
+from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns, read_results
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
 PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit", "cnr",
@@ -29,7 +29,8 @@ PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", 
 
 @dataclass(frozen=True)
 class GradedPairs:
-    """The graded (image, class) pairs of a run: at most one per image and class."""
+    """The graded (image, class) pairs of a run, at most one per image and class; or a phrase
+    dataset's graded (image, query) pairs, each under its finding (several per image and finding)."""
 
     image: Tensor  # int64 [P]: row of the image in the run's sorted image ids
     cls: Tensor  # int64 [P]: index into the run's classes
@@ -84,8 +85,10 @@ def find_run_folders(paths: Iterable[str | Path]) -> list[Path]:
     return folders
 
 
-def load_run(folder: str | Path) -> Run:
-    """Read ``metrics.json`` and ``pairs.csv.gz`` of one results folder, checking them."""
+def load_run(folder: str | Path, queries: str | None = None) -> Run:
+    """Read ``metrics.json`` and ``pairs.csv.gz`` of one results folder, checking them; with
+    ``queries`` (a view of a phrase dataset's queries: ``query`` or ``finding_name``), the graded
+    pairs are the (image, query) pairs of ``queries.csv.gz`` in that view, each under its finding."""
     folder = Path(folder)
     metrics_path, pairs_path = folder / METRICS_FILE, folder / PAIRS_FILE
     for path in (metrics_path, pairs_path):
@@ -120,26 +123,11 @@ def load_run(folder: str | Path) -> Run:
     if not np.isfinite(logits).all():
         raise ValueError(f"{where(~np.isfinite(table['logit'].to_numpy(dtype=np.float64)))}: logit is not a finite number")
 
-    graded = table["graded"].to_numpy(dtype=bool)
-    counts = table.loc[graded, ["region_px", "hit", *PREDICTED_COLUMNS, *INTER_COLUMNS]].to_numpy(dtype=np.float64)
-    if np.isnan(counts).any():
-        rows = np.zeros(len(table), dtype=bool)
-        rows[np.flatnonzero(graded)[np.isnan(counts).any(1)]] = True
-        raise ValueError(f"{where(rows)}: a graded pair lacks region_px, hit or a pred_/inter_ count")
-    counts = torch.from_numpy(counts.astype(np.int64))
-    region, hit = counts[:, 0], counts[:, 1].bool()
-    predicted, inter = counts[:, 2:2 + NUM_THRESHOLDS], counts[:, 2 + NUM_THRESHOLDS:]
-    consistent = (
-        (inter[:, 0] == region) & (region > 0) & (inter <= predicted).all(1)
-        & (predicted[:, 1:] <= predicted[:, :-1]).all(1) & (inter[:, 1:] <= inter[:, :-1]).all(1)
-    )
-    if not bool(consistent.all()):
-        rows = np.zeros(len(table), dtype=bool)
-        rows[np.flatnonzero(graded)[~consistent.numpy()]] = True
-        raise ValueError(
-            f"{where(rows)}: counts are inconsistent (need inter_000 = region_px > 0, inter_k <= pred_k, "
-            "both non-increasing in k); the file was edited or damaged"
-        )
+    if queries is None:
+        graded = table["graded"].to_numpy(dtype=bool)
+        pairs = _graded_pairs(table[graded], image_row[graded], class_index[graded], where, np.flatnonzero(graded))
+    else:
+        pairs = _query_pairs(folder, queries, classes, image_ids)
     model_section = metrics["config"]["model"]
     return Run(
         path=folder,
@@ -154,17 +142,61 @@ def load_run(folder: str | Path) -> Run:
         image_ids=tuple(image_ids.tolist()),
         labels=torch.from_numpy(labels.astype(np.int64)),
         logits=torch.from_numpy(logits),
-        pairs=GradedPairs(
-            image=torch.from_numpy(image_row[graded]),
-            cls=torch.from_numpy(class_index[graded]),
-            region=region,
-            hit=hit,
-            predicted=predicted,
-            inter=inter,
-            cnr=torch.tensor(table.loc[graded, "cnr"].to_numpy(dtype=np.float64)),
-        ),
+        pairs=pairs,
         instrument=bool(metrics.get("instrument")),
     )
+
+
+def _graded_pairs(rows: pd.DataFrame, image_row: np.ndarray, class_index: np.ndarray, where, line: np.ndarray
+                  ) -> GradedPairs:
+    """Graded pairs from table ``rows`` (their images and classes given), checked: ``where(mask)``
+    names the rows of the file where ``mask`` (over the file's rows) is set; ``line``: each row's."""
+    counts = rows[["region_px", "hit", *PREDICTED_COLUMNS, *INTER_COLUMNS]].to_numpy(dtype=np.float64)
+    bad = np.zeros(int(line.max()) + 1 if len(line) else 0, dtype=bool)
+    if np.isnan(counts).any():
+        bad[line[np.isnan(counts).any(1)]] = True
+        raise ValueError(f"{where(bad)}: a graded pair lacks region_px, hit or a pred_/inter_ count")
+    counts = torch.from_numpy(counts.astype(np.int64))
+    region, hit = counts[:, 0], counts[:, 1].bool()
+    predicted, inter = counts[:, 2:2 + NUM_THRESHOLDS], counts[:, 2 + NUM_THRESHOLDS:]
+    consistent = (
+        (inter[:, 0] == region) & (region > 0) & (inter <= predicted).all(1)
+        & (predicted[:, 1:] <= predicted[:, :-1]).all(1) & (inter[:, 1:] <= inter[:, :-1]).all(1)
+    )
+    if not bool(consistent.all()):
+        bad[line[~consistent.numpy()]] = True
+        raise ValueError(
+            f"{where(bad)}: counts are inconsistent (need inter_000 = region_px > 0, inter_k <= pred_k, "
+            "both non-increasing in k); the file was edited or damaged"
+        )
+    return GradedPairs(image=torch.from_numpy(image_row), cls=torch.from_numpy(class_index), region=region, hit=hit,
+                       predicted=predicted, inter=inter, cnr=torch.tensor(rows["cnr"].to_numpy(dtype=np.float64)))
+
+
+def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: np.ndarray) -> GradedPairs:
+    """The (image, query) pairs of ``queries.csv.gz`` in ``view``, as graded pairs of their findings."""
+    path = folder / QUERIES_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: --queries reads a phrase dataset's run (MS-CXR); {folder} has no queries"
+        )
+    table = pd.read_csv(path, dtype={"image_id": str, "finding": str, "phrase": str, "view": str},
+                        keep_default_na=False, na_values={c: [""] for c in ("cnr", "region_px", "hit")})
+    where = lambda rows: f"{path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
+    chosen = np.flatnonzero(table["view"].to_numpy() == view)
+    if not len(chosen) and len(table):
+        raise ValueError(f"{path}: no rows of view {view!r} (views: {', '.join(sorted(set(table['view'])))}); a "
+                         "fixed-vocabulary model's run has only the query view")
+    rows = table.iloc[chosen]
+    class_index = pd.Categorical(rows["finding"], categories=classes).codes.astype(np.int64)
+    image_row = np.searchsorted(image_ids, rows["image_id"].to_numpy(dtype=str))
+    known = (image_row < len(image_ids)) & (
+        image_ids[np.minimum(image_row, len(image_ids) - 1)] == rows["image_id"].to_numpy(dtype=str))
+    if (class_index < 0).any() or not known.all():
+        bad = np.zeros(len(table), dtype=bool)
+        bad[chosen[(class_index < 0) | ~known]] = True
+        raise ValueError(f"{where(bad)}: finding or image_id not among the run's classes and images")
+    return _graded_pairs(rows, image_row, class_index, where, chosen)
 
 
 @dataclass(frozen=True)

@@ -9,18 +9,23 @@ from dataclasses import dataclass, field
 
 #: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
 DEFAULT_SIZE_BINS = (0.01, 0.1)
+#: The views of a phrase dataset's queries in ``queries.csv.gz``.
+QUERY_VIEWS = ("query", "finding_name")
 
 
 @dataclass(frozen=True)
 class Settings:
     """replicates: bootstrap replicates; seed: of every random stream; confidence: interval level;
-    folds: K of the cross-fitted threshold; size_bins: ascending area-fraction boundaries."""
+    folds: K of the cross-fitted threshold; size_bins: ascending area-fraction boundaries;
+    queries: analyse a phrase dataset's (image, query) pairs of this view (``query``: as each model
+    grounds a phrase; ``finding_name``: by the finding's name) in place of its (image, class) pairs."""
 
     replicates: int = 1000
     seed: int = 0
     confidence: float = 0.95
     folds: int = 5
     size_bins: tuple[float, ...] = field(default=DEFAULT_SIZE_BINS)
+    queries: str | None = None
 
     def __post_init__(self) -> None:
         if self.replicates < 1:
@@ -33,6 +38,8 @@ class Settings:
         if not all(0 < b < 1 for b in bins) or list(bins) != sorted(set(bins)):
             raise ValueError(f"size_bins must be strictly increasing fractions in (0, 1); got {list(self.size_bins)}")
         object.__setattr__(self, "size_bins", bins)
+        if self.queries not in (None, *QUERY_VIEWS):
+            raise ValueError(f"queries must be one of {', '.join(QUERY_VIEWS)}; got {self.queries!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -47,9 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
     parser.add_argument("--folds", type=int, default=defaults.folds, help="K of the cross-fitted τ")
     parser.add_argument("--size-bins", type=float, nargs="*", default=list(DEFAULT_SIZE_BINS), metavar="FRACTION",
                         help="lesion-area boundaries as fractions of the image (default: 0.01 0.1)")
+    parser.add_argument("--queries", choices=QUERY_VIEWS, default=None,
+                        help="phrase datasets (MS-CXR): analyse the (image, query) pairs of queries.csv.gz, grounded "
+                             "as each model grounds a phrase (query) or by the finding's name (finding_name), in "
+                             "place of the (image, class) pairs")
 
 
 def from_arguments(options: argparse.Namespace) -> Settings:
     """The :class:`Settings` the options of :func:`add_arguments` name."""
     return Settings(replicates=options.replicates, seed=options.seed, confidence=options.confidence,
-                    folds=options.folds, size_bins=tuple(options.size_bins))
+                    folds=options.folds, size_bins=tuple(options.size_bins), queries=options.queries)

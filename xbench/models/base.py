@@ -44,6 +44,10 @@ from xbench.reporting.results import build_results, check_writable, log_keys, wr
 from xbench.reporting.wandb import log_run
 
 
+#: Phrases encoded per call at the start of a phrase-grounding run (MS-CXR has about 1,100).
+PHRASES_PER_CALL = 64
+
+
 class RegionCounts(PackedSyncMetric):
     """Data-quality counters carried by the batch: shapes clipped at the image border and
     annotated regions (and a phrase dataset's query regions) that came out empty inside the frame
@@ -142,6 +146,14 @@ class XBenchModel(L.LightningModule):
         style for phrases. Called once per run with every phrase of the split."""
         raise NotImplementedError(f"{type(self).__name__} has query_mode 'phrase' but no encode_phrases(phrases)")
 
+    @torch.no_grad()
+    def encode_all_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """:meth:`encode_phrases` of every phrase of the split, :data:`PHRASES_PER_CALL` at a time (a
+        text tower holds every token's state of the phrases it encodes), the rows concatenated."""
+        chunks = [self.encode_phrases(phrases[start : start + PHRASES_PER_CALL])
+                  for start in range(0, len(phrases), PHRASES_PER_CALL)]
+        return {name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]}
+
     @contextmanager
     def text_side(self, rows: dict[str, Tensor]):
         """``forward`` reads ``rows`` as its text side inside the block; the classes' after it."""
@@ -193,7 +205,7 @@ class XBenchModel(L.LightningModule):
         # and, for a phrase-mode model, also by the map of the phrase's finding name, on the same pairs.
         phrases = list(getattr(datamodule, "phrases", []))
         by_phrase = phrases and self.query_mode == "phrase"
-        self.phrase_text = self.encode_phrases(phrases) if by_phrase else None
+        self.phrase_text = self.encode_all_phrases(phrases) if by_phrase else None
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
         self.name_grounding = GroundingMetrics(len(classes), validate_args=False) if by_phrase else None
         datamodule.set_model_transform(self.preprocess)

@@ -23,6 +23,8 @@ What the authors' code does (``microsoft/hi-ml``, ``hi-ml-multimodal`` at b67c1d
 - **Map**: ``get_similarity_map_from_raw_data``: the cosine of each projected patch (15x15 on the
   480 crop) with the positive prompt, smoothed by a Gaussian of sigma 1.5 patches (SciPy's
   ``gaussian_filter``: mirrored edges, radius 6), upsampled nearest onto the crop.
+- **Phrase grounding**: a report phrase takes the finding text's place in the prompt pair; with the
+  default ``"{}"`` the positive prompt is the raw phrase, as in the authors' phrase-grounding code.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
-from xbench.models.text import require_files
+from xbench.models.text import PromptPairs, require_files
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 IMAGE_FILE = "biovil_image_resnet50_proj_size_128.pt"
@@ -183,15 +185,17 @@ def gaussian_smooth(maps: Tensor, sigma: float = MAP_SIGMA, radius: int = MAP_RA
     return out
 
 
-class BioViL(XBenchModel):
+class BioViL(PromptPairs, XBenchModel):
     """BioViL from the authors' files (see the module docstring for the recipe).
 
     Args:
         checkpoint_dir: the folder holding the image model file and CXR-BERT's files.
-        pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text.
+        pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text
+            (or a report phrase, in phrase grounding).
     """
 
     calibrated_logits: ClassVar[bool] = False  # a difference of two cosines, no temperature: a ranking
+    query_mode = "phrase"
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=480, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",
         mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), map_upsample="nearest",
@@ -202,13 +206,12 @@ class BioViL(XBenchModel):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        for template in (pos_template, neg_template):
-            if template.count("{}") != 1:
-                raise ValueError(f"a prompt template needs exactly one '{{}}' for the finding; got {template!r}")
+        self.set_templates(pos_template, neg_template)
         self.checkpoint_dir = checkpoint_dir
-        self.pos_template = pos_template
-        self.neg_template = neg_template
         self.image_model: nn.Module | None = None
+        #: CXR-BERT's tokenizer and text tower, loaded by the first ``build`` (a tuple: not a submodule,
+        #: so it stays on the CPU and out of the state dict).
+        self.text_tower: tuple[BertTokenizer, CXRBertText] | None = None
         #: class key -> (positive prompt, negative prompt), set by ``build``.
         self.prompts: dict[str, tuple[str, str]] = {}
 
@@ -235,22 +238,21 @@ class BioViL(XBenchModel):
         return BertTokenizer.from_pretrained(str(folder), local_files_only=True), text.eval()
 
     @torch.no_grad()
-    def embed_text(self, tokenizer: BertTokenizer, text: CXRBertText, prompts: list[str]) -> Tensor:
-        """Normalised embeddings [len(prompts), D]: the authors' tokenisation (trailing ``!?.`` cut)."""
+    def embed_text(self, prompts: list[str]) -> Tensor:
+        """Normalised embeddings [len(prompts), D] on the model's device: the authors' tokenisation
+        (trailing ``!?.`` cut), CXR-BERT on the CPU."""
+        tokenizer, text = self.text_tower
         tokens = tokenizer([p.rstrip("!?.") for p in prompts], padding="longest", return_tensors="pt")
-        return text(tokens["input_ids"], tokens["attention_mask"]).float()
+        return text(tokens["input_ids"], tokens["attention_mask"]).float().to(self.device)
 
     def build(self, classes: list[str]) -> None:
         if self.image_model is None:
             self.image_model = self.load_image_model()
-        tokenizer, text = self.load_text()
-        self.prompts = {
-            key: (self.pos_template.format(finding_text(key)), self.neg_template.format(finding_text(key)))
-            for key in classes
-        }
-        positive, negative = zip(*self.prompts.values())
-        self.register_buffer("pos_text", self.embed_text(tokenizer, text, list(positive)), persistent=False)
-        self.register_buffer("neg_text", self.embed_text(tokenizer, text, list(negative)), persistent=False)
+        if self.text_tower is None:
+            self.text_tower = self.load_text()
+        self.prompts = {key: self.prompt_pair(finding_text(key)) for key in classes}
+        for name, value in self.embed_pairs(list(self.prompts.values())).items():
+            self.register_buffer(name, value, persistent=False)
 
     def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         """Model input [B, 3, 480, 480] (:attr:`preprocess`) -> log-odds [B, C], maps [B, C, 15, 15]

@@ -340,6 +340,7 @@ class CARZero(XBenchModel):
     """
 
     calibrated_logits = False
+    query_mode = "phrase"
     #: The authors' ``process_img`` and test transform: the longer side to 256 (OpenCV area), the
     #: shorter zero-padded to a square, CenterCrop 224, ToTensor, the CXR_MAE mean/std; maps repeat
     #: each cell 16x onto the crop.
@@ -354,16 +355,17 @@ class CARZero(XBenchModel):
         super().__init__(**kwargs)
         self.checkpoint_dir = checkpoint_dir
         self.network: CARZeroNetwork | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.prompts: list[str] = []
 
     def build(self, classes: list[str]) -> None:
         if self.network is None:
             self.load_weights()
-        text_folder = Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER
+        self.tokenizer = load_tokenizer(Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER,
+                                        "CARZero's BioClinicalMPBERT")
         self.prompts = [prompt_for(key) for key in classes]
-        words, sentences = self.encode_prompts(load_tokenizer(text_folder, "CARZero's BioClinicalMPBERT"), self.prompts)
-        self.register_buffer("words", words, persistent=False)
-        self.register_buffer("sentences", sentences, persistent=False)
+        for name, value in self.encode_prompts(self.prompts).items():
+            self.register_buffer(name, value, persistent=False)
 
     def load_weights(self) -> None:
         """The three towers from the checkpoint, strictly: once per model, whatever the class sets."""
@@ -383,11 +385,20 @@ class CARZero(XBenchModel):
         self.network = network.eval()
 
     @torch.no_grad()
-    def encode_prompts(self, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> tuple[Tensor, Tensor]:
-        """Prompts -> word slots [C, 97, D] and sentence vectors [C, D], as the authors' text tower."""
+    def encode_prompts(self, prompts: list[str]) -> dict[str, Tensor]:
+        """What ``forward`` reads for N prompts, as the authors' text tower: word slots ``words``
+        [N, 97, D] and sentence vectors ``sentences`` [N, D], on the model's device."""
         tokens, merge = tokenize_prompts(
-            tokenizer, prompts, "CARZero", f"{TEXT_FOLDER}/vocab.txt the authors' vocabulary")
-        return self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], merge)
+            self.tokenizer, prompts, "CARZero", f"{TEXT_FOLDER}/vocab.txt the authors' vocabulary")
+        tokens = tokens.to(self.device)
+        words, sentences = self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], merge)
+        return {"words": words, "sentences": sentences}
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """Each phrase as its prompt, as written: a report phrase is already the kind of text CARZero's
+        ``There is <finding>`` prompts are. A phrase the authors' cleaning empties (it drops a
+        one-word sentence) becomes ``There is <phrase>``, the prompts' own form."""
+        return self.encode_prompts([phrase if clean_text(phrase) else f"There is {phrase}" for phrase in phrases])
 
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         if self.network is None:

@@ -16,6 +16,8 @@
   attention (after its first norm). Grad-CAM needs gradients, so the trainer must run with
   ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``); it always runs in float32
   (under ``bf16-mixed`` too, with a warning: bf16 gradients leave errors larger than the map).
+- **Phrase grounding**: a report phrase takes the finding text's place in the prompt pair
+  (:meth:`OpenClipDualEncoder.encode_phrases`); both saliency modes read the pair as for a finding.
 
 A subclass loads its model from local files and says where its patch tokens come from.
 """
@@ -37,18 +39,21 @@ from xbench.models.checkpoints import CheckpointLayout, first_present, load_chec
 from xbench.models.gpu import float32
 from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
+from xbench.models.text import PromptPairs
 
 Saliency = Literal["patch_text_similarity", "gradcam"]
 
-class OpenClipDualEncoder(XBenchModel):
+class OpenClipDualEncoder(PromptPairs, XBenchModel):
     """A CLIP-style dual encoder built with open_clip (see the module docstring for the recipe).
 
     Args:
         checkpoint_dir: the folder holding the model's files (``checkpoints/README.md``).
         saliency: ``patch_text_similarity`` or ``gradcam``.
-        pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text.
+        pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text
+            (or a report phrase, in phrase grounding).
     """
 
+    query_mode = "phrase"
 
     def __init__(
         self,
@@ -61,13 +66,9 @@ class OpenClipDualEncoder(XBenchModel):
         super().__init__(**kwargs)
         if saliency not in ("patch_text_similarity", "gradcam"):
             raise ValueError(f"saliency must be 'patch_text_similarity' or 'gradcam'; got {saliency!r}")
-        for template in (pos_template, neg_template):
-            if template.count("{}") != 1:
-                raise ValueError(f"a prompt template needs exactly one '{{}}' for the finding; got {template!r}")
+        self.set_templates(pos_template, neg_template)
         self.checkpoint_dir = checkpoint_dir
         self.saliency = saliency
-        self.pos_template = pos_template
-        self.neg_template = neg_template
         self.model: nn.Module | None = None
         self.tokenizer: Callable[[list[str]], Tensor] | None = None
         #: class key -> (positive prompt, negative prompt), set by ``build``.
@@ -108,11 +109,9 @@ class OpenClipDualEncoder(XBenchModel):
         if self.model is None:
             model, self.tokenizer = self.load_model()
             self.model = model.eval().requires_grad_(False)
-        texts = {key: finding_text(key) for key in classes}
-        self.prompts = {key: (self.pos_template.format(text), self.neg_template.format(text)) for key, text in texts.items()}
-        positive, negative = zip(*self.prompts.values())
-        self.register_buffer("pos_text", self.embed_text(list(positive)), persistent=False)
-        self.register_buffer("neg_text", self.embed_text(list(negative)), persistent=False)
+        self.prompts = {key: self.prompt_pair(finding_text(key)) for key in classes}
+        for name, value in self.embed_pairs(list(self.prompts.values())).items():
+            self.register_buffer(name, value, persistent=False)
 
     @torch.no_grad()
     def embed_text(self, prompts: list[str]) -> Tensor:

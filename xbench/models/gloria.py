@@ -35,7 +35,8 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
   prompt (not calibrated log-odds).
 - **Prompts**: the authors publish prompts only for CheXpert's five classes (random samples of
   severity x subtype x location). XBench's is one per class, ``there is <finding>``: a bare one-word
-  finding would be dropped by the cleaning and embed as an empty text.
+  finding would be dropped by the cleaning and embed as an empty text. A report phrase (phrase
+  grounding) is its own prompt, as written; one of a single word goes into the template.
 - **Map**: the word-region attention of the local score (the ``attn`` that ``attention_fn``
   returns and ``get_local_similarities`` discards), 19x19, the maximum over the prompt's words, as
   the first panel of the authors' attention figures (``build_attention_images``); placed on the
@@ -56,7 +57,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, tokenize_prompts
+from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.gpu import float32
 from xbench.models.preprocess import Preprocess
@@ -162,6 +163,7 @@ class GLoRIA(XBenchModel):
     """
 
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
+    query_mode = "phrase"
     preprocess: ClassVar[Preprocess] = Preprocess(
         INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",
@@ -174,11 +176,13 @@ class GLoRIA(XBenchModel):
         self.checkpoint_dir = checkpoint_dir
         self.template = template
         self.network: GLoRIANetwork | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.prompts: list[str] = []
         #: Per class: how many word slots after ``[CLS]`` enter the local score (the prompt's
-        #: characters), and how many of those are the prompt's words (the map's).
-        self.word_lengths: list[int] = []
-        self.word_counts: list[int] = []
+        #: characters), and how many of those are the prompt's words (the map's); int64 tensors
+        #: while phrases stand in for the classes (:meth:`encode_phrases`).
+        self.word_lengths: list[int] | Tensor = []
+        self.word_counts: list[int] | Tensor = []
 
     def load_weights(self) -> None:
         """Both towers from the checkpoint, strictly; BERT shaped by the local ``config.json``; the
@@ -199,30 +203,45 @@ class GLoRIA(XBenchModel):
     def build(self, classes: list[str]) -> None:
         if self.network is None:
             self.load_weights()
-        tokenizer = load_tokenizer(Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER, "GLoRIA's Bio_ClinicalBERT")
+        self.tokenizer = load_tokenizer(Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER,
+                                        "GLoRIA's Bio_ClinicalBERT")
         self.prompts = [self.template.format(finding_text(key)) for key in classes]
+        text = self.encode_prompts(self.prompts)
+        self.word_lengths, self.word_counts = text.pop("word_lengths").tolist(), text.pop("word_counts").tolist()
+        for name, value in text.items():
+            self.register_buffer(name, value, persistent=False)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str], cap_lengths: bool = False) -> dict[str, Tensor]:
+        """What ``forward`` reads for N prompts, on the model's device: word slots ``words`` [N, 97, D]
+        and sentence vectors ``sentences`` [N, D], as the authors' ``process_text`` and ``BertEncoder``;
+        ``word_lengths`` [N], the slots after ``[CLS]`` the local score takes, and ``word_counts`` [N],
+        the prompt's words (slots between ``[CLS]`` and ``[SEP]``), the map's. ``cap_lengths``: a
+        prompt of more characters than slots takes all the slots instead of failing."""
         # cap_lens: the prompt's characters other than "[" (the authors iterate over the string)
-        lengths = [sum(character != "[" for character in prompt) for prompt in self.prompts]
-        for prompt, length in zip(self.prompts, lengths):
+        lengths = [sum(character != "[" for character in prompt) for prompt in prompts]
+        if cap_lengths:
+            lengths = [min(length, TEXT_SLOTS - 1) for length in lengths]
+        for prompt, length in zip(prompts, lengths):
             if length + 1 > TEXT_SLOTS:
                 raise ValueError(f"prompt {prompt!r} has {length} characters; GLoRIA's local score takes at most "
                                  f"{TEXT_SLOTS - 1} (the authors' code fails on a longer one)")
-        words, sentences, self.word_counts = self.encode_prompts(tokenizer, self.prompts)
-        self.register_buffer("words", words, persistent=False)
-        self.register_buffer("sentences", sentences, persistent=False)
-        self.word_lengths = lengths
-
-    @torch.no_grad()
-    def encode_prompts(
-        self, tokenizer: PreTrainedTokenizerBase, prompts: list[str]
-    ) -> tuple[Tensor, Tensor, list[int]]:
-        """Prompts -> word slots [C, 97, D] and sentence vectors [C, D], as the authors' ``process_text``
-        and ``BertEncoder``; and each prompt's number of words (slots between ``[CLS]`` and ``[SEP]``)."""
         tokens, merge = tokenize_prompts(
-            tokenizer, prompts, "GLoRIA", f"{TEXT_FOLDER}/vocab.txt Bio_ClinicalBERT's vocabulary")
+            self.tokenizer, prompts, "GLoRIA", f"{TEXT_FOLDER}/vocab.txt Bio_ClinicalBERT's vocabulary")
         counts = [int(row.any(dim=1).sum()) - 2 for row in merge]  # the filled slots but [CLS] and [SEP]
+        tokens = tokens.to(self.device)
         words, sentences = self.network.text_encoder(tokens["input_ids"], tokens["attention_mask"], merge)
-        return words, sentences, counts
+        return {"words": words, "sentences": sentences, "word_lengths": torch.tensor(lengths, device=self.device),
+                "word_counts": torch.tensor(counts, device=self.device)}
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """Each phrase as its prompt, as written, not in ``template``. A phrase the authors' cleaning
+        empties (it drops a one-word sentence) goes into ``template``, as a one-word finding does. A
+        phrase of more than 96 characters, on which the authors' code fails (it takes a prompt's
+        characters as its word slots), takes all 96 slots: its words then share the attention with
+        the padding slots after them, as every prompt's words do."""
+        return self.encode_prompts([phrase if clean_text(phrase) else self.template.format(phrase)
+                                    for phrase in phrases], cap_lengths=True)
 
     def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         """Model input [B, 3, 224, 224] -> scores [B, C] = (global + local) / 2, maps [B, C, 19, 19]."""

@@ -234,7 +234,8 @@ POSITION_IDS_DROP = DeclaredDrop(
 
 class QueryDecoderModel(XBenchModel):
     """The query-decoder family (KAD, DeViDe): image tokens, Med-KEBERT prompt queries, 2 logits
-    per query (logit = l1 - l0), the last layer's head-averaged cross-attention as the map.
+    per query (logit = l1 - l0), the last layer's head-averaged cross-attention as the map. In phrase
+    grounding each report phrase is a query, decoded alone (:meth:`phrase_maps`).
 
     A subclass sets ``self.image_encoder`` (returning tokens and their grid) and ``preprocess``
     (:meth:`authors_transform` at its input side), and names its checkpoint file. ``checkpoint_dir`` holds the file and ``Med-KEBERT/`` (the
@@ -248,6 +249,7 @@ class QueryDecoderModel(XBenchModel):
         "text_encoder": CheckpointLayout(section="text_encoder", drops=(POSITION_IDS_DROP,)),
         "query_decoder": CheckpointLayout(section="model"),
     }
+    query_mode = "phrase"
     TEXT_FOLDER: ClassVar[str] = "Med-KEBERT"
     #: The authors' tokenizer call: special tokens added, padded (and cut) to 256 tokens.
     MAX_TOKENS: ClassVar[int] = 256
@@ -306,14 +308,21 @@ class QueryDecoderModel(XBenchModel):
         """Embed the query set of ``classes`` (:func:`query_set`) once; every batch reuses it."""
         self.prompts, index = query_set(classes, self.dataset_name)  # the authors' set where they have one
         log.info("%s decodes %d queries: %s", type(self).__name__, len(self.prompts), self.prompts)
+        self.queries = self.embed_prompts(self.prompts)
+        self.query_index = torch.tensor(index, device=self.queries.device)
+
+    def embed_prompts(self, prompts: list[str]) -> Tensor:
+        """Med-KEBERT queries [N, D] of ``prompts`` (the authors' tokenizer call), on the model's device."""
         tokens = self.tokenizer(
-            self.prompts, padding="max_length", max_length=self.MAX_TOKENS, truncation=True, return_tensors="pt"
-        )
+            prompts, padding="max_length", max_length=self.MAX_TOKENS, truncation=True, return_tensors="pt"
+        ).to(self.queries.device)
         self.text_encoder.eval()
-        device = self.queries.device
         with torch.no_grad():
-            self.queries = self.text_encoder(tokens["input_ids"].to(device), tokens["attention_mask"].to(device))
-        self.query_index = torch.tensor(index, device=device)
+            return self.text_encoder(tokens["input_ids"], tokens["attention_mask"])
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """Each phrase as a Med-KEBERT query, as written; :meth:`phrase_maps` decodes each on its own."""
+        return {"queries": self.embed_prompts(phrases)}
 
     def build(self, classes: list[str]) -> None:
         """Load the checkpoint (once per model) and embed the query set of ``classes``."""
@@ -321,14 +330,23 @@ class QueryDecoderModel(XBenchModel):
             self.load_weights()
         self.encode_queries(classes)
 
+    def decode(self, tokens: Tensor, grid: tuple[int, int], queries: Tensor) -> tuple[Tensor, Tensor]:
+        """Image tokens [B, N, D] and one query set [Q, D], decoded together -> logits [B, Q], maps [B, Q, h, w]."""
+        scores, attention = self.query_decoder(tokens, queries.to(tokens.dtype))
+        return scores[..., 1] - scores[..., 0], attention.unflatten(-1, grid)
+
     def forward(self, pixels: Tensor) -> tuple[Tensor, Tensor]:
         if not self.prompts:
             raise RuntimeError(f"{type(self).__name__}.build(classes) has not run (trainer.test calls it in setup)")
-        tokens, grid = self.image_encoder(pixels)
-        scores, attention = self.query_decoder(tokens, self.queries.to(tokens.dtype))
-        logits = scores[..., 1] - scores[..., 0]
-        maps = attention.unflatten(-1, grid)
+        logits, maps = self.decode(*self.image_encoder(pixels), self.queries)
         return logits[:, self.query_index], maps[:, self.query_index]
+
+    def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
+        """Maps [B, T, h, w]: each phrase decoded as a query set of its own, so that its map does not
+        depend on the other phrases of the batch (queries attend to each other); the image encoder
+        runs once."""
+        tokens, grid = self.image_encoder(model_input)
+        return torch.cat([self.decode(tokens, grid, query[None])[1] for query in rows["queries"]], dim=1)
 
 
 class KAD(ChannelsLast, QueryDecoderModel):

@@ -162,3 +162,33 @@ def bert_cls_embeddings(
     save_file({"embeddings": embeddings}, temporary)
     os.replace(temporary, cache_file)  # atomic: parallel processes write the same bytes
     return embeddings
+
+
+class PromptPairs:
+    """The text side of a model that scores a finding by a positive and a negative prompt (CLIP,
+    BiomedCLIP, CheXzero, BioViL): templates with one ``{}`` for the finding's text, or for a report
+    phrase in phrase grounding; ``forward`` reads ``pos_text`` and ``neg_text`` [N, D]. The model
+    implements ``embed_text(prompts) -> [N, D]`` on its own device."""
+
+    pos_template: str
+    neg_template: str
+
+    def set_templates(self, pos_template: str, neg_template: str) -> None:
+        for template in (pos_template, neg_template):
+            if template.count("{}") != 1:
+                raise ValueError(f"a prompt template needs exactly one '{{}}' for the finding; got {template!r}")
+        self.pos_template, self.neg_template = pos_template, neg_template
+
+    def prompt_pair(self, text: str) -> tuple[str, str]:
+        """The positive and negative prompt of a finding's text or a report phrase."""
+        return self.pos_template.format(text), self.neg_template.format(text)
+
+    def embed_pairs(self, pairs: list[tuple[str, str]]) -> dict[str, Tensor]:
+        """What ``forward`` reads for N prompt pairs: ``pos_text`` and ``neg_text`` [N, D]."""
+        positive, negative = zip(*pairs)
+        return {"pos_text": self.embed_text(list(positive)), "neg_text": self.embed_text(list(negative))}
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        """Each phrase in the prompt pair, as a finding's text is; the map is its positive prompt's
+        (the negative keeps the pair's logit, which Grad-CAM differentiates, defined)."""
+        return self.embed_pairs([self.prompt_pair(phrase) for phrase in phrases])

@@ -1,0 +1,131 @@
+"""Phrase grounding through the whole run: the base's query axis, the phrase and finding-name views,
+their intervals and paired difference, the analysis of queries as pairs, and DDP with queries."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import Tensor
+
+from conftest import CONFIGS, MS_CXR_CLI_ROWS, model_cli_dataset, only_folder, run_args
+from xbench.analysis import analyze
+from xbench.analysis.settings import Settings
+from xbench.data.ms_cxr import MSCXR
+from xbench.models.base import XBenchModel
+from xbench.test import main
+
+GRID = 8  # the toy model's map grid; the fixture's images are 64 x 48
+
+
+class PointsAtText(XBenchModel):
+    """A phrase-mode toy whose map peaks at a place its text names: a phrase points at the centre of
+    its own first box, a finding's name at the top-left corner (where no region of the fixture is).
+    It tells whether the base grounds each query by its own phrase, in any batch composition."""
+
+    name = "points_at_text"
+    query_mode = "phrase"
+
+    def build(self, classes: list[str]) -> None:
+        self.register_buffer("anchor", torch.zeros(len(classes), 2, dtype=torch.long), persistent=False)
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
+        first_box = {}
+        for row in MS_CXR_CLI_ROWS:
+            first_box.setdefault(row["label_text"], row)
+        cells = [((first_box[p]["y"] + first_box[p]["h"] / 2) * GRID // 48,
+                  (first_box[p]["x"] + first_box[p]["w"] / 2) * GRID // 64) for p in phrases]
+        return {"anchor": torch.tensor(cells, dtype=torch.long)}
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        texts = len(self.anchor)
+        maps = torch.zeros(len(image), texts, GRID, GRID)
+        maps[:, torch.arange(texts), self.anchor[:, 0], self.anchor[:, 1]] = 1.0
+        return torch.zeros(len(image), texts), maps
+
+
+def ms_cxr(tmp_path, **kwargs) -> MSCXR:
+    root, _, _ = model_cli_dataset("ms_cxr", tmp_path, tmp_path)
+    return MSCXR(root=str(root), image_size=64, num_workers=0, cache=False, **kwargs)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_each_query_is_grounded_by_its_own_phrase(tmp_path, batch_size):
+    """Every query's phrase map hits its region and every finding-name map misses, whatever the batch
+    holds; the paired difference says so with its interval (all replicates +1)."""
+    model = PointsAtText(results_dir=str(tmp_path / "results"), overlay_pairs=0)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False)
+    trainer.test(model, datamodule=ms_cxr(tmp_path, batch_size=batch_size), verbose=False)
+    phrases = model.results["phrase_grounding"]
+    assert phrases["query_mode"] == "phrase"
+    by_query, by_name = phrases["by_query"]["per_class"], phrases["by_finding_name"]["per_class"]
+    for key in ("pneumothorax", "pleural_effusion", "pneumonia"):
+        assert by_query[key]["pointing_game"] == 1.0 and by_name[key]["pointing_game"] == 0.0
+    difference = phrases["intervals"]["phrase_minus_name"]["pointing_game"]["macro"]
+    assert difference == {"estimate": 1.0, "lower": 1.0, "upper": 1.0, "p_phrase_better": 1.0}
+    table = pd.read_csv(only_folder(tmp_path / "results") / "queries.csv.gz")
+    assert table.groupby("view")["hit"].sum().to_dict() == {"finding_name": 0, "query": 5}
+
+
+def test_interval_estimates_are_the_run_values(tmp_path):
+    """The intervals' estimates (from the per-query records) equal the run's per-finding values and
+    macro means (from the metric's sum states): one definition, two computations."""
+    results = main(run_args("random", "ms_cxr", model_cli_dataset("ms_cxr", tmp_path, tmp_path)[0],
+                            tmp_path / "results", "--data.batch_size", "2"))
+    phrases = results["phrase_grounding"]
+    intervals = phrases["intervals"]["by_query"]
+    for metric in ("pointing_game", "dice@0.5", "iou@0.5", "cnr"):
+        for key, values in phrases["by_query"]["per_class"].items():
+            estimate = intervals[metric]["per_finding"][key]["estimate"]
+            assert (estimate is None) == (values[metric] is None), (metric, key)
+            assert estimate is None or math.isclose(estimate, values[metric], abs_tol=1e-12), (metric, key)
+        assert math.isclose(intervals[metric]["macro"]["estimate"], phrases["by_query"]["macro"][metric],
+                            abs_tol=1e-12)
+
+
+def test_analysis_reads_queries_as_pairs(tmp_path):
+    """``xbench.analyze --queries query``: a phrase run's (image, query) pairs analysed per finding,
+    with the run's values as estimates; a fixed-vocabulary run has no finding-name view to read."""
+    root, _, _ = model_cli_dataset("ms_cxr", tmp_path, tmp_path)
+    runs = {}
+    for config in ("oracle", "random"):
+        results = main(run_args(config, "ms_cxr", root, tmp_path / "results"))
+        runs[results["model"]] = results
+    analysis = analyze([tmp_path / "results"], settings=Settings(replicates=20, folds=3, queries="query"))
+    (dataset,) = analysis.datasets
+    for run in dataset.runs:
+        values = runs[run.run.model]["phrase_grounding"]["by_query"]["per_class"]
+        for c, key in enumerate(dataset.classes):
+            assert run.values["pairs"][0, c].item() == values[key]["pairs"]
+            if values[key]["pairs"]:
+                assert math.isclose(run.values["pointing_game"][0, c].item(), values[key]["pointing_game"])
+    with pytest.raises(ValueError, match="no rows of view 'finding_name'"):
+        analyze([tmp_path / "results"], settings=Settings(replicates=20, folds=3, queries="finding_name"))
+
+
+def test_ddp_two_processes_score_every_query_once(tmp_path):
+    """MS-CXR over 2 processes (gloo): the same query pairs and phrase-grounding values as one process."""
+    root, _, _ = model_cli_dataset("ms_cxr", tmp_path, tmp_path)
+    one = main(run_args("random", "ms_cxr", root, tmp_path / "one", "--data.batch_size", "1"))
+    command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
+               *run_args("random", "ms_cxr", root, tmp_path / "two", "--data.batch_size", "1"),
+               "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
+    done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
+    for key, values in one["phrase_grounding"]["by_query"]["per_class"].items():
+        for name, value in values.items():
+            other = two["phrase_grounding"]["by_query"]["per_class"][key][name]
+            assert other == value or math.isclose(other, value, abs_tol=1e-12), (key, name)
+    assert two["phrase_grounding"]["intervals"] == one["phrase_grounding"]["intervals"]
+    tables = [pd.read_csv(only_folder(tmp_path / run) / "queries.csv.gz") for run in ("one", "two")]
+    pd.testing.assert_frame_equal(*tables)
+    assert len(tables[0]) == 5 and np.array_equal(tables[0]["image_index"], [0, 0, 1, 2, 2])
