@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader
 from torchvision import transforms as T
 
 from conftest import real_file

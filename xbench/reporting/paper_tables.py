@@ -176,7 +176,7 @@ def threshold_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
     caption = (
         "The calibration gap, honestly: macro Dice at the fixed τ = 0.5, at the calibrated threshold τcal and at "
         "the best threshold τ*. τcal is chosen per class where it is not scored (" + "; ".join(methods) + "; "
-        f"with K folds, the τ that maximises a class's mean Dice on K − 1 folds scores the held-out fold). "
+        "with K folds, the τ that maximises a class's mean Dice on K − 1 folds scores the held-out fold). "
         "ΔDice = Dice at that threshold − Dice@0.5, in percentage points: ΔDice τ* is the paper's calibration "
         "gap, ΔDice τcal its twin with a threshold chosen elsewhere; both intervals are paired (the two values from "
         "the same replicate, τ* and τcal re-chosen in it). Per-class thresholds: analysis/calibration.csv. "
