@@ -27,8 +27,8 @@ map of the phrase's finding, and the results say so.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import lightning as L
@@ -276,8 +276,9 @@ class XBenchModel(L.LightningModule):
         grounding = self.grounding.compute()
         classification = self.classification.compute()
         counts = self.region_counts.compute()
-        queries = {name: metric.compute() for name, metric in (("phrase", self.query_grounding),
-                                                               ("name", self.name_grounding)) if metric is not None}
+        queries = {view: metric.compute() for view, metric in (("query", self.query_grounding),
+                                                               ("finding_name", self.name_grounding))
+                   if metric is not None}
         overlay_records = self.overlays.compute()
         datamodule = self.trainer.datamodule
         evaluated = classification["records"]["index"]

@@ -101,20 +101,20 @@ def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
     from xbench.analysis.phrases import phrase_intervals  # the analysis stack loads only for phrase runs
 
     classes = list(datamodule.classes)
-    name = queries.get("name")
+    name = queries.get("finding_name")
     return {
         "query_mode": model.query_mode,
         "phrases": len(datamodule.phrases),
-        "by_query": grounding_section(queries["phrase"], classes),
+        "by_query": grounding_section(queries["query"], classes),
         "by_finding_name": grounding_section(name, classes) if name is not None else None,
-        "intervals": phrase_intervals(queries["phrase"]["records"], name["records"] if name is not None else None,
+        "intervals": phrase_intervals(queries["query"]["records"], name["records"] if name is not None else None,
                                       datamodule.image_ids(), evaluated, classes, datamodule.name),
     }
 
 
 def build_results(*, model, datamodule, grounding, classification, region_counts, config, queries=None) -> dict:
     """The ``metrics.json`` payload of a finished run; ``queries``: a phrase dataset's query metrics
-    (``phrase``: as the model grounds a query; ``name``: by the finding's name)."""
+    by view (``query``: as the model grounds a phrase; ``finding_name``: by the finding's name)."""
     classes = list(datamodule.classes)
     evaluated = int(classification["records"]["index"].numel())
     return {
@@ -213,7 +213,7 @@ def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[
         shown.append((f"Phrase grounding, each query grounded by {how} (percent; CNR a ratio)",
                       phrases["by_query"], ("pairs",), SUMMARY_GROUNDING, True))
         if phrases["by_finding_name"] is not None:
-            shown.append(("Phrase grounding, the same queries grounded by the finding's name",
+            shown.append(("Phrase grounding, the same queries grounded by the finding's name (percent; CNR a ratio)",
                           phrases["by_finding_name"], ("pairs",), SUMMARY_GROUNDING, True))
     tables = []
     for title, section, counts, columns, summed in shown:
@@ -348,9 +348,7 @@ def query_table(results: dict, query_records: dict[str, dict], datamodule) -> pd
     """One row per graded (image, query) and view: the phrase, its finding and the pair's columns."""
     classes, samples = results["classes"], datamodule.samples
     tables = []
-    for view, records in (("query", query_records["phrase"]), ("finding_name", query_records.get("name"))):
-        if records is None:
-            continue
+    for view, records in query_records.items():
         records = {name: value.cpu().numpy() for name, value in records.items()}
         index, slot = records["index"], records["slot"]
         phrases = [[q.text for q in samples[i].queries if q.finding in classes][k] for i, k in zip(index, slot)]
