@@ -17,6 +17,7 @@ from torch import Tensor
 from conftest import CONFIGS, MS_CXR_CLI_ROWS, model_cli_dataset, only_folder, run_args
 from xbench.analysis import analyze
 from xbench.analysis.settings import Settings
+from xbench.analyze import main as analyze_main
 from xbench.data.ms_cxr import MSCXR
 from xbench.models.base import XBenchModel
 from xbench.test import main
@@ -108,6 +109,13 @@ def test_analysis_reads_queries_as_pairs(tmp_path):
                 assert math.isclose(run.values["pointing_game"][0, c].item(), values[key]["pointing_game"])
     with pytest.raises(ValueError, match="no rows of view 'finding_name'"):
         analyze([tmp_path / "results"], settings=Settings(replicates=20, folds=3, queries="finding_name"))
+    # the command line's option, and its CNR intervals
+    out = analyze_main([str(tmp_path / "results"), "--out", str(tmp_path / "analysis"), "--replicates", "20",
+                        "--folds", "3", "--queries", "query"])
+    intervals = pd.read_csv(out / "intervals.csv")
+    cnr = intervals[(intervals["model"] == "randomsaliency") & (intervals["metric"] == "cnr")].set_index("class")
+    expected = runs["randomsaliency"]["phrase_grounding"]["by_query"]["per_class"]["pneumonia"]["cnr"]
+    assert math.isclose(cnr.loc["pneumonia", "estimate"], expected, abs_tol=1e-12)
 
 
 def test_ddp_two_processes_score_every_query_once(tmp_path):

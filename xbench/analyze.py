@@ -8,6 +8,7 @@ strata and the recognition-vs-grounding R² as CSV, one JSON file and a Markdown
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pandas as pd
 
 from xbench.cli import run
 from xbench.analysis.pipeline import Analysis, analyze
-from xbench.analysis.settings import add_arguments, from_arguments
+from xbench.analysis.settings import QUERY_VIEWS, add_arguments, from_arguments
 from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
 from xbench.reporting.folder import atomic_write
 
@@ -29,6 +30,10 @@ def parse_args(args: list[str] | None) -> argparse.Namespace:
                         help="results folders of test-split runs, or folders holding them")
     parser.add_argument("--out", default="analysis", help="output folder (default: analysis/)")
     add_arguments(parser)
+    parser.add_argument("--queries", choices=QUERY_VIEWS, default=None,
+                        help="phrase datasets (MS-CXR): analyse the (image, query) pairs of queries.csv.gz, grounded "
+                             "as each model grounds a phrase (query) or by the finding's name (finding_name), in "
+                             "place of the (image, class) pairs")
     return parser.parse_args(args)
 
 
@@ -53,7 +58,8 @@ def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFram
 def main(args: list[str] | None = None) -> Path:
     """Run the analysis and write its files; return the output folder."""
     options = parse_args(args)
-    analysis = analyze(options.results, options.validation, from_arguments(options))
+    settings = dataclasses.replace(from_arguments(options), queries=options.queries)
+    analysis = analyze(options.results, options.validation, settings)
     out = Path(options.out)
     _, written = write_analysis(analysis, out)
     print((out / "summary.md").read_text())

@@ -54,13 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
     parser.add_argument("--folds", type=int, default=defaults.folds, help="K of the cross-fitted τ")
     parser.add_argument("--size-bins", type=float, nargs="*", default=list(DEFAULT_SIZE_BINS), metavar="FRACTION",
                         help="lesion-area boundaries as fractions of the image (default: 0.01 0.1)")
-    parser.add_argument("--queries", choices=QUERY_VIEWS, default=None,
-                        help="phrase datasets (MS-CXR): analyse the (image, query) pairs of queries.csv.gz, grounded "
-                             "as each model grounds a phrase (query) or by the finding's name (finding_name), in "
-                             "place of the (image, class) pairs")
 
 
 def from_arguments(options: argparse.Namespace) -> Settings:
     """The :class:`Settings` the options of :func:`add_arguments` name."""
     return Settings(replicates=options.replicates, seed=options.seed, confidence=options.confidence,
-                    folds=options.folds, size_bins=tuple(options.size_bins), queries=options.queries)
+                    folds=options.folds, size_bins=tuple(options.size_bins))
