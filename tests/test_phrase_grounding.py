@@ -73,6 +73,9 @@ def test_each_query_is_grounded_by_its_own_phrase(tmp_path, batch_size):
     assert difference == {"estimate": 1.0, "lower": 1.0, "upper": 1.0, "p_phrase_better": 1.0}
     table = pd.read_csv(only_folder(tmp_path / "results") / "queries.csv.gz")
     assert table.groupby("view")["hit"].sum().to_dict() == {"finding_name": 0, "query": 5}
+    logged = trainer.callback_metrics  # what loggers (W&B) receive
+    assert logged["phrase_grounding/by_query/pointing_game/macro"].item() == 1.0
+    assert logged["phrase_grounding/by_finding_name/pointing_game/pneumonia"].item() == 0.0
 
 
 def test_interval_estimates_are_the_run_values(tmp_path):

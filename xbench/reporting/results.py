@@ -170,15 +170,21 @@ def _hyperparameters(model, datamodule) -> dict:
 
 
 def log_keys(results: dict) -> dict[str, float]:
-    """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ..."""
+    """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ...; a
+    phrase run's views as ``phrase_grounding/by_query/...`` and ``phrase_grounding/by_finding_name/...``."""
+    sections = [("grounding", results["grounding"], GROUNDING_PER_CLASS),
+                ("classification", results["classification"], CLASSIFICATION_PER_CLASS)]
+    phrases = results.get("phrase_grounding") or {}
+    sections += [(f"phrase_grounding/{view}", phrases[view], GROUNDING_PER_CLASS)
+                 for view in ("by_query", "by_finding_name") if phrases.get(view) is not None]
     flat: dict[str, float] = {}
-    for section, per_class_names in (("grounding", GROUNDING_PER_CLASS), ("classification", CLASSIFICATION_PER_CLASS)):
-        for name, value in results[section]["macro"].items():
-            flat[f"{section}/{name}/macro"] = math.nan if value is None else float(value)
-        for key, values in results[section]["per_class"].items():
+    for prefix, section, per_class_names in sections:
+        for name, value in section["macro"].items():
+            flat[f"{prefix}/{name}/macro"] = math.nan if value is None else float(value)
+        for key, values in section["per_class"].items():
             for name in per_class_names:
                 value = values[name]
-                flat[f"{section}/{name}/{key}"] = math.nan if value is None else float(value)
+                flat[f"{prefix}/{name}/{key}"] = math.nan if value is None else float(value)
     return flat
 
 
