@@ -13,7 +13,7 @@ from conftest import CONFIGS, write_ms_cxr
 from xbench.data.cache import CachedDataset
 from xbench.data.ms_cxr import MSCXR
 from xbench.data.queries import Query
-from xbench.data.regions import Boxes
+from xbench.data.regions import Boxes, GridBoxes
 from xbench.data.transforms import resize_mask
 
 WIDTH, HEIGHT = 64, 48
@@ -70,7 +70,8 @@ def data(release, **kwargs) -> MSCXR:
 
 
 def expected_queries(dicom_id: str) -> tuple[Query, ...]:
-    return tuple(Query(text, key, Boxes.from_xywh(boxes)) for text, key, boxes in QUERIES[dicom_id])
+    return tuple(Query(text, key, GridBoxes(Boxes.from_xywh(boxes), HEIGHT, WIDTH))
+                 for text, key, boxes in QUERIES[dicom_id])
 
 
 def test_samples_labels_queries_and_class_regions(release):
@@ -85,8 +86,9 @@ def test_samples_labels_queries_and_class_regions(release):
         union = {key: [] for key in findings}
         for _, key, boxes in QUERIES[sample.image_id]:
             union[key] += boxes
-        assert sample.regions == {key: Boxes.from_xywh(boxes) for key, boxes in union.items()}
-    assert dm.samples[1].queries[0].region == Boxes(((2, 34, 14, 44), (48, 34, 60, 44)))  # one phrase, two boxes
+        assert sample.regions == {key: GridBoxes(Boxes.from_xywh(boxes), HEIGHT, WIDTH) for key, boxes in union.items()}
+    # one phrase, two boxes: one region
+    assert dm.samples[1].queries[0].region.boxes == Boxes(((2, 34, 14, 44), (48, 34, 60, 44)))
     assert dm.phrases == [ATELECTASIS, CARDIOMEGALY, EFFUSIONS, RIGHT_OPACITY, LEFT_OPACITY]
     assert dm.query_slots == 2
     assert dm.notes == {
@@ -183,6 +185,21 @@ def test_missing_column(tmp_path):
     csv_path.write_text(header.replace(",h,", ",height,") + "\n" + rest)
     with pytest.raises(ValueError, match=r"lacks the column\(s\) \['h'\]"):
         _ = MSCXR(root=str(tmp_path)).samples
+
+
+def test_boxes_follow_a_resized_copy_of_the_images(tmp_path):
+    """Boxes are in the pixels of the size the row states; on a copy of MIMIC-CXR-JPG resized to half
+    (32 x 24 files for rows saying 64 x 48) they land where they do on the full-size file."""
+    rows = [{**row, "image_width": WIDTH, "image_height": HEIGHT} for row in ROWS]
+    write_ms_cxr(tmp_path, rows, size=(WIDTH // 2, HEIGHT // 2))
+    dm = MSCXR(root=str(tmp_path), cache=False, num_workers=0, image_size=16, split="all")
+    dm.setup("test")
+    for index, sample in enumerate(dm.samples):
+        item = dm.test_set[index]
+        for slot, (_, _, boxes) in enumerate(QUERIES[sample.image_id]):
+            halved = Boxes(tuple((x / 2, y / 2, (x + w) / 2, (y + h) / 2) for x, y, w, h in boxes))
+            expected = resize_mask(halved.to_mask(HEIGHT // 2, WIDTH // 2)[0], 16, dm.mask_threshold)
+            assert torch.equal(item["query_masks"][slot], expected), (sample.image_id, slot)
 
 
 def test_box_outside_image_is_counted(tmp_path):

@@ -5,13 +5,14 @@ The release is one CSV, ``MS_CXR_Local_Alignment_v1.1.0.csv`` (``..._v1.0.0.csv`
 without the ``split`` column), one row per box: ``dicom_id, category_name, label_text, path, x, y,
 w, h, image_width, image_height[, split]``. ``path`` is relative to the MIMIC-CXR-JPG folder
 (``files/p10/p10000032/s50414267/<dicom_id>.jpg``); MS-CXR ships no images. A box ``x, y, w, h``
-is in pixels of its image, whose size the row states (``image_width x image_height``, the size of
-the MIMIC-CXR-JPG file, so boxes are drawn as given, without scaling). The rows with the same
-``(dicom_id, category_name, label_text)`` are the boxes of one phrase.
+is in pixels of its image, whose size the row states (``image_width x image_height``): boxes are
+drawn on that grid scaled to the decoded image (:class:`~xbench.data.regions.GridBoxes`), exactly
+as given on MIMIC-CXR-JPG's full-size files, and in place on a resized copy of them. The rows with
+the same ``(dicom_id, category_name, label_text)`` are the boxes of one phrase.
 
 Every image is one sample, in the order of its first row in the file. Its queries are its phrases
 in file order, each a :class:`~xbench.data.queries.Query` (``label_text``, the finding of
-``category_name``, all the phrase's boxes as one :class:`~xbench.data.regions.Boxes`); its region
+``category_name``, all the phrase's boxes as one region); its region
 for a finding is the union of the boxes of that finding's phrases.
 
 Labels: 1 for each finding with a phrase on the image. MS-CXR does not assert absences -- an image
@@ -33,7 +34,7 @@ from typing import Literal
 from xbench.data.annotation_files import read_csv_rows, split_file_path
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.queries import Query
-from xbench.data.regions import Boxes
+from xbench.data.regions import Boxes, GridBoxes
 from xbench.findings import finding_key
 
 RELEASE_FILE = "MS_CXR_Local_Alignment_v1.1.0.csv"
@@ -114,16 +115,18 @@ class MSCXR(XBenchDataModule):
                     f"{path}, line {image.line}: image {dicom_id} not found at {image_path} (the row's path "
                     f"{image.path} under {self.images_root}). {IMAGES_HINT}"
                 )
-            queries = tuple(Query(text, key, Boxes.from_xywh(boxes)) for (key, text), boxes in image.phrases.items())
+            on_grid = lambda boxes: GridBoxes(boxes, image.height, image.width)  # noqa: E731
+            phrase_boxes = {(key, text): Boxes.from_xywh(boxes) for (key, text), boxes in image.phrases.items()}
+            queries = tuple(Query(text, key, on_grid(boxes)) for (key, text), boxes in phrase_boxes.items())
             regions: dict[str, list] = {}
-            for query in queries:
-                regions.setdefault(query.finding, []).extend(query.region.xyxy)
+            for (key, _), boxes in phrase_boxes.items():
+                regions.setdefault(key, []).extend(boxes.xyxy)
             samples.append(
                 Sample(
                     image_id=dicom_id,
                     path=image_path,
                     labels={key: 1 if key in regions else -1 for key in supported},
-                    regions={key: Boxes(tuple(boxes)) for key, boxes in regions.items()},
+                    regions={key: on_grid(Boxes(tuple(boxes))) for key, boxes in regions.items()},
                     queries=queries,
                 )
             )
@@ -185,7 +188,7 @@ class MSCXR(XBenchDataModule):
         return images
 
     def _note(self, path: Path, samples: list[Sample], images: dict[str, _Image]) -> None:
-        boxes = [box for sample in samples for query in sample.queries for box in query.region.xyxy]
+        boxes = [box for sample in samples for query in sample.queries for box in query.region.boxes.xyxy]
         outside = sum(
             1
             for image in images.values()
