@@ -2,7 +2,8 @@
 
 The class below is all XBench needs: its input transform as data (``preprocess``), the prompts
 encoded once per run (``build``), and ``forward`` returning log-odds [B, C] and raw maps
-[B, C, h, w]. XBench does the rest (upsampling, metrics, results, report). Run it with
+[B, C, h, w]. XBench does the rest (upsampling, metrics, results, report). Two more lines
+(``query_mode``, ``encode_phrases``) let it ground free-text report phrases (MS-CXR). Run it with
 ``examples/`` on the import path, so the YAML's ``class_path: open_clip_model.PatchTextCLIP`` is
 found (or install your module)::
 
@@ -48,6 +49,8 @@ class PatchTextCLIP(XBenchModel):
     """
 
     name = "patch_text_clip"
+    #: It encodes free text, so a report phrase is grounded as written (phrase grounding, MS-CXR).
+    query_mode = "phrase"
 
     def __init__(self, arch: str, weights: str, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -64,10 +67,13 @@ class PatchTextCLIP(XBenchModel):
         tokens = open_clip.tokenize(prompts, context_length=self.context_length).to(self.clip.logit_scale.device)
         return F.normalize(self.clip.encode_text(tokens), dim=-1)
 
+    def encode_phrases(self, texts: list[str]) -> dict[str, Tensor]:
+        """What ``forward`` reads, one row per text: a finding's name (``build``) or a report phrase."""
+        return {"positive": self.embed_text(texts), "negative": self.embed_text([f"no {text}" for text in texts])}
+
     def build(self, classes: list[str]) -> None:
-        texts = [finding_text(key) for key in classes]
-        self.register_buffer("positive", self.embed_text(texts), persistent=False)
-        self.register_buffer("negative", self.embed_text([f"no {text}" for text in texts]), persistent=False)
+        for name, value in self.encode_phrases([finding_text(key) for key in classes]).items():
+            self.register_buffer(name, value, persistent=False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         pooled, tokens = self.clip.visual(x)

@@ -157,3 +157,11 @@ def test_model_scores_as_open_clip_itself(tmp_path, load):
     for c, prompt in enumerate(("nodule", "large opacity")):
         torch.testing.assert_close(maps[:, c], (patches @ text[prompt]).reshape(2, 8, 8), rtol=1e-5, atol=1e-5)
 
+    # a report phrase is grounded as written: its map is the patches' cosine with the phrase
+    phrase = "large opacity in the left lower lobe"
+    with torch.no_grad():
+        phrase_text = F.normalize(reference.encode_text(open_clip.tokenize([phrase], context_length=32)), dim=-1)[0]
+    grounded = model.phrase_maps(x, model.encode_phrases(["nodule", phrase]))
+    torch.testing.assert_close(grounded[:, 1], (patches @ phrase_text).reshape(2, 8, 8), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grounded[:, 0], maps[:, 0], rtol=1e-5, atol=1e-5)
+
