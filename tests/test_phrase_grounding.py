@@ -140,3 +140,26 @@ def test_ddp_two_processes_score_every_query_once(tmp_path):
     tables = [pd.read_csv(only_folder(tmp_path / run) / "queries.csv.gz") for run in ("one", "two")]
     pd.testing.assert_frame_equal(*tables)
     assert len(tables[0]) == 5 and np.array_equal(tables[0]["image_index"], [0, 0, 1, 2, 2])
+
+
+def test_finding_means_equal_a_loop_over_resampled_pairs():
+    """Each replicate's per-finding mean: the pairs of the drawn images, each as often as its image
+    was drawn, NaN values (an undefined CNR) left out; a finding without a defined value is NaN."""
+    from xbench.analysis.phrases import finding_means
+
+    rng = np.random.default_rng(4)
+    values = torch.from_numpy(rng.random((9, 4)))
+    values[::4, 3] = float("nan")
+    image_row = torch.from_numpy(rng.integers(0, 5, size=9))
+    finding = torch.tensor([0, 0, 1, 1, 1, 2, 0, 1, 2])
+    weights = torch.from_numpy(rng.integers(0, 3, size=(6, 5)).astype(np.float64))
+    means = finding_means(values, image_row, finding, weights, num_findings=4)
+    for r in range(6):
+        for f in range(4):
+            for m in range(4):
+                drawn = [values[p, m].item() for p in range(9) if finding[p] == f
+                         for _ in range(int(weights[r, image_row[p]]))]
+                drawn = [v for v in drawn if not math.isnan(v)]
+                expected = sum(drawn) / len(drawn) if drawn else math.nan
+                got = means[r, f, m].item()
+                assert (math.isnan(got) and math.isnan(expected)) or math.isclose(got, expected, abs_tol=1e-12)

@@ -36,11 +36,11 @@ def pair_values(records: dict[str, Tensor]) -> Tensor:
 def finding_means(values: Tensor, image_row: Tensor, finding: Tensor, weights: Tensor, num_findings: int) -> Tensor:
     """[R + 1, F, M]: per replicate and finding, the weighted mean of each metric over the
     finding's pairs where it is defined (NaN where none is)."""
-    pair_weights = weights[:, image_row]  # [R + 1, P]
-    defined = ~values.isnan()
-    one_hot = torch.nn.functional.one_hot(finding, num_findings).double()  # [P, F]
-    totals = torch.einsum("rp,pf,pm->rfm", pair_weights, one_hot, values.nan_to_num(0.0))
-    counts = torch.einsum("rp,pf,pm->rfm", pair_weights, one_hot, defined.double())
+    pairs, metrics = values.shape
+    one_hot = torch.nn.functional.one_hot(finding, num_findings).double().unsqueeze(2)  # [P, F, 1]
+    columns = torch.cat([one_hot * values.nan_to_num(0.0).unsqueeze(1), one_hot * (~values.isnan()).unsqueeze(1)], 2)
+    sums = (weights[:, image_row] @ columns.reshape(pairs, -1)).view(-1, num_findings, 2 * metrics)  # one product
+    totals, counts = sums[..., :metrics], sums[..., metrics:]
     return torch.where(counts > 0, totals / counts.clamp(min=1e-300), float("nan"))
 
 
