@@ -94,6 +94,12 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     assert found[("random", "phantom")] == ("done", str(Path("results") / folder.name))
     assert found[("broken", "phantom")] == ("run", "")
     assert statuses(suite_dir / "suite.yaml", force=True)[("random", "phantom")] == ("run", "")
+    # results another XBench version wrote (another schema) are not this version's: the pair runs again
+    payload = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**payload, "schema": "xbench.results/1"}))
+    with pytest.warns(UserWarning, match="1 results folder.* another XBench version"):
+        assert statuses(suite_dir / "suite.yaml")[("random", "phantom")] == ("run", "")
+    (folder / "metrics.json").write_text(json.dumps(payload))
     changed = yaml.safe_load((suite_dir / "suite.yaml").read_text())
     changed["models"][2] = {"config": changed["models"][2], "settings": {"model.seed": 7}}
     (suite_dir / "other.yaml").write_text(yaml.safe_dump(changed))

@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -59,7 +60,8 @@ from rich.console import Console
 from rich.table import Table
 
 from xbench.cli import run
-from xbench.reporting.folder import find_result_folders, read_results
+from xbench.data.annotation_files import read_json
+from xbench.reporting.folder import METRICS, SCHEMA, find_result_folders
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets"}
 #: How pairs map to processes; the first is the default.
@@ -246,8 +248,22 @@ def result_folders(results_dir: Path) -> list[Path]:
 
 
 def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
-    """Every results folder under ``results_dir`` with its resolved config."""
-    return [(folder, read_results(folder).get("config") or {}) for folder in result_folders(results_dir)]
+    """Every results folder under ``results_dir`` with its resolved config; a folder another XBench
+    version wrote (another results schema) is not this version's result: its pair runs again."""
+    found, older = [], []
+    for folder in result_folders(results_dir):
+        payload = read_json(folder / METRICS)
+        if payload.get("schema") != SCHEMA:
+            older.append(folder)
+            continue
+        found.append((folder, payload.get("config") or {}))
+    if older:
+        warnings.warn(
+            f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
+            f"{SCHEMA}), e.g. {older[0].name}: their pairs count as not done and run again",
+            stacklevel=2,
+        )
+    return found
 
 
 def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bool) -> None:
