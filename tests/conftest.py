@@ -178,14 +178,25 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
 
 
-def run_on_ms_cxr(model: str, folder: Path, query_mode: str, *extra: str) -> dict:
-    """``python -m xbench.test`` with ``model`` on the MS-CXR fixture (:data:`MS_CXR_CLI_ROWS`) and
-    the checks of :func:`check_phrase_results`; the metrics.json payload."""
-    root, data_extra, images = model_cli_dataset("ms_cxr", folder, folder)
-    results = main(run_args(model, "ms_cxr", root, folder / "results", "--data.batch_size", "2", *data_extra, *extra))
+def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extra: str,
+                  query_mode: str = "phrase") -> dict:
+    """``python -m xbench.test`` with ``model`` on ``data``'s :func:`model_cli_dataset` under ``folder``:
+    every image evaluated, Pointing Game and AUROC in range, and on MS-CXR the phrases grounded as
+    ``query_mode`` says (:func:`check_phrase_results`). The metrics.json payload."""
+    root, data_extra, images = model_cli_dataset(data, folder, phantom_root)
+    results = main(run_args(model, data, root, folder / "results", *extra, *data_extra))
     assert results["model"] == model and results["data"]["images_evaluated"] == images
-    check_phrase_results(results, only_folder(folder / "results"), query_mode)
+    graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
+    assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
+    assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
+    if data == "ms_cxr":
+        check_phrase_results(results, only_folder(folder / "results"), query_mode)
     return results
+
+
+def run_on_ms_cxr(model: str, folder: Path, query_mode: str, *extra: str) -> dict:
+    """:func:`run_model_cli` on the MS-CXR fixture (:data:`MS_CXR_CLI_ROWS`), two images a batch."""
+    return run_model_cli(model, "ms_cxr", folder, folder, "--data.batch_size", "2", *extra, query_mode=query_mode)
 
 
 def check_phrase_results(results: dict, folder: Path, query_mode: str) -> None:

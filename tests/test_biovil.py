@@ -190,18 +190,8 @@ def test_cli_end_to_end(variant, data, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layouts (random weights) on the phantom and on
     ChestX-Det10, RSNA and MS-CXR fixtures; every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
-    from conftest import model_cli_dataset, run_args
+    from conftest import run_model_cli
     from xbench.models.random_weights import write_biovil_t
-    from xbench.test import main
 
     folder = (write_biovil if variant == "biovil" else write_biovil_t)(tmp_path / variant)
-    root, extra, images = model_cli_dataset(data, tmp_path, phantom_root)
-    results = main(run_args(variant, data, root, tmp_path / "results", "--model.checkpoint_dir", str(folder),
-                            "--data.batch_size", "4", *extra))
-    assert results["model"] == variant and results["data"]["images_evaluated"] == images
-    if data == "ms_cxr":
-        from conftest import check_phrase_results, only_folder
-
-        check_phrase_results(results, only_folder(tmp_path / "results"), "phrase")
-    graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
-    assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
+    run_model_cli(variant, data, tmp_path, phantom_root, "--model.checkpoint_dir", str(folder), "--data.batch_size", "4")
