@@ -3,11 +3,12 @@
 Each graded pair contributes a feature row: its Dice curve (101 values), its IoU curve, its
 Pointing Game hit, a 1 (to count pairs), per lesion-size stratum the same count, hit and Dice at
 0.5 when the pair is in that stratum, and last its CNR and a 1 where the CNR is defined (0 and 0
-where not: a class's CNR is the mean over its pairs with one). A class's replicate sums are ``weights[:, images]
-@ features`` -- one matrix product for all replicates -- taken per cross-fitting fold, so the
-fold sums, their complements and the totals all come from it. From the sums, per replicate:
+where not: a class's CNR is the mean over its pairs with one). A class's replicate sums are
+``weights[:, images] @ features`` -- one matrix product for all replicates -- taken per
+cross-fitting fold, so the fold sums, their complements and the totals all come from it. From the
+sums, per replicate:
 
-- Pointing Game, Dice and IoU at tau = 0.5;
+- Pointing Game, Dice and IoU at tau = 0.5, CNR;
 - Dice and IoU at the best tau, the tau re-chosen inside every replicate (so the interval
   includes the selection); the smallest tau among equal maxima, as in ``xbench.metrics``;
 - Dice and IoU at a calibrated tau, chosen where it is not scored: by cross-fitting (for each

@@ -5,7 +5,8 @@ forward about a millisecond on a GPU), and the paper's seven models read the sam
 The cache keeps what is model-independent, so all models share one decode: the native image at its
 own aspect ratio (16-bit; its shorter side capped, by default at 1024, enough for every model's
 input, with the models' own transforms applied after the read), the metric-frame image (16-bit) and
-the masks in the frame, bit-packed and only for the classes that have a region on the image. The
+the masks in the frame, bit-packed and only for the classes that have a region on the image (and a
+phrase dataset's query masks, every slot). The
 first run writes, per split and setting, memory-mapped files and an index; later runs of any model
 read them.
 
@@ -149,7 +150,7 @@ def build_cache(
         )
         has_mask = np.zeros(rows_of.shape, dtype=bool)
         lost = np.zeros(rows_of.shape, dtype=bool)
-        slots = getattr(dataset, "query_slots", 0)
+        slots = dataset.query_slots
         # a phrase dataset's query masks: few (MS-CXR has about one per image), kept in full
         query_masks = np.zeros((count, slots, (pixels + 7) // 8), dtype=np.uint8)
         query_has_mask = np.zeros((count, slots), dtype=bool)
