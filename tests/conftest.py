@@ -353,6 +353,12 @@ def assert_gradcam_stays_float32_under_bf16_mixed(model, image: torch.Tensor) ->
 PARITY_LOGIT_ATOL, PARITY_MAP_ATOL, PARITY_WINDOW_ATOL = 1e-5, 1e-5, 1e-4
 
 
+def read_golden(name: str) -> dict[str, np.ndarray]:
+    """``tests/golden/<name>.npz``, the authors' outputs a parity test compares with, as arrays."""
+    with np.load(Path(__file__).resolve().parent / "golden" / f"{name}.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
 def assert_whole_path_matches_golden(model, golden: dict, real_data: Path, index: int, frame: int = 224) -> None:
     """XBench's whole path from the golden file's ``index``-th image (decode, the model's
     ``preprocess``, the network) against what the authors' code computed: window, logits, raw maps."""

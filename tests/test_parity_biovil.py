@@ -15,16 +15,14 @@ and 9.0e-8; windows exact; the bounds (``conftest.PARITY_*``) leave room for ano
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import assert_whole_path_matches_golden
+from conftest import assert_whole_path_matches_golden, read_golden
 from xbench.models import random_weights
 from xbench.models.biovil import BioViL, BioViLT
 
-GOLDEN = Path(__file__).resolve().parent / "golden"
+
 #: Per variant: the XBench model and the random weights' writer the golden file was made with.
 VARIANTS = {"biovil": (BioViL, random_weights.write_biovil), "biovil_t": (BioViLT, random_weights.write_biovil_t)}
 
@@ -36,8 +34,7 @@ def variant(request):
 
 @pytest.fixture(scope="module")
 def golden(variant):
-    with np.load(GOLDEN / f"{variant}.npz") as data:
-        return {name: data[name] for name in data.files}
+    return read_golden(variant)
 
 
 @pytest.fixture(scope="module")

@@ -12,22 +12,17 @@ maps 1.3e-7, windows exact; the bounds (``conftest.PARITY_*``) leave room for an
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import assert_whole_path_matches_golden
+from conftest import assert_whole_path_matches_golden, read_golden
 from xbench.models import random_weights
 from xbench.models.chexzero import CheXzero
-
-GOLDEN = Path(__file__).resolve().parent / "golden" / "chexzero.npz"
 
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN) as data:
-        return {name: data[name] for name in data.files}
+    return read_golden("chexzero")
 
 
 @pytest.fixture(scope="module")

@@ -15,22 +15,17 @@ machine's float order only.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import assert_whole_path_matches_golden
+from conftest import assert_whole_path_matches_golden, read_golden
 from xbench.models import random_weights
 from xbench.models.gloria import TEXT_FOLDER, GLoRIA
-
-GOLDEN = Path(__file__).resolve().parent / "golden" / "gloria.npz"
 
 
 @pytest.fixture(scope="module")
 def golden():
-    with np.load(GOLDEN) as data:
-        return {name: data[name] for name in data.files}
+    return read_golden("gloria")
 
 
 @pytest.fixture(scope="module")
