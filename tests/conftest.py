@@ -348,6 +348,11 @@ def assert_gradcam_stays_float32_under_bf16_mixed(model, image: torch.Tensor) ->
     assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
 
 
+#: A subprocess that has not finished by then has hung: the test fails with its output instead of
+#: running into CI's limit. A safety net, never a budget: a loaded machine takes minutes.
+SUBPROCESS_SAFETY_TIMEOUT = 3600
+
+
 #: Whole-path parity of the beyond-the-paper models (CheXzero, BioViL, GLoRIA): room for another machine's
 #: float order only (measured within 1.5e-7 when the golden files were made).
 PARITY_LOGIT_ATOL, PARITY_MAP_ATOL, PARITY_WINDOW_ATOL = 1e-5, 1e-5, 1e-4

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_args, write_chestx_det10
+from conftest import SUBPROCESS_SAFETY_TIMEOUT, run_args, write_chestx_det10
 from xbench.test import main
 
 
@@ -199,7 +199,7 @@ def test_a_run_prints_no_wandb_anonymous_notice(phantom_root, tmp_path):
 
     args = run_args("oracle", "phantom", phantom_root, tmp_path / "results", image_size=32)
     done = subprocess.run([sys.executable, "-m", "xbench.test", *args], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline"})
+                          timeout=SUBPROCESS_SAFETY_TIMEOUT, cwd=tmp_path, env={**os.environ, "WANDB_MODE": "offline"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "anonymous setting" not in done.stdout + done.stderr
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, only_folder, run_args
+from conftest import CONFIGS, SUBPROCESS_SAFETY_TIMEOUT, only_folder, run_args
 from xbench.data.phantom import Phantom
 from xbench.models.baselines import RandomSaliency
 from xbench.test import main
@@ -94,7 +94,7 @@ def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
     command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
                *cli_args("random", phantom_root, tmp_path / "two", *rotate),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
     assert two["data"]["images_evaluated"] == one["data"]["images_evaluated"] == 9

@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import SUBPROCESS_SAFETY_TIMEOUT
+
 from xbench import findings
 from xbench.findings import display_name, finding_key, short_name
 
@@ -66,7 +68,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     }
     for command in readme_commands():
         done = subprocess.run(command.replace("/tmp/", f"{tmp_path}/"), shell=True, cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     (folder,) = (clone / "results").iterdir()
     results = json.loads((folder / "metrics.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from conftest import CONFIGS, MS_CXR_CLI_ROWS, model_cli_dataset, only_folder, run_args
+from conftest import CONFIGS, MS_CXR_CLI_ROWS, SUBPROCESS_SAFETY_TIMEOUT, model_cli_dataset, only_folder, run_args
 from xbench.analysis import analyze
 from xbench.analysis.settings import Settings
 from xbench.analyze import main as analyze_main
@@ -129,7 +129,7 @@ def test_ddp_two_processes_score_every_query_once(tmp_path):
                *run_args("random", "ms_cxr", root, tmp_path / "two", "--data.batch_size", "1"),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
     for key, values in one["phrase_grounding"]["by_query"]["per_class"].items():
