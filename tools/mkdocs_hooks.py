@@ -88,34 +88,52 @@ def relink(markdown: str, source_dir: str, page: str, own_page: str | None) -> s
     return LINK.sub(fix, markdown)
 
 
+#: Root files that are pages of the site, by the page they are.
+ROOT_PAGES = {"CHANGELOG.md": "changelog.md"}
+
+
 def repository_file(root: Path, name: str, page: str) -> str:
-    """A root file (README.md, CHANGELOG.md): its ``docs/...`` links point at the site's pages,
-    its links to other root files at their pages (CHANGELOG.md -> changelog.md)."""
-    text = (root / name).read_text()
-    text = LINK.sub(lambda m: f"]({m['target'].lower()})" if m["target"] in ("CHANGELOG.md",) else m[0], text)
-    text = LINK.sub(lambda m: f"]({m['target'][len('docs/'):]})" if m["target"].startswith("docs/") else m[0], text)
-    return relink(text, ".", page, None)
+    """A root file (README.md, CHANGELOG.md) as a page: its links to ``docs/...`` and to the root
+    files that are pages point at the site's pages."""
+
+    def to_docs(match: re.Match) -> str:
+        path, _, anchor = match["target"].partition("#")
+        path = ROOT_PAGES.get(path, path.removeprefix("docs/") if path.startswith("docs/") else None)
+        return match[0] if path is None else f"]({path}{'#' + anchor if anchor else ''})"
+
+    return relink(LINK.sub(to_docs, (root / name).read_text()), ".", page, None)
 
 
 # -- sections of other pages ------------------------------------------------------------------
+
+
+def headings(lines: list[str]):
+    """``(line number, level, text)`` of each Markdown heading, fenced code blocks skipped (a
+    shell comment is not a heading)."""
+    fenced = False
+    for number, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        found = None if fenced else HEADING.match(line)
+        if found:
+            yield number, len(found["hashes"]), found["text"]
 
 
 def include_section(docs: Path, source: str, heading: str, page: str) -> str:
     """The text under ``heading`` in ``source`` (to the next heading of its level or above)."""
     lines = (docs / source).read_text().splitlines()
     start = level = None
-    for number, line in enumerate(lines):
-        found = HEADING.match(line)
-        if found and start is None and found["text"] == heading:
-            start, level = number + 1, len(found["hashes"])
-        elif found and start is not None and len(found["hashes"]) <= level:
-            lines = lines[start:number]
+    end = len(lines)
+    for number, depth, text in headings(lines):
+        if start is None and text == heading:
+            start, level = number + 1, depth
+        elif start is not None and depth <= level:
+            end = number
             break
-    else:
-        if start is None:
-            raise LookupError(f"no heading {heading!r} in {source}")
-        lines = lines[start:]
-    return relink("\n".join(lines), posixpath.dirname(source), page, source)
+    if start is None:
+        raise LookupError(f"no heading {heading!r} in {source}")
+    return relink("\n".join(lines[start:end]), posixpath.dirname(source), page, source)
 
 
 # -- the suite's pairs ------------------------------------------------------------------------
@@ -125,9 +143,9 @@ def page_title(docs: Path, page: str) -> str:
     path = docs / page
     if not path.is_file():
         raise LookupError(f"{page} is missing: every model and dataset of a suite needs its page")
-    for line in path.read_text().splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
+    for _, level, text in headings(path.read_text().splitlines()):
+        if level == 1:
+            return text
     raise LookupError(f"{page} has no '# title' line")
 
 
