@@ -101,7 +101,7 @@ def run_printed(command: str, clone: Path, monkeypatch) -> None:
                 logging.getLogger(name).setLevel(level)
 
 
-def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load):
+def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, request):
     """Each command of the page, in a folder that looks like a fresh clone's root (its own
     ``results/``), with ``/tmp/`` moved into the test's folder. The example modules the runs import
     by name, and what they register, are gone after the test (``load``)."""
@@ -113,7 +113,7 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load):
     monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
     for module in ("open_clip_model", "png_folder"):
         assert module not in sys.modules
-        monkeypatch.delitem(sys.modules, module, raising=False)
+        request.addfinalizer(lambda module=module: sys.modules.pop(module, None))
     commands = page_commands()
     assert len(commands) == 5, commands
     printed = {}
