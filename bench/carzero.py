@@ -5,7 +5,7 @@
 Writes a random CARZero in the authors' layout (a 0.9 GB ``CARZero_best_model.ckpt`` and the
 BioClinicalMPBERT ``config.json``/``vocab.txt`` geometry) to a temporary folder, builds the model
 through its public API as a run does, and times ``forward`` on a batch of 224x224 images for the
-first ``--classes`` ChestX-Det10 findings (the README's figure: 10 classes, batch 8). Prints the
+first ``--classes`` ChestX-Det10 findings (the figure in docs/performance.md: 10 classes, batch 8). Prints the
 best-of-``--repeats`` time per image of the whole forward and, timed alone, of its two parts: the
 ViT, and both cross-attention passes with the placing of the maps in the frame.
 """

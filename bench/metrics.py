@@ -4,7 +4,7 @@
 
 Prints, from one run: the update time for B=64, C=14, 224x224 maps at 101 thresholds, a plain
 vectorised Dice at tau = 0.5 on the same tensors, and a brute-force loop that thresholds the
-batch 101 times, with the two ratios the README reports. Then, at native size (one 320x320
+batch 101 times, with the two ratios docs/performance.md reports. Then, at native size (one 320x320
 map of a 2320x2828 radiograph, as cheXlocalize's Grad-CAM): XBench's whole evaluation of the pair
 at 101 thresholds (bilinear upsampling, min-max, the counts, Dice and IoU curves) beside
 cheXlocalize's single threshold on the same map (upsampling, their ``cam_to_segmentation`` and

@@ -59,7 +59,7 @@ from xbench.findings import PAPER_CLASSES  # noqa: E402
 from xbench.metrics import GroundingMetrics  # noqa: E402
 from xbench.models.saliency import normalise, place_in_frame, whole_frame  # noqa: E402
 
-#: The benchmark split's images per dataset (README, "Split sizes against the paper"), and a file
+#: The benchmark split's images per dataset (docs/datasets/index.md, "Split sizes against the paper"), and a file
 #: like the dataset's own to time its reader: format, height x width, bits.
 DATASETS: dict[str, tuple[int, str, tuple[int, int], int]] = {
     "rsna": (5337, "dicom", (1024, 1024), 8),
