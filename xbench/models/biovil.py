@@ -41,6 +41,7 @@ import torchvision
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, BertTokenizer
 
+from xbench.data.io import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
@@ -81,7 +82,9 @@ class BioViLPreprocess(Preprocess):
     fields' resize and crop. The stretch runs on the file's integer values, recovered exactly from
     the decoded image of an 8- or 16-bit PNG/JPEG (both sit on the 16-bit grid)."""
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
+        if isinstance(image, CodedImage):
+            image = image.to_float()
         levels = np.rint(image.astype(np.float64) * 65535).astype(np.int64)
         low, high = levels.min(), levels.max()
         if high == low:
