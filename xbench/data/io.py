@@ -140,7 +140,8 @@ def read_dicom(path: Path) -> CodedImage:
     low, high = min(int(stored.min()), 0), int(stored.max())
     if high - low >= 2**16:
         raise ImageReadError(
-            f"DICOM {path}: its pixel values span {high - low + 1} values, more than the 16 bits XBench reads"
+            f"DICOM {path}: its pixel values span {high - low + 1} values, more than the 16 bits XBench reads; "
+            "store the image with 16 bits or fewer"
         )
     codes = stored if low == 0 else stored.astype(np.int32) - low
     codes = codes.astype(np.uint8 if high - low < 2**8 else np.uint16, copy=False)
