@@ -44,11 +44,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import write_dicom  # noqa: E402  (the one DICOM writer, shared with the tests)
-from loading import radiograph_like  # noqa: E402
+from loading import write_like  # noqa: E402
 from throughput import BUILDERS, PAPER_MODELS, duration, measure  # noqa: E402
 from timing import best_seconds  # noqa: E402
 
@@ -136,20 +134,6 @@ def pair_cost(device: torch.device, batch: int, repeats: int) -> float:
     one, many = (best_seconds(pipeline(c), device, repeats) for c in (1, 21))
     print(f"grounding pipeline, batch {batch}: {1e3 * one:.1f} ms at 1 class, {1e3 * many:.1f} ms at 21")
     return max(many - one, 0.0) / (20 * batch)
-
-
-def write_like(path: Path, kind: str, shape: tuple[int, int], bits: int, rng: np.random.Generator) -> Path:
-    pixels = radiograph_like(rng, *shape)
-    if kind.startswith("dicom"):
-        compression = {"dicom": None, "dicom-jpeg": "jpeg", "dicom-j2k": "j2k"}[kind]
-        extra = {"BitsStored": 12} if bits == 16 else {}
-        if bits == 16:  # 12 bits stored, as VinDr's: the 8-bit shading widened, with its own noise
-            pixels = pixels.astype(np.uint16) * 16 + rng.integers(0, 16, size=shape, dtype=np.uint16)
-        write_dicom(path.with_suffix(".dcm"), pixels, compression=compression, **extra)
-        return path.with_suffix(".dcm")
-    path = path.with_suffix(".png" if kind == "png" else ".jpg")
-    Image.fromarray(pixels).save(path)
-    return path
 
 
 def decode_cost(kind: str, shape: tuple[int, int], bits: int, folder: Path, repeats: int) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
 import warnings
 from argparse import ArgumentError
@@ -24,6 +25,9 @@ QUIET_WARNINGS = (
     (".*anonymous.*", UserWarning),  # W&B's anonymous-setting deprecation
     (".*", DeprecationWarning),  # jsonargparse's and others' API deprecations
 )
+#: The first line of an exception torch's DataLoader re-raises for a worker; the worker's traceback
+#: follows, its last line ``module.Type: message``.
+WORKER_ERROR = re.compile(r"Caught \w+ in DataLoader worker process \d+\.")
 #: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement).
 QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
@@ -52,8 +56,13 @@ def invalid_value_message(error: BaseException) -> str:
 
 
 def error_line(name: str, error: BaseException) -> str:
-    """The one line a command prints for a failure."""
-    return f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
+    """The one line a command prints for a failure (a DataLoader worker's: its own message)."""
+    message = str(error)
+    if WORKER_ERROR.match(message):
+        message = message.rstrip().splitlines()[-1].partition(": ")[2]
+    else:
+        message = invalid_value_message(error)
+    return f"{name}: error: {message} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
 
 
 #: glibc's ``mallopt`` parameter number for the mmap threshold, and the value XBench fixes it at

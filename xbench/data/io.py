@@ -1,6 +1,12 @@
-"""Reading radiographs: every loader goes through :func:`read_image`.
+"""Reading radiographs: every loader goes through :func:`read_coded` (or :func:`read_image`).
 
-The result is always a float32 array [H, W] in [0, 1] at the file's native resolution, grey.
+A decoded radiograph is a :class:`CodedImage`: integer codes at the file's native resolution (its
+stored pixel values; for colour-stored grey the channel sum) and the grey level in [0, 1] of every
+possible code, made by running the pointwise decoding arithmetic (scaling; a DICOM's modality LUT,
+VOI LUT or window, clipping, MONOCHROME1 inversion) on the codes themselves. The float image is
+always ``levels[codes]`` (:meth:`CodedImage.to_float`), whether it comes from the file or from the
+decoded-image cache, which stores codes and levels: the two agree bit for bit by construction.
+
 PNG and JPEG go through Pillow; DICOM through pydicom, with JPEG Baseline decoded by Pillow and
 JPEG 2000 by pylibjpeg-openjpeg (both permissively licensed; the GPL pylibjpeg-libjpeg is not used).
 """
@@ -9,8 +15,10 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pydicom
 from PIL import Image, UnidentifiedImageError
@@ -34,6 +42,33 @@ class ImageReadError(OSError):
     """An image file exists but cannot be decoded."""
 
 
+@dataclass(frozen=True, eq=False)
+class CodedImage:
+    """A grey radiograph as ``codes`` (uint8 or uint16 [H, W]) and ``levels`` (float32 [K], every
+    code below K): the image is ``levels[codes]``. Any pointwise function of the image is that
+    function of ``levels`` looked up by the codes (:meth:`look_up`), element for element."""
+
+    codes: np.ndarray
+    levels: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    def to_float(self) -> np.ndarray:
+        """The image, float32 [H, W] in [0, 1]."""
+        return self.look_up(self.levels)
+
+    def look_up(self, table: np.ndarray) -> np.ndarray:
+        """``table[codes]``: OpenCV's table look-up for 8-bit codes (several times faster than
+        numpy's), numpy indexing for 16-bit codes; a look-up either way, no arithmetic."""
+        if self.codes.dtype == np.uint8:
+            padded = np.zeros(256, dtype=table.dtype)  # cv2.LUT takes exactly 256 entries
+            padded[: len(table)] = table[:256]
+            return cv2.LUT(self.codes, padded)
+        return table[self.codes]
+
+
 def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> dict[str, Path]:
     """Every file below ``folder`` whose suffix is in ``suffixes``, keyed by its name's stem.
 
@@ -55,7 +90,12 @@ def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> d
 
 
 def read_image(path: str | Path) -> np.ndarray:
-    """Decode ``path`` into a float32 grey image in [0, 1] (PNG/JPEG, 8 or 16 bit)."""
+    """Decode ``path`` into a float32 grey image [H, W] in [0, 1] (``read_coded(path).to_float()``)."""
+    return read_coded(path).to_float()
+
+
+def read_coded(path: str | Path) -> CodedImage:
+    """Decode ``path`` (PNG/JPEG, 8 or 16 bit, or DICOM) into its codes and their grey levels."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
@@ -64,8 +104,9 @@ def read_image(path: str | Path) -> np.ndarray:
     return read_raster(path)
 
 
-def read_raster(path: Path) -> np.ndarray:
-    """PNG/JPEG through Pillow; 8-bit scales by 255, 16-bit by 65535; colour-stored grey averages."""
+def read_raster(path: Path) -> CodedImage:
+    """PNG/JPEG through Pillow: the pixel values as codes; 8-bit levels are code / 255, 16-bit
+    code / 65535; colour-stored grey is coded by its channel sum, its level the channel mean / 255."""
     try:
         with Image.open(path) as image:
             image.load()
@@ -79,24 +120,39 @@ def read_raster(path: Path) -> np.ndarray:
     except OSError as error:
         raise ImageReadError(f"cannot decode image {path}: {error}") from error
     if mode == "RGB":
-        return pixels.mean(axis=2, dtype=np.float32) / 255
+        return CodedImage(pixels.sum(axis=2, dtype=np.uint16), np.arange(3 * 255 + 1, dtype=np.float32) / 3 / 255)
     if mode == "L":
-        return pixels.astype(np.float32) / 255
+        return CodedImage(pixels, np.arange(256, dtype=np.float32) / 255)
     if mode.startswith("I;16") or mode == "I":
         if pixels.min() < 0 or pixels.max() > 65535:
             raise ImageReadError(f"cannot decode image {path}: integer pixels outside the 16-bit range")
-        return pixels.astype(np.float32) / 65535
+        codes = pixels.astype(np.uint16)
+        return CodedImage(codes, np.arange(int(codes.max()) + 1, dtype=np.float32) / 65535)
     raise ImageReadError(f"cannot decode image {path}: unsupported pixel mode {mode!r}")
 
 
-def read_dicom(path: Path) -> np.ndarray:
-    """DICOM -> [0, 1]: Modality LUT, then VOI LUT or window if present, then MONOCHROME1
-    inversion, then scaling over the output range of the last step (the VOI LUT's or window's
-    output range, or the stored bit depth's range when there is neither)."""
+def read_dicom(path: Path) -> CodedImage:
+    """DICOM: the stored values (less the smallest, where negative) as codes, and their levels by
+    :func:`_grey_levels`."""
     dataset = _read_dataset(path)
     stored = _decode_pixels(dataset, path)
     _widen_bits_stored(dataset, stored, path)
-    values = apply_modality_lut(stored, dataset)
+    low, high = min(int(stored.min()), 0), int(stored.max())
+    if high - low >= 2**16:
+        raise ImageReadError(
+            f"DICOM {path}: its pixel values span {high - low + 1} values, more than the 16 bits XBench reads; "
+            "store the image with 16 bits or fewer"
+        )
+    codes = stored if low == 0 else stored.astype(np.int32) - low
+    codes = codes.astype(np.uint8 if high - low < 2**8 else np.uint16, copy=False)
+    return CodedImage(codes, _grey_levels(np.arange(low, high + 1).astype(stored.dtype), dataset))
+
+
+def _grey_levels(values: np.ndarray, dataset: pydicom.Dataset) -> np.ndarray:
+    """Stored values -> float32 in [0, 1], value by value: Modality LUT, then VOI LUT or window if
+    present, then scaling over the output range of the last step (the VOI LUT's or window's output
+    range, or the stored bit depth's range when there is neither), then MONOCHROME1 inversion."""
+    values = apply_modality_lut(values, dataset)
     if "VOILUTSequence" in dataset:
         values = apply_voi(values, dataset)
         low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)

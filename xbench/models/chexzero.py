@@ -31,6 +31,7 @@ import open_clip
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xbench.data.io import CodedImage
 from xbench.models.checkpoints import first_present, load_checkpoint
 from xbench.models.clip import CLIP, Saliency
 from xbench.models.gpu import float32
@@ -56,7 +57,7 @@ class CheXzeroPreprocess(Preprocess):
         ratio = float(self.target) / max(height, width)
         return int(height * ratio), int(width * ratio)
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
         letterboxed, window = super().__call__(image, frame)
         size = (self.model_size, self.model_size)
         return F.interpolate(letterboxed[None], size=size, mode="bicubic", align_corners=False)[0], window

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from xbench.data.io import CodedImage
 from xbench.models.gpu import float32
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -50,8 +51,10 @@ class Preprocess:
     open_clip keeps pretrained configs). Picklable: the datamodule runs it in DataLoader workers
     on the decoded native-aspect image.
 
-    Calling it on a native grey image [H, W] in [0, 1] and the metric frame's side ``frame``
-    returns the model's input [3, size, size] and the window (top, left, height, width) that the
+    Calling it on a native grey image [H, W] in [0, 1] (float32, or a
+    :class:`~xbench.data.io.CodedImage`, which gives the same result bit for bit: every step
+    before the resize is pointwise, so it runs on the code's levels) and the metric frame's side
+    ``frame`` returns the model's input [3, size, size] and the window (top, left, height, width) that the
     input covers, in frame pixels (the frame is the whole radiograph squashed to frame x frame).
 
     Fields:
@@ -104,14 +107,16 @@ class Preprocess:
         new_short, new_long = int(float(short) * (side / float(long))), side
         return (new_long, new_short) if height >= width else (new_short, new_long)
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
-        """Native grey float32 [H, W] in [0, 1] -> (model input float32 [3, size, size], normalised;
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
+        """Native grey image [H, W] in [0, 1] -> (model input float32 [3, size, size], normalised;
         window float32 [4] = (top, left, height, width) of the input in the ``frame`` x ``frame``
         metric frame, which may reach outside it where the input shows padding)."""
-        if image.ndim != 2:
+        if len(image.shape) != 2:
             raise ValueError(f"Preprocess expects a grey native image [H, W]; got shape {image.shape}")
         height, width = image.shape
         rows, columns = self.resized_shape(height, width)
+        if isinstance(image, CodedImage) and (self.equalize or self.library == "torch"):
+            image = image.to_float()
         if self.equalize:
             image = equalize_histogram(torch.from_numpy(np.ascontiguousarray(image))[None, None])[0, 0].numpy()
         resized = self._resize(image, rows, columns)
@@ -138,9 +143,9 @@ class Preprocess:
         )
         return inputs, window
 
-    def _resize(self, image: np.ndarray, rows: int, columns: int) -> Tensor:
+    def _resize(self, image: np.ndarray | CodedImage, rows: int, columns: int) -> Tensor:
         """The image at rows x columns, float32 in [0, 1]: through 8 bits for ``pil``/``cv2`` (as
-        ``ToTensor``, /255), in float for ``torch``."""
+        ``ToTensor``, /255), in float for ``torch`` (a float image here)."""
         if self.library == "torch":
             x = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))
             if (rows, columns) == tuple(x.shape):
@@ -153,16 +158,22 @@ class Preprocess:
                 x[None, None], size=(rows, columns), mode=self.interpolation, antialias=True, align_corners=False
             )
             return resized[0, 0].clamp_(0, 1)
-        # 8 bits as the authors hold the image: an 8-bit file's value exactly (round); after
-        # equalisation the authors' ``(255 * img).astype(np.uint8)`` truncates
-        scaled = image * np.float32(255)
-        pixels = (np.floor(scaled) if self.equalize else np.round(scaled)).clip(0, 255).astype(np.uint8)
+        if isinstance(image, CodedImage):
+            pixels = image.look_up(self._eight_bit(image.levels))
+        else:
+            pixels = self._eight_bit(image)
         if (rows, columns) != pixels.shape:
             if self.library == "pil":
                 pixels = np.array(Image.fromarray(pixels).resize((columns, rows), PIL_FILTERS[self.interpolation]))
             else:
                 pixels = cv2.resize(pixels, (columns, rows), interpolation=CV2_FILTERS[self.interpolation])
         return torch.from_numpy(pixels).float().div(255)
+
+    def _eight_bit(self, image: np.ndarray) -> np.ndarray:
+        """8 bits as the authors hold the image: an 8-bit file's value exactly (round); after
+        equalisation the authors' ``(255 * img).astype(np.uint8)`` truncates. Pointwise."""
+        scaled = image * np.float32(255)
+        return (np.floor(scaled) if self.equalize else np.round(scaled)).clip(0, 255).astype(np.uint8)
 
 
 def area_weights(size_in: int, size_out: int, device: torch.device | None = None) -> Tensor:
