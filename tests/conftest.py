@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -351,31 +350,3 @@ def assert_gradcam_stays_float32_under_bf16_mixed(model, image: torch.Tensor) ->
 #: A subprocess that has not finished by then has hung: the test fails with its output instead of
 #: running into CI's limit. A safety net, never a budget: a loaded machine takes minutes.
 SUBPROCESS_SAFETY_TIMEOUT = 3600
-
-
-#: Whole-path parity of the beyond-the-paper models (CheXzero, BioViL, GLoRIA): room for another machine's
-#: float order only (measured within 1.5e-7 when the golden files were made).
-PARITY_LOGIT_ATOL, PARITY_MAP_ATOL, PARITY_WINDOW_ATOL = 1e-5, 1e-5, 1e-4
-
-
-def read_golden(name: str) -> dict[str, np.ndarray]:
-    """``tests/golden/<name>.npz``, the authors' outputs a parity test compares with, as arrays."""
-    with np.load(Path(__file__).resolve().parent / "golden" / f"{name}.npz") as data:
-        return {key: data[key] for key in data.files}
-
-
-def assert_whole_path_matches_golden(model, golden: dict, real_data: Path, index: int, frame: int = 224) -> None:
-    """XBench's whole path from the golden file's ``index``-th image (decode, the model's
-    ``preprocess``, the network) against what the authors' code computed: window, logits, raw maps."""
-    from xbench.data.io import read_image
-
-    meta = json.loads(str(golden["meta"]))
-    key, relative = list(meta["images"].items())[index]
-    path = real_file(real_data, relative)
-    assert hashlib.sha256(path.read_bytes()).hexdigest()[:12] == key, f"{path} is not the image the golden file names"
-    inputs, window = model.preprocess(read_image(path), frame=frame)
-    with torch.no_grad():
-        logits, maps = model(inputs[None])
-    np.testing.assert_allclose(window.numpy(), golden[f"{key}_window"], atol=PARITY_WINDOW_ATOL, rtol=0)
-    np.testing.assert_allclose(logits[0].numpy(), golden[f"{key}_logits"], atol=PARITY_LOGIT_ATOL, rtol=0)
-    np.testing.assert_allclose(maps[0].numpy(), golden[f"{key}_maps"], atol=PARITY_MAP_ATOL, rtol=0)

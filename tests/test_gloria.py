@@ -1,5 +1,5 @@
 """GLoRIA: the authors' Lightning file loaded strictly, their letterbox and crop, their word slots.
-Equality with the authors' code on real radiographs is ``test_parity_gloria.py``."""
+Equality with the authors' code on real radiographs is ``test_parity.py``."""
 
 import json
 import re
