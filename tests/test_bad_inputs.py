@@ -44,8 +44,8 @@ def run_cli(args, capsys) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(("option", "value", "status", "message"), [
-    ("--data.image_size", "0", 1, "--data.image_size must be a positive number of pixels; got 0"),
-    ("--data.image_size", "-5", 1, "--data.image_size must be a positive number of pixels; got -5"),
+    ("--data.image_size", "0", 1, "--data.image_size must be 2 to 4096 pixels, the side of the metric frame"),
+    ("--data.image_size", "-5", 1, "--data.image_size must be 2 to 4096 pixels, the side of the metric frame"),
     ("--data.batch_size", "0", 1, "--data.batch_size must be positive; got 0"),
     ("--data.num_workers", "-1", 1, "--data.num_workers must be 0 (load in the main process) or more; got -1"),
     ("--data.mask_threshold", "0", 1, "--data.mask_threshold must be in (0, 1]; got 0"),
