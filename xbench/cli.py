@@ -43,7 +43,7 @@ def invalid_value_message(error: BaseException) -> str:
     if not reasons:
         return lines[0] if lines else type(error).__name__
     keys = [(n, line.split('"')[1]) for n, line in enumerate(lines) if line.startswith('Parser key "')]
-    if len(keys) < 2:  # about a whole model or dataset: the reason says it all
+    if len(keys) < 2 and (not keys or keys[0][1] in ("model", "data")):  # the reason says it all
         return "; ".join(reasons)
     position, key = keys[-1]
     given = next((line.removeprefix("Given value:").strip() for line in lines[position:]
@@ -51,9 +51,25 @@ def invalid_value_message(error: BaseException) -> str:
     return f"option {key!r}: " + "; ".join(reasons) + (f" (given: {given})" if given is not None else "")
 
 
+#: How torch's DataLoader re-raises a worker's exception: this line, then the worker's traceback.
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+
+
+def without_worker_traceback(text: str) -> str:
+    """A DataLoader worker's error, re-raised in the main process with the worker's traceback in its
+    message, as the worker's own message: the lines after the traceback's last frame, less the type."""
+    lines = text.split(WORKER_TRACEBACK, 1)[1].strip("\n").splitlines()
+    last_frame = max((n for n, line in enumerate(lines) if line.startswith(" ")), default=-1)
+    message = "\n".join(lines[last_frame + 1:]).strip()
+    kind, separator, rest = message.partition(": ")
+    return rest if separator and kind.replace(".", "").replace("_", "").isalnum() else message
+
+
 def error_line(name: str, error: BaseException) -> str:
     """The one line a command prints for a failure."""
-    return f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
+    text = str(error)
+    message = without_worker_traceback(text) if WORKER_TRACEBACK in text else invalid_value_message(error)
+    return f"{name}: error: {message} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
 
 
 #: glibc's ``mallopt`` parameter number for the mmap threshold, and the value XBench fixes it at
