@@ -158,12 +158,18 @@ class PrecomputedSaliency(XBenchModel):
     # -- setup: find every pair's file before the first batch ----------------------------------
 
     def build(self, classes: list[str]) -> None:
+        self.find_pairs(self.trainer.datamodule.samples, classes)
+
+    def find_pairs(self, samples: list, classes: list[str]) -> None:
+        """Find the saved output of every (image, finding) pair of ``samples`` (the datamodule's)
+        and ``classes``; the image files are what stated image sizes are checked against."""
         if not self.path.exists():
             raise FileNotFoundError(f"PrecomputedSaliency: {self.path} does not exist (the saved {self.layout} files)")
-        self._file_classes = {}
+        self.classes = list(classes)
+        self._file_classes, self._pickles, self._last_file = {}, None, None
         self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
-        image_ids = self.trainer.datamodule.image_ids()
-        self._image_paths = {sample.image_id: sample.path for sample in self.trainer.datamodule.samples}
+        image_ids = [sample.image_id for sample in samples]
+        self._image_paths = {sample.image_id: sample.path for sample in samples}
         self._native_sizes = {}
         missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
         if missing and self.missing == "error":
