@@ -8,7 +8,7 @@ covers ``[col, col + 1) x [row, row + 1)`` in image coordinates (origin top-left
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -235,7 +235,7 @@ class GridBoxes:
     boxes: Boxes
     grid_height: int
     grid_width: int
-    source: str = ""
+    source: str = field(default="", compare=False)  # where the boxes were read, not what they are
 
     def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
         if not aspect_matches((self.grid_height, self.grid_width), (height, width)):
