@@ -1157,8 +1157,6 @@ DAMAGE = {
                                      "'classes' is missing or not a list"),
     "metrics.json data a list": ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "data": []}),
                                  "'data' is missing or not a dict"),
-    "metrics.json missing a class": ("metrics.json", lambda f: _edit_json(f, lambda p: {
-        **p, "grounding": {**p["grounding"], "per_class": {}}}), "grounding.per_class lacks some of the classes"),
     "pairs truncated": ("pairs.csv.gz", lambda f: (f / "pairs.csv.gz").write_bytes((f / "pairs.csv.gz").read_bytes()[:200]),
                         "cannot be read (EOFError"),
     "pairs empty": ("pairs.csv.gz", lambda f: (f / "pairs.csv.gz").write_bytes(b""), "cannot be read"),
@@ -1191,7 +1189,15 @@ def test_a_damaged_results_folder_is_named_by_the_analysis(finished_runs, tmp_pa
     assert left_behind(tmp_path / "out") == []
 
 
-def test_a_truncated_overlays_archive_is_named_by_the_report(finished_runs, tmp_path, capsys):
+@pytest.mark.parametrize(("file_name", "damage", "named"), [
+    ("overlays.npz", lambda f: (f / "overlays.npz").write_bytes((f / "overlays.npz").read_bytes()[:100]),
+     "overlays.npz cannot be read"),
+    ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "grounding": {**p["grounding"], "per_class": {}}}),
+     "grounding.per_class lacks some of the classes"),
+    ("metrics.json", lambda f: _edit_json(f, lambda p: {k: v for k, v in p.items() if k != "created"}),
+     "'created' is missing or not a str"),
+])
+def test_a_damaged_results_folder_is_named_by_the_report(finished_runs, tmp_path, capsys, file_name, damage, named):
     import shutil
 
     from xbench.report import main as report_main
@@ -1199,10 +1205,11 @@ def test_a_truncated_overlays_archive_is_named_by_the_report(finished_runs, tmp_
     copy = tmp_path / "results"
     shutil.copytree(finished_runs, copy)
     (folder,) = copy.glob("centreprior__*")
-    (folder / "overlays.npz").write_bytes((folder / "overlays.npz").read_bytes()[:100])
+    damage(folder)
     code, err = run_command(report_main, [str(copy), "--out", str(tmp_path / "out"), "--no-analysis"],
                             "xbench-report", capsys)
-    assert_one_line(code, err, 1, f"{folder / 'overlays.npz'} cannot be read", "re-run that model")
+    assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize(("command", "extra", "named"), [

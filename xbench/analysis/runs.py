@@ -94,7 +94,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     for path in (metrics_path, pairs_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
-    metrics = read_results(folder)
+    metrics = read_results(folder, {"data": (dict, ("image_size",))})
     classes = tuple(metrics["classes"])
     table = read_table(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
                         na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})

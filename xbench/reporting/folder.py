@@ -19,6 +19,8 @@ from xbench.data.annotation_files import read_json
 SCHEMA = "xbench.results/2"
 METRICS = "metrics.json"
 OVERLAYS = "overlays.npz"
+#: What an error about a damaged results file tells the user to do.
+DAMAGED = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
 PAIRS = "pairs.csv.gz"
 QUERIES = "queries.csv.gz"
 
@@ -44,35 +46,31 @@ def find_result_folders(paths: list[Path]) -> list[Path]:
     return sorted(found)
 
 
-#: What every reader of ``metrics.json`` relies on: section -> (type, the keys it must hold).
-REQUIRED = {
-    "model": (str, ()), "dataset": (str, ()), "created": (str, ()), "classes": (list, ()), "thresholds": (list, ()),
-    "grounding": (dict, ("macro", "per_class", "curves")), "classification": (dict, ("macro", "per_class")),
-    "data": (dict, ("images_in_split", "images_evaluated", "image_size")), "config": (dict, ("model", "data")),
-}
+#: What every reader of ``metrics.json`` relies on: key -> (type, the keys it must hold).
+CORE_SECTIONS = {"model": (str, ()), "dataset": (str, ()), "classes": (list, ()), "data": (dict, ()),
+                 "config": (dict, ("model",))}
 
 
-def read_results(folder: Path) -> dict:
-    """The ``metrics.json`` payload of a results folder, checked for its schema and the sections
-    the readers use (a file that is not one is an error naming it)."""
+def read_results(folder: Path, sections: dict | None = None) -> dict:
+    """The ``metrics.json`` payload of a results folder, checked for its schema, the core sections
+    and the reader's own ``sections`` (key -> (type, keys it must hold)); a file that is not a
+    run's results is an error naming it."""
     path = Path(folder) / METRICS
     payload = read_json(path)
-    damaged = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
     if not isinstance(payload, dict):
-        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not a run's results; {damaged}")
+        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not a run's results; {DAMAGED}")
     if payload.get("schema") != SCHEMA:
         raise ValueError(
             f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
             "XBench version -- re-run that model or read it with the version that wrote it"
         )
-    for key, (kind, inner) in REQUIRED.items():
+    for key, (kind, inner) in {**CORE_SECTIONS, **(sections or {})}.items():
         value = payload.get(key)
         if not isinstance(value, kind) or any(name not in value for name in inner):
-            raise ValueError(f"{path}: {key!r} is missing or not a {kind.__name__} with {list(inner)}; {damaged}")
-    for section in ("grounding", "classification"):
-        per_class = payload[section]["per_class"]
-        if not isinstance(per_class, dict) or any(not isinstance(per_class.get(key), dict) for key in payload["classes"]):
-            raise ValueError(f"{path}: {section}.per_class lacks some of the classes {payload['classes']}; {damaged}")
+            held = f" holding {', '.join(inner)}" if inner else ""
+            raise ValueError(f"{path}: {key!r} is missing or not a {kind.__name__}{held}; {DAMAGED}")
+        if "per_class" in inner and any(not isinstance(value["per_class"].get(c), dict) for c in payload["classes"]):
+            raise ValueError(f"{path}: {key}.per_class lacks some of the classes {payload['classes']}; {DAMAGED}")
     return payload
 
 
@@ -85,8 +83,7 @@ def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
         with np.load(path, allow_pickle=False) as arrays:
             return {name: arrays[name] for name in arrays.files}
     except Exception as error:  # noqa: BLE001 -- numpy and zipfile raise several types for a damaged archive
-        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}): the file is truncated or damaged; "
-                         "re-run that model on that dataset (or restore the folder)") from None
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {DAMAGED}") from None
 
 
 def current_umask() -> int:
@@ -115,8 +112,7 @@ def read_table(path: Path, **options):
     try:
         return pd.read_csv(path, **options)
     except Exception as error:  # noqa: BLE001 -- gzip, zlib, pandas' parser and codecs each raise their own
-        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}): the file is truncated or damaged; "
-                         "re-run that model on that dataset (or restore the folder)") from None
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {DAMAGED}") from None
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
