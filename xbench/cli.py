@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import sys
 import warnings
 from argparse import ArgumentError
@@ -25,9 +24,6 @@ QUIET_WARNINGS = (
     (".*anonymous.*", UserWarning),  # W&B's anonymous-setting deprecation
     (".*", DeprecationWarning),  # jsonargparse's and others' API deprecations
 )
-#: The first line of an exception torch's DataLoader re-raises for a worker; the worker's traceback
-#: follows, its last line ``module.Type: message``.
-WORKER_ERROR = re.compile(r"Caught \w+ in DataLoader worker process \d+\.")
 #: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement).
 QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
@@ -47,7 +43,7 @@ def invalid_value_message(error: BaseException) -> str:
     if not reasons:
         return lines[0] if lines else type(error).__name__
     keys = [(n, line.split('"')[1]) for n, line in enumerate(lines) if line.startswith('Parser key "')]
-    if len(keys) < 2:  # about a whole model or dataset: the reason says it all
+    if len(keys) < 2 and (not keys or keys[0][1] in ("model", "data")):  # the reason says it all
         return "; ".join(reasons)
     position, key = keys[-1]
     given = next((line.removeprefix("Given value:").strip() for line in lines[position:]
@@ -55,13 +51,24 @@ def invalid_value_message(error: BaseException) -> str:
     return f"option {key!r}: " + "; ".join(reasons) + (f" (given: {given})" if given is not None else "")
 
 
+#: How torch's DataLoader re-raises a worker's exception: this line, then the worker's traceback.
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+
+
+def without_worker_traceback(text: str) -> str:
+    """A DataLoader worker's error, re-raised in the main process with the worker's traceback in its
+    message, as the worker's own message: the lines after the traceback's last frame, less the type."""
+    lines = text.split(WORKER_TRACEBACK, 1)[1].strip("\n").splitlines()
+    last_frame = max((n for n, line in enumerate(lines) if line.startswith(" ")), default=-1)
+    message = "\n".join(lines[last_frame + 1:]).strip()
+    kind, separator, rest = message.partition(": ")
+    return rest if separator and kind.replace(".", "").replace("_", "").isalnum() else message
+
+
 def error_line(name: str, error: BaseException) -> str:
-    """The one line a command prints for a failure (a DataLoader worker's: its own message)."""
-    message = str(error)
-    if WORKER_ERROR.match(message):
-        message = message.rstrip().splitlines()[-1].partition(": ")[2]
-    else:
-        message = invalid_value_message(error)
+    """The one line a command prints for a failure."""
+    text = str(error)
+    message = without_worker_traceback(text) if WORKER_TRACEBACK in text else invalid_value_message(error)
     return f"{name}: error: {message} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
 
 

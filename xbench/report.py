@@ -83,14 +83,15 @@ def _intervals_line(analysis: ReportAnalysis | None) -> str:
 
 
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None) -> list[Path]:
-    """Write every table and figure under ``out`` and ``out/report.md``; return the files written."""
-    (out / "tables").mkdir(parents=True, exist_ok=True)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
+    """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
+    Everything is read and drawn first: a damaged results file leaves no half-made report folder."""
     tables = paper_tables(bench, analysis) if bench.runs else []
     plots = paper_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
     tables += [robust_table] if robust_table is not None else []
     plots += [robust_plot] if robust_plot is not None else []
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     body = ["# XBench report", "",
             f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "

@@ -34,7 +34,8 @@ in one of two modes (``--mode``, or the suite file's ``mode``):
 A crash stays inside its process: a pair that raises is failed and its worker goes on with the
 model's next dataset (with the model made again); a worker that dies fails the pair it was running
 and reports the model's later pairs as not run. The suite goes on with the other models and prints
-every pair's outcome. The exit status is 1 if any pair failed or did not run.
+every pair's outcome. The exit status is 1 if any pair failed or did not run, if a config file the
+suite names does not exist, or if no pair could run.
 """
 
 from __future__ import annotations
@@ -55,12 +56,11 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from xbench.cli import run
-from xbench.data.annotation_files import read_json
+from xbench.data.annotation_files import read_json, read_yaml
 from xbench.reporting.folder import METRICS, SCHEMA, find_result_folders
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets"}
@@ -112,9 +112,19 @@ def _configs(value: Any) -> tuple[Path, ...] | None:
     return None
 
 
+def _settings_mapping(value: Any, where: str) -> dict[str, Any]:
+    """A ``settings`` block: a mapping of ``xbench.test`` option names (without ``--``) to values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{where}: settings must be a mapping of xbench.test options to values, e.g. "
+                         f"{{data.image_size: 224, data.batch_size: 8}}; got {value!r}")
+    return dict(value)
+
+
 def _entry(item: Any, where: str) -> Entry:
     if isinstance(item, dict) and set(item) <= {"config", "settings"}:
-        configs, settings = _configs(item.get("config")), dict(item.get("settings") or {})
+        configs, settings = _configs(item.get("config")), _settings_mapping(item.get("settings"), where)
     else:
         configs, settings = (_configs(item) if isinstance(item, str) else None), {}
     if configs is None:
@@ -124,20 +134,26 @@ def _entry(item: Any, where: str) -> Entry:
 
 
 def load_suite(path: Path) -> Suite:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a suite file is a mapping with the keys {sorted(SUITE_KEYS)}; got "
+                         f"{'an empty file' if raw is None else f'a YAML {type(raw).__name__}'}")
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; a suite has {sorted(SUITE_KEYS)}")
     for key in ("models", "datasets"):
-        if not raw.get(key):
-            raise ValueError(f"{path}: `{key}` must list at least one config")
+        if not raw.get(key) or not isinstance(raw[key], list):
+            raise ValueError(f"{path}: `{key}` must list at least one config; got {raw.get(key)!r}")
     mode = raw.get("mode", MODES[0])
     if mode not in MODES:
         raise ValueError(f"{path}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    results_dir = raw.get("results_dir", "results")
+    if not isinstance(results_dir, str) or not results_dir:
+        raise ValueError(f"{path}: results_dir must be a folder's path; got {results_dir!r}")
     return Suite(
         mode=mode,
-        results_dir=Path(raw.get("results_dir", "results")),
-        settings=dict(raw.get("settings") or {}),
+        results_dir=Path(results_dir),
+        settings=_settings_mapping(raw.get("settings"), f"{path}: settings"),
         models=[_entry(item, f"{path}: models[{i}]") for i, item in enumerate(raw["models"])],
         datasets=[_entry(item, f"{path}: datasets[{i}]") for i, item in enumerate(raw["datasets"])],
     )
@@ -175,7 +191,11 @@ def composed_config(suite: Suite, pair: Pair) -> dict:
     config: dict = {}
     for entry in (pair.model, pair.dataset):
         for path in entry.configs:
-            _merge(config, yaml.safe_load(path.read_text()) or {})
+            content = read_yaml(path)
+            if not isinstance(content, dict):
+                raise ValueError(f"{path} (in the suite as {entry.label}) is {'empty' if content is None else 'not a mapping'}"
+                                 "; a config file is a mapping of settings (model:, data:, trainer:, ...)")
+            _merge(config, content)
     for key, value in _settings(suite, pair).items():
         _merge(config, _nested(key, value))
     return config
@@ -253,14 +273,14 @@ def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     found, older = [], []
     for folder in result_folders(results_dir):
         payload = read_json(folder / METRICS)
-        if payload.get("schema") != SCHEMA:
+        if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:
             older.append(folder)
             continue
         found.append((folder, payload.get("config") or {}))
     if older:
         warnings.warn(
             f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
-            f"{SCHEMA}), e.g. {older[0].name}: their pairs count as not done and run again",
+            f"{SCHEMA}) or are damaged, e.g. {older[0].name}: their pairs count as not done and run again",
             stacklevel=2,
         )
     return found
@@ -423,6 +443,8 @@ def main(args: list[str] | None = None) -> int:
                 [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
     if options.dry_run:
         return 0
+    absent = sorted({str(path) for pair in pairs for path in (*pair.model.configs, *pair.dataset.configs)
+                     if not path.is_file()})
     outcomes: list[Outcome] = []
     for worker, batch in processes(to_run, mode):
         first = len(outcomes) + 1
@@ -439,7 +461,13 @@ def main(args: list[str] | None = None) -> int:
     done = {id(pair): (OUTCOME_TEXT[status], detail) for pair, status, detail in outcomes}
     rows = [(p.model.label, p.dataset.label, *done.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
     print_table(console, "Suite results", rows)
-    return 1 if any(status != "ok" for _, status, _ in outcomes) else 0
+    if absent:
+        console.print(f"[red]{options.config} names config files that do not exist: {', '.join(absent)}; their pairs did "
+                      "not run. Correct the paths in the suite file.")
+    elif not outcomes and not all(pair.status == "done" for pair in pairs):
+        console.print("[red]No pair could run: each is missing a file or folder (the table names it).")
+    return 1 if absent or any(status != "ok" for _, status, _ in outcomes) or not (
+        outcomes or all(pair.status == "done" for pair in pairs)) else 0
 
 
 def cli() -> None:

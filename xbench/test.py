@@ -10,6 +10,8 @@ results folder, logs to Weights & Biases offline (``--trainer.logger false`` tur
 from __future__ import annotations
 
 import json
+import sys
+from argparse import ArgumentError
 from pathlib import Path
 
 import yaml
@@ -19,6 +21,7 @@ from rich.table import Table
 
 from xbench.cli import run
 from xbench.catalog import load_all
+from xbench.data.annotation_files import read_yaml
 from xbench.data.base import XBenchDataModule
 from xbench.models.base import XBenchModel
 from xbench.reporting.results import summary_footnotes, summary_tables
@@ -120,10 +123,30 @@ class XBenchCLI(LightningCLI):
         self.trainer = self.instantiate_trainer()
 
 
+def check_config_files(args: list[str]) -> None:
+    """Each ``--config`` file is a YAML mapping of settings: an empty file, another YAML value or
+    invalid YAML is a usage error naming the file (and the line), before the parser reads it."""
+    values = [value for flag, value in zip(args, args[1:]) if flag == "--config"]
+    values += [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    for value in values:
+        path = Path(value)
+        if not path.is_file():
+            continue  # the parser names a missing file (or reads the value as YAML text)
+        try:
+            content = read_yaml(path)
+        except ValueError as error:
+            raise ArgumentError(None, f"--config {error}") from None
+        if not isinstance(content, dict):
+            what = "is empty" if content is None else f"holds a YAML {type(content).__name__} ({str(content)[:40]!r})"
+            raise ArgumentError(None, f"--config {path} {what}, not a mapping of settings (model:, data:, trainer:, "
+                                      "...): fill it in, or leave it out")
+
+
 def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -> XBenchModel:
     """Parse the configs, run ``trainer.test`` once, print the summary; return the model that ran
     (its ``results`` and ``results_path``). ``loaded``: reuse and keep the model between runs of
     one process (one process only: a reused model cannot follow a multi-process launch)."""
+    check_config_files(sys.argv[1:] if args is None else list(args))
     load_all()
     cli = XBenchCLI(
         XBenchModel,

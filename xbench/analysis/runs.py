@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns, read_results
+from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns, read_results, read_table
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
 PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit", "cnr",
@@ -94,13 +94,17 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     for path in (metrics_path, pairs_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
-    metrics = read_results(folder)
+    metrics = read_results(folder, {"data": (dict, ("image_size",))})
     classes = tuple(metrics["classes"])
-    table = pd.read_csv(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+    table = read_table(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
                         na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})
     missing = [c for c in PAIR_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"{pairs_path}: columns missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    if table["graded"].dtype != bool:
+        raise ValueError(f"{pairs_path}: the graded column must hold True or False only; the file was edited or damaged")
+    numeric = [c for c in PAIR_COLUMNS if c not in ("image_id", "class", "graded")]
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce")  # text becomes NaN, named by the checks below
     where = lambda rows: f"{pairs_path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
 
     class_index = pd.Categorical(table["class"], categories=classes).codes.astype(np.int64)
@@ -180,7 +184,7 @@ def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: n
         raise FileNotFoundError(
             f"{path} is missing: --queries reads a phrase dataset's run (MS-CXR); {folder} has no queries"
         )
-    table = pd.read_csv(path, dtype={"image_id": str, "finding": str, "phrase": str, "view": str},
+    table = read_table(path, dtype={"image_id": str, "finding": str, "phrase": str, "view": str},
                         keep_default_na=False, na_values={c: [""] for c in ("cnr", "region_px", "hit")})
     where = lambda rows: f"{path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
     chosen = np.flatnonzero(table["view"].to_numpy() == view)

@@ -29,17 +29,18 @@ class Settings:
 
     def __post_init__(self) -> None:
         if self.replicates < 1:
-            raise ValueError(f"replicates must be at least 1; got {self.replicates}")
+            raise ValueError(f"--replicates must be at least 1; got {self.replicates}")
         if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence must lie in (0, 1); got {self.confidence}")
+            raise ValueError(f"--confidence must lie in (0, 1), e.g. 0.95; got {self.confidence}")
         if self.folds < 2:
-            raise ValueError(f"folds must be at least 2; got {self.folds}")
+            raise ValueError(f"--folds must be at least 2; got {self.folds}")
         bins = tuple(float(b) for b in self.size_bins)
         if not all(0 < b < 1 for b in bins) or list(bins) != sorted(set(bins)):
-            raise ValueError(f"size_bins must be strictly increasing fractions in (0, 1); got {list(self.size_bins)}")
+            raise ValueError(f"--size-bins must be strictly increasing fractions of the image in (0, 1), e.g. 0.01 0.1; got "
+                             f"{list(self.size_bins)}")
         object.__setattr__(self, "size_bins", bins)
         if self.queries not in (None, *QUERY_VIEWS):
-            raise ValueError(f"queries must be one of {', '.join(QUERY_VIEWS)}; got {self.queries!r}")
+            raise ValueError(f"--queries must be one of {', '.join(QUERY_VIEWS)}; got {self.queries!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -63,6 +63,12 @@ if TYPE_CHECKING:
     from xbench.models.preprocess import Preprocess
 
 
+#: The smallest and largest side of the square metric frame (``image_size``): a one-pixel frame
+#: cannot show where a map points (every map in it is constant); beyond 4096 a batch's masks and
+#: maps alone take batch x classes x side² x 5 bytes (8.75 GiB at 4096 for 8 images of 14 classes).
+MIN_FRAME, MAX_FRAME = 2, 4096
+
+
 @dataclass
 class Sample:
     """One image of a split: where it is, its labels and its regions, by canonical class key; a
@@ -246,16 +252,20 @@ class XBenchDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         for option, value, valid, rule in (
             ("mask_threshold", mask_threshold, 0 < mask_threshold <= 1, "in (0, 1]"),
-            ("image_size", image_size, image_size >= 1, "a positive number of pixels"),
+            ("image_size", image_size, MIN_FRAME <= image_size <= MAX_FRAME,
+             f"{MIN_FRAME} to {MAX_FRAME} pixels, the side of the metric frame (the paper's is 224)"),
             ("batch_size", batch_size, batch_size >= 1, "positive"),
             ("num_workers", num_workers, num_workers >= 0, "0 (load in the main process) or more"),
         ):
             if not valid:
                 raise ValueError(f"--data.{option} must be {rule}; got {value}")
         self.root = Path(root).expanduser()
-        self.classes = check_classes(
-            classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
-        )
+        try:
+            self.classes = check_classes(
+                classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
+            )
+        except ValueError as error:
+            raise ValueError(f"--data.classes: {error}") from None
         self.image_size = image_size
         self.mask_threshold = mask_threshold
         self.batch_size = batch_size

@@ -137,6 +137,7 @@ def read_dicom(path: Path) -> CodedImage:
     dataset = _read_dataset(path)
     stored = _decode_pixels(dataset, path)
     _widen_bits_stored(dataset, stored, path)
+    _check_value_transforms(dataset, path)
     low, high = min(int(stored.min()), 0), int(stored.max())
     if high - low >= 2**16:
         raise ImageReadError(
@@ -145,22 +146,30 @@ def read_dicom(path: Path) -> CodedImage:
         )
     codes = stored if low == 0 else stored.astype(np.int32) - low
     codes = codes.astype(np.uint8 if high - low < 2**8 else np.uint16, copy=False)
-    return CodedImage(codes, _grey_levels(np.arange(low, high + 1).astype(stored.dtype), dataset))
+    return CodedImage(codes, _grey_levels(np.arange(low, high + 1).astype(stored.dtype), dataset, path))
 
 
-def _grey_levels(values: np.ndarray, dataset: pydicom.Dataset) -> np.ndarray:
+def _grey_levels(values: np.ndarray, dataset: pydicom.Dataset, path: Path) -> np.ndarray:
     """Stored values -> float32 in [0, 1], value by value: Modality LUT, then VOI LUT or window if
     present, then scaling over the output range of the last step (the VOI LUT's or window's output
     range, or the stored bit depth's range when there is neither), then MONOCHROME1 inversion."""
-    values = apply_modality_lut(values, dataset)
-    if "VOILUTSequence" in dataset:
-        values = apply_voi(values, dataset)
-        low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
-    elif "WindowCenter" in dataset and "WindowWidth" in dataset:
-        values = apply_windowing(values, dataset)
-        low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
-    else:
-        low, high = sorted(_modality_output_range(dataset))
+    try:
+        values = apply_modality_lut(values, dataset)
+        if "VOILUTSequence" in dataset:
+            values = apply_voi(values, dataset)
+            low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
+        elif "WindowCenter" in dataset and "WindowWidth" in dataset:
+            values = apply_windowing(values, dataset)
+            low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
+        else:
+            low, high = sorted(_modality_output_range(dataset))
+    except (ValueError, TypeError, IndexError) as error:  # pydicom's own checks of the LUT and window elements
+        raise ImageReadError(f"DICOM {path}: cannot apply its modality LUT, VOI LUT or window ({error})") from None
+    if not (np.isfinite(high - low) and high > low):
+        raise ImageReadError(
+            f"DICOM {path}: its pixel values map onto the degenerate range [{low}, {high}] (Modality LUT, Rescale "
+            "Slope/Intercept, VOI LUT or window): every pixel would read alike. Correct those elements."
+        )
     image = np.asarray(values, dtype=np.float32)  # exact for stored integers; in-place from here on
     image -= low
     image /= high - low
@@ -216,6 +225,41 @@ def _decode_pixels(dataset: pydicom.Dataset, path: Path) -> np.ndarray:
     if stored.ndim != 2:
         raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
     return stored
+
+
+def _check_value_transforms(dataset: pydicom.Dataset, path: Path) -> None:
+    """The elements that turn stored values into grey levels must describe an invertible map: a
+    Rescale Slope of 0 (or not finite) makes every pixel NaN, a window of width 0 or a LUT of 0 bits
+    or no entries a constant image. Each is an error naming the file and the element."""
+
+    def numbers(keyword: str) -> list[float]:
+        value = dataset.get(keyword)
+        values = value if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
+        return [float(v) for v in values if v is not None and str(v).strip() != ""]
+
+    problems = []
+    slope, intercept = numbers("RescaleSlope"), numbers("RescaleIntercept")
+    if slope and not (np.isfinite(slope[0]) and slope[0] != 0):
+        problems.append(f"Rescale Slope (0028,1053) is {slope[0]}; it must be finite and non-zero")
+    if intercept and not np.isfinite(intercept[0]):
+        problems.append(f"Rescale Intercept (0028,1052) is {intercept[0]}")
+    if "VOILUTSequence" not in dataset and "WindowCenter" in dataset and "WindowWidth" in dataset:
+        centre, width = numbers("WindowCenter"), numbers("WindowWidth")
+        if not centre or not np.isfinite(centre[0]):
+            problems.append(f"Window Center (0028,1050) is {dataset.WindowCenter}; it must be a finite number")
+        if not width or not (np.isfinite(width[0]) and width[0] > 0):
+            problems.append(f"Window Width (0028,1051) is {dataset.WindowWidth}; it must be a positive number")
+    for keyword in ("ModalityLUTSequence", "VOILUTSequence"):
+        if keyword in dataset:
+            items = dataset[keyword].value
+            lut = items[0] if items else None
+            descriptor = list(lut.get("LUTDescriptor") or []) if lut is not None else []
+            if len(descriptor) != 3 or not 1 <= int(descriptor[2]) <= 16 or not lut.get("LUTData"):
+                problems.append(f"{keyword} holds no usable LUT (descriptor {descriptor}: entries, first value, bits "
+                                "per entry 1-16; and LUT Data must not be empty)")
+    if problems:
+        raise ImageReadError(f"DICOM {path}: {'; '.join(problems)}. The image cannot be read as grey levels; correct "
+                             "the file's header (or re-export it).")
 
 
 def _widen_bits_stored(dataset: pydicom.Dataset, stored: np.ndarray, path: Path) -> None:

@@ -23,6 +23,12 @@ from typing import Any
 from xbench.findings import PAPER_CLASSES, dataset_name
 from xbench.reporting.folder import find_result_folders, read_results
 
+#: The sections of ``metrics.json`` the report reads, beyond every reader's (``read_results``).
+REPORT_SECTIONS = {
+    "created": (str, ()), "thresholds": (list, ()), "grounding": (dict, ("macro", "per_class", "curves")),
+    "classification": (dict, ("macro",)), "data": (dict, ("images_evaluated", "images_in_split")),
+}
+
 
 @dataclass(frozen=True)
 class Run:
@@ -113,7 +119,7 @@ class Benchmark:
                 f"no results folders (with metrics.json) under {', '.join(map(str, paths))}; "
                 "run `python -m xbench.test` or `python -m xbench.suite` first"
             )
-        return cls([Run(folder, read_results(folder)) for folder in folders])
+        return cls([Run(folder, read_results(folder, REPORT_SECTIONS)) for folder in folders])
 
     @staticmethod
     def _labels(runs: list[Run]) -> dict[str, str]:

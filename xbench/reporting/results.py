@@ -40,7 +40,7 @@ from xbench.findings import display_name
 from xbench.metrics.grounding import THRESHOLDS
 from xbench.metrics.names import chosen_keys, metric, run_keys
 from xbench.reporting.render import markdown_grid
-from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, QUERIES, SCHEMA, atomic_write, count_columns
+from xbench.reporting.folder import METRICS, OVERLAYS, PAIRS, QUERIES, SCHEMA, atomic_write, count_columns, follow_umask
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
@@ -419,6 +419,7 @@ def write_results(
     name = f"{results['model']}__{results['dataset']}__{stamp}"
     staging = Path(tempfile.mkdtemp(dir=results_dir, prefix=f".{name}."))
     try:
+        follow_umask(staging, folder=True)
         atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
             {"class": key, "display": display_name(key),
