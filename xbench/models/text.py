@@ -61,8 +61,9 @@ def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tupl
     hf_logging.set_verbosity_error()  # its load report would list the keys dropped on purpose; we check below
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per model: noise a user cannot act on
     try:
+        # reshaped weights come back in the report (to be named below) instead of a bare error
         model, info = model_class.from_pretrained(str(folder), local_files_only=True, output_loading_info=True,
-                                                  **kwargs)
+                                                  ignore_mismatched_sizes=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         if progress_bar:
