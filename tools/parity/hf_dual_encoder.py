@@ -3,7 +3,7 @@
 Development only. Runs in XBench's environment: transformers is these models' authors' code (the
 checkpoints are published as its folders) and a dependency of XBench. For each model the folder is
 written from the published checkpoint's ``config.json`` and ``preprocessor_config.json``
-(``random_weights.HF_DUAL_ENCODERS``) with 2 vision blocks and 1 text block and seeded random weights
+(``random_weights.HF_DUAL_ENCODERS``) with 1 vision block and 1 text block and seeded random weights
 (``random_weights.write_hf_dual_encoder``), unless ``--checkpoint-dir`` names real ones. Then, all
 transformers' own: ``AutoProcessor`` and ``AutoModel`` from the folder; the processor on each PIL image
 and on the prompts (CLIP: ``padding=True``; SigLIP: ``padding="max_length"``, and the model gets the
@@ -51,7 +51,7 @@ CROPS = {
     "wide1600x600": (common.IMAGES[1], (614, 1000, 1600, 600)),
     "tall600x1600": (common.IMAGES[1], (900, 360, 600, 1600)),
 }
-VISION_LAYERS, TEXT_LAYERS = 2, 1
+VISION_LAYERS, TEXT_LAYERS = 1, 1
 
 
 def pixel_digest(path: Path) -> str:
