@@ -6,8 +6,8 @@ vision block and 1 text block with seeded random weights (``random_weights.write
 on the three real radiographs and two extreme-aspect crops (1600 x 600 and 600 x 1600) of the larger
 CheXpert JPEG. Here XBench runs from the image file: decode, the model's ``preprocess`` (translated
 from the folder's processor config), the network, the score and the map. Measured when the golden
-files were made: logits within 1.2e-6 (of values up to 2.7), maps 1.6e-7, windows exact; the bounds (``conftest.PARITY_*``)
-leave room for another machine's float order only.
+files were made: logits within 1.2e-6 (of values up to 2.7), maps 1.6e-7, windows exact; the bounds
+(``conftest.PARITY_*``) leave room for another machine's float order only.
 """
 
 from __future__ import annotations

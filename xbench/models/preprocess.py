@@ -102,7 +102,8 @@ class Preprocess:
         filters = {"pil": PIL_FILTERS, "cv2": CV2_FILTERS, "torchvision": TORCHVISION_FILTERS}.get(self.library)
         if filters is not None and self.interpolation not in filters:
             raise ValueError(
-                f"Preprocess: library {self.library!r} has no {self.interpolation!r} filter; it has {', '.join(filters)}"
+                f"Preprocess: library {self.library!r} has no {self.interpolation!r} filter; "
+                f"it has {', '.join(filters)}"
             )
 
     @property
