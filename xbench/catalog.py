@@ -13,6 +13,7 @@ MODEL_MODULES = (
     "xbench.models.kad",
     "xbench.models.devide",
     "xbench.models.carzero",
+    "xbench.models.hf_dual_encoder",
 )
 DATA_MODULES = (
     "xbench.data.chestx_det10",
