@@ -1,7 +1,7 @@
 """A transformers CLIP/SigLIP folder as a model: the processor's own output from the native image,
 each model's score and map against transformers' modules, the padding rule, clear refusals, and
 ``python -m xbench.test`` with the three configs. Equality with transformers' whole path on real
-radiographs at the published shapes is ``test_parity_hf_dual_encoder.py``."""
+radiographs at the published shapes is ``test_parity.py``."""
 
 from __future__ import annotations
 

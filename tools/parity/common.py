@@ -51,8 +51,12 @@ DATASET = "chexlocalize"
 FRAME = 224
 #: Classes whose upsampled map the golden file keeps (positions in the class list): one pins the rule.
 UPSAMPLED_CLASSES = (0,)
+#: The transformers dual encoders (MedSigLIP, XrayCLIP, XraySigLIP): their published configs with
+#: :data:`HF_LAYERS` vision and text blocks and seeded random weights.
+HF_MODELS = ("medsiglip", "xray_clip", "xray_siglip")
+HF_LAYERS = 1
 MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", "chexzero", "biovil", "biovil_t",
-          "gloria")
+          "gloria", *HF_MODELS)
 
 
 def classes() -> list[str]:
@@ -141,6 +145,9 @@ def write_weights(model: str, folder: Path) -> Path:
         return writer(folder, seed=SEED)
     if model == "gloria":
         return random_weights.write_gloria(folder, seed=SEED)
+    if model in HF_MODELS:
+        config, preprocessor = random_weights.published_hf_dual_encoder(model, HF_LAYERS, HF_LAYERS)
+        return random_weights.write_hf_dual_encoder(folder, config, preprocessor, seed=SEED)
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
@@ -174,6 +181,12 @@ def prompts(model: str) -> list | dict:
     if model in ("clip", "biomedclip", "chexzero", "biovil", "biovil_t"):
         built = xbench_class(model)()
         return [[built.pos_template.format(finding_text(k)), built.neg_template.format(finding_text(k))] for k in keys]
+    if model in HF_MODELS:  # a CLIP folder's (positive, negative) pair; a SigLIP's positive prompt alone
+        from xbench.models.hf_dual_encoder import CLIP_NEGATIVE
+        from xbench.models.random_weights import HF_DUAL_ENCODERS
+
+        pair = HF_DUAL_ENCODERS[model]["config"]["model_type"] == "clip"
+        return [[finding_text(k), CLIP_NEGATIVE.format(finding_text(k))][: 2 if pair else 1] for k in keys]
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
@@ -220,10 +233,11 @@ class Tolerance:
 
 
 #: Per model (measured within 2e-6 when each golden file was made; room for another machine's float
-#: order and batch size only): the spread rule for the attention maps (~1/196 in absolute terms),
-#: absolute bounds for the beyond-the-paper models, whose maps are cosines.
+#: order and batch size only): the spread rule for the attention maps (~1/196 in absolute terms) and
+#: the transformers dual encoders, absolute bounds for the other beyond-the-paper models, whose maps are cosines.
 TOLERANCES = {
-    **{model: Tolerance() for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip")},
+    **{model: Tolerance()
+       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS)},
     **{model: Tolerance(logits=1e-5, map_atol=1e-5, map_rtol_of_spread=0.0, window=1e-4)
        for model in ("chexzero", "biovil", "biovil_t", "gloria")},
 }
@@ -245,13 +259,14 @@ def xbench_class(model: str):
     from xbench.models.chexzero import CheXzero
     from xbench.models.clip import CLIP
     from xbench.models.gloria import GLoRIA
+    from xbench.models.hf_dual_encoder import HFDualEncoder
     from xbench.models.kad import KAD
     from xbench.models.mavl import MAVL
     from xbench.models.medklip import MedKLIP
 
     return {"medklip": MedKLIP, "mavl": MAVL, "kad-224": KAD, "kad-512": KAD, "carzero": CARZero, "clip": CLIP,
             "biomedclip": BiomedCLIP, "chexzero": CheXzero, "biovil": BioViL, "biovil_t": BioViLT,
-            "gloria": GLoRIA}[model]
+            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder)}[model]
 
 
 def build_xbench(model: str, folder: Path):

@@ -18,16 +18,15 @@ through the model's own attention-pooling head alone (the head called on that on
 attends to nothing else). Cosine with the positive prompt's ``text_embeds``; ``upsampled`` is bilinear
 (``align_corners=False``) onto the input.
 
-The inputs: the three radiographs of ``common.IMAGES`` and two extreme-aspect crops of the larger
-CheXpert JPEG (:data:`CROPS`, cut by Pillow and written as PNG; named, and their pixels' digest
-recorded, since a PNG's bytes depend on its encoder).
+The inputs are every model's (``common.INPUTS``: three radiographs and two extreme-aspect crops);
+the weights ``common.write_weights`` writes: the published config with ``common.HF_LAYERS`` vision
+and text blocks and seeded random weights.
 
     python tools/parity/hf_dual_encoder.py --model medsiglip --out tests/golden/
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tempfile
@@ -44,40 +43,6 @@ from transformers import AutoModel, AutoProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
-MODELS = ("medsiglip", "xray_clip", "xray_siglip")
-#: Extreme-aspect crops of the 2828 x 2320 CheXpert JPEG: name -> (source, (left, top, width, height)).
-CROPS = {
-    "wide1600x600": (common.IMAGES[1], (614, 1000, 1600, 600)),
-    "tall600x1600": (common.IMAGES[1], (900, 360, 600, 1600)),
-}
-VISION_LAYERS, TEXT_LAYERS = 1, 1
-
-
-def pixel_digest(path: Path) -> str:
-    """The first 12 hex digits of the sha256 of the image's decoded pixels (Pillow), with their shape."""
-    with Image.open(path) as image:
-        pixels = np.asarray(image)
-    return hashlib.sha256(f"{pixels.dtype}{pixels.shape}".encode() + pixels.tobytes()).hexdigest()[:12]
-
-
-def write_crop(root: Path, name: str, folder: Path) -> Path:
-    """The crop ``name`` of :data:`CROPS`, cut from its source as Pillow decodes it, as a PNG in ``folder``."""
-    source, (left, top, width, height) = CROPS[name]
-    folder.mkdir(parents=True, exist_ok=True)
-    with Image.open(root / source) as image:
-        image.crop((left, top, left + width, top + height)).save(folder / f"{name}.png", format="PNG")
-    return folder / f"{name}.png"
-
-
-def prompts(model_type: str) -> list[list[str]]:
-    """XBench's prompts per class: the (positive, negative) pair of a CLIP, the positive alone of a SigLIP."""
-    from xbench.findings import finding_text
-    from xbench.models.hf_dual_encoder import CLIP_NEGATIVE
-
-    return [[finding_text(key), CLIP_NEGATIVE.format(finding_text(key))][: 2 if model_type == "clip" else 1]
-            for key in common.classes()]
-
 
 def window(path: Path, processor) -> np.ndarray:
     """(top, left, height, width) of the processor's input in the metric frame: the whole frame after a
@@ -141,45 +106,31 @@ def attention_mask_effect(model, processor, texts: list[list[str]]) -> float | N
 
 def main() -> None:
     parser = common.parity_arguments(__doc__.splitlines()[0], authors_repo=False)
-    parser.add_argument("--model", choices=MODELS, required=True)
-    parser.add_argument("--crops", nargs="*", default=list(CROPS), help="crops of CROPS to add (default: both)")
+    parser.add_argument("--model", choices=common.HF_MODELS, required=True)
     args = parser.parse_args()
-    from xbench.models import random_weights
-
+    texts = common.prompts(args.model)
     with tempfile.TemporaryDirectory() as scratch:
-        folder = args.checkpoint_dir
-        if folder is None:
-            config, preprocessor = random_weights.published_hf_dual_encoder(args.model, VISION_LAYERS, TEXT_LAYERS)
-            folder = random_weights.write_hf_dual_encoder(Path(scratch) / "weights", config, preprocessor,
-                                                          seed=common.SEED)
+        folder = args.checkpoint_dir or common.write_weights(args.model, Path(scratch) / "weights")
         processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
         model = AutoModel.from_pretrained(str(folder), local_files_only=True).float().eval()
-        texts = prompts(model.config.model_type)
-        inputs = {record["key"]: args.real_data / record["file"]
-                  for record in common.image_records(args.real_data, args.images)}
-        crops = {name: write_crop(args.real_data, name, Path(scratch) / "crops") for name in args.crops}
+        inputs = common.golden_inputs(args.real_data, args.images, Path(scratch) / "inputs")
         with torch.no_grad():
-            per_image = {key: run(model, processor, texts, path) for key, path in {**inputs, **crops}.items()}
+            per_image = {item.key: run(model, processor, texts, item.path) for item in inputs}
             mask_effect = attention_mask_effect(model, processor, texts)
         config = json.loads((Path(folder) / "config.json").read_text())
-        crop_records = {name: {"crop_of": CROPS[name][0], "left_top_width_height": list(CROPS[name][1]),
-                               "pixels": pixel_digest(path)} for name, path in crops.items()}
     meta = {
         "model": args.model,
         "authors_repo": "huggingface/transformers (installed package)",
         "authors_commit": f"transformers {transformers.__version__}",
         "authors_path": "AutoProcessor, AutoModel (CLIPModel/SiglipModel) forward's logits_per_image and "
                         "text_embeds; vision_model, post_layernorm + visual_projection (CLIP) or head (SigLIP)",
-        "weights": common.weights_source(args.model, args.checkpoint_dir)
-        if args.checkpoint_dir else f"random_weights.write_hf_dual_encoder of the published config with "
-                                    f"{VISION_LAYERS} vision and {TEXT_LAYERS} text blocks (seed {common.SEED})",
+        "weights": common.weights_source(args.model, args.checkpoint_dir),
         "seed": common.SEED,
         "config": config,
         "image_processor": str(processor.image_processor.to_dict()),
         "image_processor_class": type(processor.image_processor).__name__,
         "prompts": texts,
-        "images": {key: str(path.relative_to(args.real_data)) for key, path in inputs.items()},
-        "crops": crop_records,
+        "images": [item.record() for item in inputs],
         "siglip_attention_mask_effect": mask_effect,
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "transformers": transformers.__version__, "pillow": PIL.__version__},
