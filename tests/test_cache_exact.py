@@ -17,6 +17,7 @@ import inspect
 import json
 import os
 import pkgutil
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -47,10 +48,29 @@ def _subclasses(cls: type) -> list[type]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
+def _published_processors() -> list[Preprocess]:
+    """A transformers folder's transform is its processor config's: those of the published
+    checkpoints XBench ships configs for."""
+    from xbench.models.hf_dual_encoder import processor_preprocess
+    from xbench.models.random_weights import HF_DUAL_ENCODERS
+
+    transforms = []
+    with tempfile.TemporaryDirectory() as folder:
+        for entry in HF_DUAL_ENCODERS.values():
+            (Path(folder) / "preprocessor_config.json").write_text(json.dumps(entry["preprocessor"]))
+            transforms.append(processor_preprocess(folder))
+    return transforms
+
+
 def _transforms_of(cls: type) -> list[Preprocess]:
     """The transforms a model class can run: its class-level ``preprocess``; an open_clip model's,
-    which its loaded weights size; or the one its ``__init__`` builds, for every ``variant`` it
-    lists and both histogram settings (built on the meta device: no weights)."""
+    which its loaded weights size; a transformers folder's, its processor config's; or the one its
+    ``__init__`` builds, for every ``variant`` it lists and both histogram settings (built on the
+    meta device: no weights)."""
+    from xbench.models.hf_dual_encoder import HFDualEncoder
+
+    if issubclass(cls, HFDualEncoder):
+        return _published_processors()
     static = inspect.getattr_static(cls, "preprocess", None)
     if isinstance(static, Preprocess):
         return [static]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 from transformers import AutoImageProcessor
 
-from conftest import assert_bf16_mixed_close_to_fp32, real_file
+from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.data.io import read_image
 from xbench.models.hf_dual_encoder import HFDualEncoder, processor_preprocess
 from xbench.models.preprocess import Preprocess
@@ -76,9 +76,7 @@ def test_preprocess_gives_the_processors_own_output(name, backend, real_data, tm
     preprocess = processor_preprocess(tmp_path)
     assert preprocess.library == "torchvision"  # transformers' default backend
     preprocess = dataclasses.replace(preprocess, library=backend)
-    paths = [real_file(real_data, image) for image in common.IMAGES]
-    paths += [parity.write_crop(real_data, crop, tmp_path / "crops") for crop in parity.CROPS]
-    for path in paths:
+    for path in (item.path for item in common.golden_inputs(real_data, common.INPUTS, tmp_path / "inputs")):
         expected = processor(images=Image.open(path), return_tensors="pt")["pixel_values"][0]
         found, window = preprocess(read_image(path), frame=224)
         assert found.shape == expected.shape
