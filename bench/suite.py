@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.models:
             models.append(model_cost(name, datamodule, args, device, scratch))
             cost = models[-1]
-            recorded = f"{1e3 / IMAGES_PER_SECOND[name]:8.1f} ms" if name in IMAGES_PER_SECOND else "(none)"
+            recorded = f"{1e3 / IMAGES_PER_SECOND[name]:.1f} ms" if name in IMAGES_PER_SECOND else "none"
             print(f"model {name:<13} load {cost.load:6.2f} s   run {cost.run:6.2f} s per dataset   "
                   f"{1e3 * cost.per_image:8.1f} ms per image (xbench/costs.py: {recorded})", flush=True)
 

@@ -267,6 +267,15 @@ def test_slurm_refuses_a_pair_that_starts_processes_of_its_own(tmp_path):
         launch.launch(None, [], tmp_path, "slurm", 1, None)
 
 
+def test_devices_are_for_the_local_launcher(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--config", str(tmp_path / "s.yaml"), "--launcher", "slurm", "--devices", "2"])
+    assert "--devices is for --launcher local" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--config", str(tmp_path / "s.yaml"), "--devices", "0"])
+    assert "--devices is how many jobs run at once, at least 1; got 0" in capsys.readouterr().err
+
+
 def test_jobs_that_run_at_once_start_longest_first():
     suite = load_suite(CONFIGS / "suites" / "extended.yaml")
     found = jobs(suite, [Pair(model, dataset) for model in suite.models for dataset in suite.datasets], "per-model")

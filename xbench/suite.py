@@ -1,4 +1,4 @@
-"""Run models x datasets one after another: ``python -m xbench.suite --config lightning_configs/suites/paper.yaml``.
+"""Run models x datasets: ``python -m xbench.suite --config lightning_configs/suites/paper.yaml``.
 
 A suite file names model configs, dataset configs and settings (``--key value`` pairs of
 ``xbench.test``, as a mapping) for every run, for a model or for a dataset::
@@ -6,6 +6,7 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
     results_dir: results
     mode: per-model          # the default; or per-pair (--mode overrides it)
     settings: {data.image_size: 224, data.batch_size: 8}
+    slurm: {partition: gpu, gpus_per_task: 1, cpus_per_task: 8, mem: 64G, time: "4:00:00"}  # --launcher slurm
     models:
       - lightning_configs/models/medklip.yaml
       - {config: lightning_configs/models/kad.yaml, settings: {model.checkpoint_dir: /weights/kad}}
@@ -29,7 +30,12 @@ in one of two modes (``--mode``, or the suite file's ``mode``):
   each dataset's classes); the same numbers, without a start (~10 s of imports) and a load per
   pair: the paper's 7 x 7 suite starts 7 processes, not 49. A pair whose trainer asks for several
   devices or nodes still gets a process of its own (DDP starts its processes per run).
-- ``per-pair``: each pair in its own ``python -m xbench.test`` process.
+- ``per-pair``: each pair in a worker process of its own, nothing shared between pairs.
+
+Where the processes run (``xbench.launch``): one after another here (the default), up to N at once
+on this machine's GPUs or shares of its CPU cores (``--devices N``), or each as a SLURM job through
+submitit (``--launcher slurm``, with the suite file's ``slurm:`` resources). Each writes the same
+results folders; the jobs that run at once start longest first.
 
 A crash stays inside its process: a pair that raises is failed and its worker goes on with the
 model's next dataset (with the model made again); a worker that dies fails the pair it was running
