@@ -228,7 +228,7 @@ def test_the_sbatch_script_states_the_suite_files_resources(tmp_path, monkeypatc
         "account": "mylab", "qos": "normal", "exclusive": True, "job-name": "xbench-medklip", "nodes": "1",
         "ntasks-per-node": "1"}
     assert options["output"].startswith(str(tmp_path / "logs")) and "error" not in options  # one log per job
-    assert "export" not in options  # sbatch passes the submitting environment (--export=ALL)
+    assert options["export"] == "ALL"  # the job gets the submitting environment
     assert "-m submitit.core._submit" in script.splitlines()[-1] and "srun" in script.splitlines()[-1]
 
 

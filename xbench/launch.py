@@ -176,8 +176,8 @@ def submitit_executor(folder: Path, resources: SlurmResources):
         parameters["slurm_gpus_per_task"] = resources.gpus_per_task
     if resources.mem is not None:
         parameters["slurm_mem"] = resources.mem
-    if resources.sbatch:
-        parameters["slurm_additional_parameters"] = dict(resources.sbatch)
+    # the suite's environment (PYTHONPATH, XBENCH_CACHE, W&B's settings) whatever the cluster's default
+    parameters["slurm_additional_parameters"] = {"export": "ALL", **resources.sbatch}
     executor.update_parameters(**parameters)
     return executor
 
