@@ -328,6 +328,8 @@ class LocalRun:
 
     def cancel(self) -> None:
         """SIGINT to its session (a clean stop: W&B and Lightning close), SIGKILL after 10 s."""
+        if self.process is None:
+            return
         for sig in (signal.SIGINT, signal.SIGKILL):
             try:
                 os.killpg(self.process.pid, sig)
@@ -363,7 +365,8 @@ class SubmititRun:
         return f"its job {self.handle.job_id} ended early (state {self.handle.state})"
 
     def cancel(self) -> None:
-        self.handle.cancel(check=False)
+        if self.handle is not None:
+            self.handle.cancel(check=False)
 
 
 def result_folders(results_dir: Path) -> list[Path]:
@@ -474,8 +477,8 @@ class Launch:
                 while waiting and self._may_start(waiting[0], running, capacity):
                     tracked = waiting.popleft()
                     tracked.slot = free.pop(0) if tracked.job.worker else Slot({}, None, "")
+                    running.append(tracked)  # first: a Ctrl-C while it starts cancels it too
                     self.say(tracked, tracked.run.start(tracked.slot))
-                    running.append(tracked)
                 for tracked in list(running):
                     self.read(tracked)
                     if tracked.run.ended():
