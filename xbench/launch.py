@@ -351,7 +351,7 @@ class SubmititRun:
         self.log: Path | None = None
 
     def start(self, slot: Slot) -> str:
-        from xbench.suite_worker import run_submitted
+        from xbench.suite_worker import run_submitted  # the job's entry point (imports Lightning)
 
         self.executor.update_parameters(name=f"xbench-{self.job.label.replace(' ', '-')}")
         self.handle = self.executor.submit(run_submitted, self.request)
