@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from pydicom.uid import (
 
 from xbench.data.phantom import generate_phantom
 from xbench.models.saliency import normalise, place_in_frame, whole_frame
+from xbench.reporting.folder import find_result_folders
 from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
@@ -303,6 +305,35 @@ def only_folder(results: Path) -> Path:
     """The one results folder a run wrote under ``results`` (a run in progress is staged under a hidden name)."""
     (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]
     return folder
+
+
+def results_contents(results: Path) -> dict[str, dict]:
+    """Every results folder under ``results`` with its files' contents, keyed by the run's model and
+    data settings: what two ways of running the same pairs must write alike. Not compared: when
+    each ran (the folder's name, ``metrics.json``'s ``created``, ``summary.md``'s "Run ..." line) and
+    what is not a results folder (a suite's hidden ``.suite`` folder of job logs)."""
+    found = {}
+    for folder in find_result_folders([results]):
+        files = {}
+        for path in folder.iterdir():
+            if path.name == "metrics.json":
+                payload = json.loads(path.read_text())
+                assert payload.pop("created")
+                files[path.name] = payload
+            elif path.suffix == ".npz":
+                with np.load(path) as arrays:
+                    files[path.name] = {name: arrays[name].tolist() for name in arrays.files}
+            elif path.suffix == ".gz":
+                files[path.name] = gzip.decompress(path.read_bytes())
+            elif path.name == "summary.md":
+                files[path.name] = [line for line in path.read_text().splitlines() if not line.startswith("Run ")]
+            else:
+                files[path.name] = path.read_bytes()
+        config = files["metrics.json"]["config"]
+        key = json.dumps({name: config[name] for name in ("model", "data")}, sort_keys=True)
+        assert key not in found, f"two results folders of one run's settings under {results}"
+        found[key] = files
+    return found
 
 
 def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> dict:

@@ -1081,7 +1081,7 @@ SUITE_CASES = {
                                    ": models[0]: settings must be a mapping"),
     "a list": ("- m.yaml\n", ": a suite file is a mapping with the keys"),
     "empty": ("", ": a suite file is a mapping with the keys ['datasets', 'mode', 'models', 'results_dir', "
-                  "'settings']; got an empty file"),
+                  "'settings', 'slurm']; got an empty file"),
     "invalid YAML": ("models: [m.yaml\n", ", line 2, column 1: not valid YAML"),
     "models a string": ("models: m.yaml\ndatasets: [d.yaml]\n", ": `models` must list at least one config"),
     "results_dir a number": ("models: [m.yaml]\ndatasets: [d.yaml]\nresults_dir: 3\n", ": results_dir must be a"),

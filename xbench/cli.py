@@ -90,6 +90,15 @@ def return_large_frees_to_the_system() -> None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
+def quiet_notices() -> None:
+    """Silence the third-party warnings and tips no XBench user can act on (a command's own
+    process only: ``run`` below, a suite's job under submitit)."""
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for logger in QUIET_LOGGERS:
+        logging.getLogger(logger).setLevel(logging.WARNING)
+
+
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
     error (message only, unless debugging), 130 when interrupted."""
@@ -97,10 +106,7 @@ def run(main: Callable[[], object], name: str) -> None:
     if DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)
     if not debug:
-        for message, category in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=category)
-        for logger in QUIET_LOGGERS:
-            logging.getLogger(logger).setLevel(logging.WARNING)
+        quiet_notices()
     return_large_frees_to_the_system()
     try:
         status = main()

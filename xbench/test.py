@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import sys
 from argparse import ArgumentError
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningCLI
 from rich.console import Console
 from rich.table import Table
@@ -142,10 +144,13 @@ def check_config_files(args: list[str]) -> None:
                                       "...): fill it in, or leave it out")
 
 
-def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -> XBenchModel:
+def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None,
+             callbacks: Sequence[Callback] = ()) -> XBenchModel:
     """Parse the configs, run ``trainer.test`` once, print the summary; return the model that ran
     (its ``results`` and ``results_path``). ``loaded``: reuse and keep the model between runs of
-    one process (one process only: a reused model cannot follow a multi-process launch)."""
+    one process (one process only: a reused model cannot follow a multi-process launch).
+    ``callbacks``: more trainer callbacks that are not part of the run's config (a suite worker's
+    progress notes), so not recorded with its results."""
     check_config_files(sys.argv[1:] if args is None else list(args))
     load_all()
     cli = XBenchCLI(
@@ -168,6 +173,7 @@ def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -
             f"this run asks for {cli.trainer.world_size} processes, which a run inside a suite worker cannot start: "
             "give it one device, or run the suite with --mode per-pair")
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    cli.trainer.callbacks.extend(callbacks)
     try:
         cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     except BaseException:
