@@ -55,7 +55,7 @@ from xbench.data.phantom import Phantom, generate_phantom  # noqa: E402
 from xbench.data.transforms import resize_image  # noqa: E402
 from xbench.findings import PAPER_CLASSES  # noqa: E402
 from xbench.metrics import GroundingMetrics  # noqa: E402
-from xbench.models.saliency import normalise, place_in_frame, whole_frame  # noqa: E402
+from xbench.geometry.maps import normalise, place_in_frame, whole_frame  # noqa: E402
 
 #: The benchmark split's images per dataset (docs/datasets/index.md, "Split sizes against the paper"), and a file
 #: like the dataset's own to time its reader: format, height x width, bits.

@@ -30,9 +30,10 @@ from pydicom.sequence import Sequence
 import xbench.models
 from conftest import real_file, write_dicom
 from xbench.data.chestx_det10 import ChestXDet10
-from xbench.data.io import CodedImage, read_coded
+from xbench.data.io import read_coded
+from xbench.geometry.image import CodedImage
 from xbench.models.base import XBenchModel
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 
 #: The input side the open_clip models read from their loaded weights: 224 for every checkpoint
 #: XBench ships configs for (CLIP ViT-B/16 and ViT-B/32, BiomedCLIP).

@@ -17,14 +17,10 @@ import os
 import sys
 import traceback
 
-# xbench.test (Lightning) before rich: rich makes a Union[float, int, None], and Python's cache of
-# equal Unions would hand it to the Trainer's signature in place of Union[int, float, None], so that
-# jsonargparse read `--trainer.limit_test_batches 1` as 1.0 (every batch) instead of one batch.
-from xbench.test import LoadedModel, run_test  # isort: skip
-
 from rich.console import Console
 
 from xbench.cli import error_line, run
+from xbench.test import LoadedModel, run_test
 
 NAME = "xbench-test"  # what a failed pair's line starts with, as in a pair's own process
 
@@ -43,7 +39,7 @@ def main() -> int:
             console.rule(f"[bold][{job['number']}/{job['total']}] {job['name']}")
             record(job, "started")
             try:
-                model = run_test(job["args"], loaded)
+                _, path = run_test(job["args"], loaded)
             except Exception as error:  # noqa: BLE001 -- a pair's failure is reported; the next pair runs
                 if os.environ.get("XBENCH_DEBUG") == "1":
                     traceback.print_exc()
@@ -52,7 +48,6 @@ def main() -> int:
                 record(job, "failed", line)
                 failed = True
                 continue
-            path = model.results_path
             record(job, "ok", str(path) if path is not None else "(no results folder written)")
     return 1 if failed else 0
 
