@@ -45,7 +45,9 @@ BATCH_KEYS = ("model_input", "window", "image", "masks", "has_mask", "labels", "
 
 
 def _subclasses(cls: type) -> list[type]:
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+    """XBench's own subclasses of ``cls`` (not a test's, which another test module may have defined)."""
+    found = [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+    return [sub for sub in found if sub.__module__.startswith("xbench.")]
 
 
 def _transforms_of(cls: type) -> list[Preprocess]:

@@ -58,6 +58,7 @@ from xbench.data.queries import query_fields
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
+from xbench.geometry import image as coded_image
 from xbench.geometry.image import CodedImage
 from xbench.geometry.preprocess import Preprocess
 
@@ -184,7 +185,7 @@ class XBenchDataset(Dataset):
 
 
 #: The code that decides the cached pixels; its source is part of the cache's fingerprint.
-PIXEL_CODE = (io, regions, transforms, augment, cache, queries, XBenchDataset)
+PIXEL_CODE = (io, coded_image, regions, transforms, augment, cache, queries, XBenchDataset)
 
 
 class ModelInputDataset(Dataset):

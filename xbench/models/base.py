@@ -39,8 +39,8 @@ from torch import Tensor
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
-from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
+from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.results.payload import build_results, log_keys
 
 
@@ -203,7 +203,8 @@ class XBenchModel(L.LightningModule, ABC):
         datamodule.set_model_transform(self.preprocess)
 
     def run_metrics(self) -> list:
-        return [metric for metric in (self.grounding, self.classification, self.region_counts, self.query_grounding, self.name_grounding) if metric is not None]
+        return [metric for metric in (self.grounding, self.classification, self.region_counts, self.query_grounding,
+                                      self.name_grounding) if metric is not None]
 
     def on_test_epoch_start(self) -> None:
         for metric in self.run_metrics():
