@@ -22,7 +22,7 @@ import torch
 from xbench.findings import PAPER_CLASSES
 from xbench.models.carzero import GRID, CARZero
 from xbench.models.random_weights import write_carzero
-from xbench.models.saliency import place_in_frame
+from xbench.geometry.maps import place_in_frame
 from timing import best_seconds
 
 
@@ -42,7 +42,7 @@ def main() -> None:
         write_carzero(Path(folder), classes)
         written = time.perf_counter() - start
         start = time.perf_counter()
-        model = CARZero(checkpoint_dir=folder, results_dir=None)
+        model = CARZero(checkpoint_dir=folder)
         model.build(classes)
         built = time.perf_counter() - start
     model = model.to(device).eval()

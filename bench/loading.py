@@ -47,7 +47,7 @@ from xbench.data.chestx_det10 import ChestXDet10  # noqa: E402
 from xbench.data.io import read_image  # noqa: E402
 from xbench.data.transforms import resize_image  # noqa: E402
 from xbench.models.biovil import BioViL  # noqa: E402
-from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess  # noqa: E402
+from xbench.geometry.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess  # noqa: E402
 
 TRANSFORMS = {
     "frame only (no model transform)": None,

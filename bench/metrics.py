@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from xbench.metrics import THRESHOLDS, GroundingMetrics
 from xbench.metrics.grounding import pair_scores, threshold_counts
 from xbench.metrics.native import native_upsample
-from xbench.models.saliency import normalise
+from xbench.geometry.maps import normalise
 from timing import best_seconds
 
 NATIVE_MAP, NATIVE_IMAGE = (320, 320), (2320, 2828)

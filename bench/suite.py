@@ -59,7 +59,7 @@ from xbench.data.phantom import Phantom, generate_phantom  # noqa: E402
 from xbench.data.transforms import resize_image  # noqa: E402
 from xbench.findings import PAPER_CLASSES  # noqa: E402
 from xbench.metrics import GroundingMetrics  # noqa: E402
-from xbench.models.saliency import normalise, place_in_frame, whole_frame  # noqa: E402
+from xbench.geometry.maps import normalise, place_in_frame, whole_frame  # noqa: E402
 
 #: A file like each dataset's own to time its reader: format, height x width, bits (its split's size:
 #: xbench.costs.SPLIT_IMAGES).

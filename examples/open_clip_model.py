@@ -29,7 +29,7 @@ from torch import Tensor
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.saliency import patch_text_similarity
 
 

@@ -26,8 +26,8 @@ from pydicom.uid import (
 )
 
 from xbench.data.phantom import generate_phantom
-from xbench.models.saliency import normalise, place_in_frame, whole_frame
-from xbench.reporting.folder import find_result_folders
+from xbench.geometry.maps import normalise, place_in_frame, whole_frame
+from xbench.results.folder import find_result_folders
 from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
@@ -70,6 +70,7 @@ def offline_wandb(tmp_path_factory):
     patch.setenv("WANDB_MODE", "offline")
     root = tmp_path_factory.mktemp("wandb")
     for name in ("DIR", "DATA_DIR", "CACHE_DIR", "CONFIG_DIR", "ARTIFACT_DIR"):
+        (root / name.lower()).mkdir()  # as a user's are: W&B warns of a missing WANDB_DIR as a missing git root
         patch.setenv(f"WANDB_{name}", str(root / name.lower()))
     yield
     patch.undo()
@@ -296,7 +297,7 @@ def run_args(model: str, data: str, root: Path, results: Path, *extra: str, imag
         "--config", str(CONFIGS / "models" / f"{model}.yaml"),
         "--config", str(CONFIGS / "data" / f"{data}.yaml"),
         "--data.root", str(root), *size, "--data.num_workers", "0",
-        "--model.results_dir", str(results), "--trainer.enable_progress_bar", "false",
+        "--results.folder", str(results), "--trainer.enable_progress_bar", "false",
         *extra,
     ]
 

@@ -17,8 +17,9 @@ from xbench.cli import error_line
 from xbench.data import base, io, transforms
 from xbench.data.cache import CacheDamagedError, CachedDataset
 from xbench.data.chestx_det10 import ChestXDet10
-from xbench.data.io import CodedImage, read_coded, read_image
-from xbench.models.preprocess import Preprocess
+from xbench.data.io import read_coded, read_image
+from xbench.geometry.image import CodedImage
+from xbench.geometry.preprocess import Preprocess
 from xbench.test import main
 
 ENTRIES = [

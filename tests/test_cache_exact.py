@@ -31,9 +31,10 @@ from pydicom.sequence import Sequence
 import xbench.models
 from conftest import real_file, write_dicom
 from xbench.data.chestx_det10 import ChestXDet10
-from xbench.data.io import CodedImage, read_coded
+from xbench.data.io import read_coded
+from xbench.geometry.image import CodedImage
 from xbench.models.base import XBenchModel
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 
 #: The input side the open_clip models read from their loaded weights: 224 for every checkpoint
 #: XBench ships configs for (CLIP ViT-B/16 and ViT-B/32, BiomedCLIP).
@@ -45,7 +46,9 @@ BATCH_KEYS = ("model_input", "window", "image", "masks", "has_mask", "labels", "
 
 
 def _subclasses(cls: type) -> list[type]:
-    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+    """XBench's own subclasses of ``cls`` (not a test's, which another test module may have defined)."""
+    found = [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+    return [sub for sub in found if sub.__module__.startswith("xbench.")]
 
 
 def _published_processors() -> list[Preprocess]:

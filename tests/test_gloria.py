@@ -31,7 +31,7 @@ def small_model(small_folder):
 
 
 def load(folder, classes=CLASSES, **kwargs) -> GLoRIA:
-    model = GLoRIA(checkpoint_dir=str(folder), results_dir=None, **kwargs)
+    model = GLoRIA(checkpoint_dir=str(folder), **kwargs)
     model.build(classes)
     return model.eval()
 

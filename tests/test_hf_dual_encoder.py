@@ -20,7 +20,7 @@ from transformers import AutoImageProcessor
 from conftest import assert_bf16_mixed_close_to_fp32
 from xbench.data.io import read_image
 from xbench.models.hf_dual_encoder import HFDualEncoder, processor_preprocess
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.random_weights import HF_DUAL_ENCODERS, write_hf_dual_encoder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "parity"))
@@ -50,7 +50,7 @@ def folders(tmp_path_factory):
 
 
 def load(folder, classes=CLASSES, **kwargs) -> HFDualEncoder:
-    model = HFDualEncoder(str(folder), results_dir=None, **kwargs)
+    model = HFDualEncoder(str(folder), **kwargs)
     model.build(classes)
     return model.eval()
 

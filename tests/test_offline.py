@@ -66,7 +66,7 @@ def test_import_and_a_tiny_run_touch_no_network(tmp_path):
               "--config", {str(REPO / "lightning_configs/data/phantom.yaml")!r},
               "--data.root", {str(tmp_path / "phantom")!r}, "--data.num_images", "3", "--data.native_size", "48",
               "--data.image_size", "32", "--data.num_workers", "0", "--trainer.enable_progress_bar", "false",
-              "--model.results_dir", {str(tmp_path / "results")!r}])
+              "--results.folder", {str(tmp_path / "results")!r}])
         print("RUN DONE")
         """,
         tmp_path,

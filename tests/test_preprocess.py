@@ -13,15 +13,8 @@ from torchvision import transforms as T
 from conftest import real_file
 from xbench.data.io import read_image
 from xbench.data.phantom import Phantom
-from xbench.models.preprocess import (
-    CXR_MAE_MEAN,
-    CXR_MAE_STD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    Preprocess,
-    area_resize,
+from xbench.geometry.preprocess import (
+    CXR_MAE_MEAN, CXR_MAE_STD, IMAGENET_MEAN, IMAGENET_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess, area_resize,
     equalize_histogram,
 )
 

@@ -87,7 +87,7 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     folder = only_folder(suite_dir / "results")
     assert folder.name.startswith("randomsaliency__phantom__")
     config = json.loads((folder / "metrics.json").read_text())["config"]
-    assert config["data"]["init_args"]["image_size"] == 32 and config["model"]["init_args"]["results_dir"] == "results"
+    assert config["data"]["init_args"]["image_size"] == 32 and config["results"]["folder"] == "results"
 
     # a re-run skips the pair that has results, unless forced or its settings differ
     found = statuses(suite_dir / "suite.yaml")

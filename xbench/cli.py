@@ -24,8 +24,10 @@ QUIET_WARNINGS = (
     (".*anonymous.*", UserWarning),  # W&B's anonymous-setting deprecation
     (".*", DeprecationWarning),  # jsonargparse's and others' API deprecations
 )
-#: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement).
-QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+#: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement, its devices,
+#: "Seed set to 0": the seed is in the run's config).
+QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.fabric.utilities.seed")
 
 
 #: Lines of jsonargparse's report that are its structure, not a reason.
@@ -107,6 +109,7 @@ def run(main: Callable[[], object], name: str) -> None:
         sys.argv.remove(DEBUG_FLAG)
     if not debug:
         quiet_notices()
+        warnings.formatwarning = lambda message, category, *_, **__: f"{name}: warning: {message}\n"
     return_large_frees_to_the_system()
     try:
         status = main()

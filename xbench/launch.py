@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from xbench.costs import longest_first
-from xbench.reporting.folder import find_result_folders
+from xbench.results.folder import find_result_folders
 
 LAUNCHERS = ("local", "slurm")
 #: The folder under ``results_dir`` of each launch's logs and outcome files (hidden: not results).

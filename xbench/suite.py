@@ -57,13 +57,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from xbench import costs
 from xbench.cli import run
-from xbench.data.annotation_files import read_json, read_yaml
+from xbench.console import print_table
+from xbench.files import read_json, read_yaml
 from xbench.launch import LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders
-from xbench.reporting.folder import METRICS, SCHEMA
+from xbench.results.folder import METRICS, MODEL_OUTPUT_OPTIONS, SCHEMA
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets", "slurm"}
 #: How pairs map to processes; the first is the default.
@@ -209,7 +209,7 @@ def run_arguments(suite: Suite, pair: Pair) -> list[str]:
     args = [arg for entry in (pair.model, pair.dataset) for path in entry.configs for arg in ("--config", str(path))]
     for key, value in _settings(suite, pair).items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    return args + ["--model.results_dir", str(suite.results_dir)]
+    return args + ["--results.folder", str(suite.results_dir)]
 
 
 def _class(section: dict, where: str):
@@ -252,7 +252,8 @@ def _resolved(cls, section: dict) -> dict[str, Any]:
     """The section's class and init arguments with its defaults filled in, as JSON would hold them
     (a saved config is fully resolved), minus where results go."""
     init_args = {**_defaults(cls), **(section.get("init_args") or {})}
-    init_args.pop("results_dir", None)
+    for option in MODEL_OUTPUT_OPTIONS:
+        init_args.pop(option, None)
     return json.loads(json.dumps({"class_path": section.get("class_path"), "init_args": init_args}, default=str))
 
 
@@ -356,14 +357,9 @@ STATUS_TEXT = {"run": "[green]run", "done": "[dim]skip: results exist", "missing
 OUTCOME_TEXT = {"ok": "[green]ok", "failed": "[red]failed", "not run": "[red]not run"}
 
 
-def print_table(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
-    table = Table(title=title, title_style="bold", show_lines=False)
-    for column in ("#", "Model", "Dataset", "Status"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("Path / detail", overflow="fold")
-    for i, row in enumerate(rows, start=1):
-        table.add_row(str(i), *row)
-    console.print(table)
+def print_pairs(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
+    print_table(console, title, ("#", "Model", "Dataset", "Status", "Path / detail"),
+                [(str(i), *row) for i, row in enumerate(rows, start=1)], labels=5, fold=(4,))
 
 
 def jobs(suite: Suite, to_run: list[Pair], mode: str) -> list[Job]:
@@ -411,7 +407,7 @@ def main(args: list[str] | None = None) -> int:
     pairs = plan(suite, force=options.force)
     to_run = [p for p in pairs if p.status == "run"]
     where = "SLURM" if options.launcher == "slurm" else f"{options.devices} at once" if options.devices > 1 else "here"
-    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run, {mode}, {where}",
+    print_pairs(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run, {mode}, {where}",
                 [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
     if options.launcher == "slurm" and suite.slurm is not None:
         console.print(f"Each SLURM job: {describe(suite.slurm)}", highlight=False)
@@ -423,7 +419,7 @@ def main(args: list[str] | None = None) -> int:
                       suite.slurm) if to_run else []
     done = {id(pair): (OUTCOME_TEXT[status], detail) for pair, status, detail in outcomes}
     rows = [(p.model.label, p.dataset.label, *done.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
-    print_table(console, "Suite results", rows)
+    print_pairs(console, "Suite results", rows)
     if absent:
         console.print(f"[red]{options.config} names config files that do not exist: {', '.join(absent)}; their pairs did "
                       "not run. Correct the paths in the suite file.")

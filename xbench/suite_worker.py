@@ -20,15 +20,11 @@ import sys
 import time
 import traceback
 
-# xbench.test (Lightning) before rich: rich makes a Union[float, int, None], and Python's cache of
-# equal Unions would hand it to the Trainer's signature in place of Union[int, float, None], so that
-# jsonargparse read `--trainer.limit_test_batches 1` as 1.0 (every batch) instead of one batch.
-from xbench.test import LoadedModel, run_test  # isort: skip
-
 from lightning.pytorch import Callback
 from rich.console import Console
 
 from xbench.cli import error_line, quiet_notices, return_large_frees_to_the_system, run
+from xbench.test import LoadedModel, run_test
 
 NAME = "xbench-test"  # what a failed pair's line starts with, as in a pair's own process
 #: How often a running pair notes its images done.
@@ -63,7 +59,7 @@ def run_jobs(request: dict) -> int:
             record(job, "started")
             progress = ImagesDone(lambda images, job=job: record(job, "progress", images=images))
             try:
-                model = run_test(job["args"], loaded, callbacks=[progress])
+                _, path = run_test(job["args"], loaded, callbacks=[progress])
             except Exception as error:  # noqa: BLE001 -- a pair's failure is reported; the next pair runs
                 if os.environ.get("XBENCH_DEBUG") == "1":
                     traceback.print_exc()
@@ -72,7 +68,6 @@ def run_jobs(request: dict) -> int:
                 record(job, "failed", line, progress.images)
                 failed = True
                 continue
-            path = model.results_path
             record(job, "ok", str(path) if path is not None else "(no results folder written)", progress.images)
     return 1 if failed else 0
 

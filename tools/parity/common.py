@@ -272,7 +272,7 @@ def xbench_class(model: str):
 def build_xbench(model: str, folder: Path):
     """XBench's model of ``model`` on the checkpoint folder, as its config builds it, writing no results
     (``trainer.test`` builds its text side for the datamodule's classes)."""
-    options = {"checkpoint_dir": str(folder), "results_dir": None}
+    options = {"checkpoint_dir": str(folder)}
     if model.startswith("kad-"):
         options["variant"] = int(model.removeprefix("kad-"))
     if model == "chexzero" and (Path(folder) / CHEXZERO_ARCH).is_dir():
@@ -289,7 +289,7 @@ def differences(model: str, found: dict[str, np.ndarray], expected: dict[str, np
     the largest raw-map difference, the largest window difference and, where the golden keeps it,
     the upsampled map (the raw map upsampled onto the model's input by ``map_upsample``, the model's
     rule -- for KAD, whose input is the whole frame, its placement in the frame itself)."""
-    from xbench.models.saliency import place_in_frame
+    from xbench.geometry.maps import place_in_frame
 
     tolerance = TOLERANCES[model]
     golden_maps = expected["maps"]

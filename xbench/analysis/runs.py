@@ -1,6 +1,6 @@
 """Results folders read back as tensors, and runs grouped by dataset for paired analyses.
 
-A results folder (``xbench.reporting.results``) keeps one row per (image, class) in
+A results folder (``xbench.results.write``) keeps one row per (image, class) in
 ``pairs.csv.gz``: the label and logit, and for graded pairs ``|R|``, the Pointing Game hit, the
 CNR and the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
 
@@ -20,7 +20,10 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns, read_results, read_table
+from xbench.results.folder import (
+    METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
+    read_results, read_table,
+)
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
 PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit", "cnr",
@@ -50,7 +53,8 @@ class Run:
     dataset: str
     classes: tuple[str, ...]
     image_size: int
-    #: ``{"class_path", "init_args"}`` of the model without ``results_dir``: what makes two runs the same model.
+    #: ``{"class_path", "init_args"}`` of the model (output options of older folders aside): what makes
+    #: two runs the same model.
     model_config: dict
     image_ids: tuple[str, ...]  # sorted
     labels: Tensor  # int64 [N, C]: 1, 0, -1 unknown
@@ -141,7 +145,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         image_size=int(metrics["data"]["image_size"]),
         model_config={
             "class_path": model_section["class_path"],
-            "init_args": {k: v for k, v in model_section.get("init_args", {}).items() if k != "results_dir"},
+            "init_args": {k: v for k, v in model_section.get("init_args", {}).items() if k not in MODEL_OUTPUT_OPTIONS},
         },
         image_ids=tuple(image_ids.tolist()),
         labels=torch.from_numpy(labels.astype(np.int64)),
@@ -231,8 +235,7 @@ def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[Data
 
     Runs on one dataset must cover the same image ids with the same classes (the paired
     bootstrap resamples images shared by all models). A validation run belongs to the test run of
-    the same dataset and the same model configuration (class path and init args, ``results_dir``
-    aside); its images must not overlap the test images.
+    the same dataset and the same model configuration (class path and init args); its images must not overlap the test images.
     """
     by_dataset: dict[str, list[Run]] = {}
     for run in runs:

@@ -1,11 +1,12 @@
 """The analysis settings and their command-line options, shared by ``xbench.analyze`` and
-``xbench.report``. Free of torch, so that a CLI parses its arguments before loading anything heavy.
-"""
+``xbench.report``."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+
+from xbench.metrics.bootstrap import CONFIDENCE, REPLICATES, SEED
 
 #: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
 DEFAULT_SIZE_BINS = (0.01, 0.1)
@@ -20,9 +21,9 @@ class Settings:
     queries: analyse a phrase dataset's (image, query) pairs of this view (``query``: as each model
     grounds a phrase; ``finding_name``: by the finding's name) in place of its (image, class) pairs."""
 
-    replicates: int = 1000
-    seed: int = 0
-    confidence: float = 0.95
+    replicates: int = REPLICATES
+    seed: int = SEED
+    confidence: float = CONFIDENCE
     folds: int = 5
     size_bins: tuple[float, ...] = field(default=DEFAULT_SIZE_BINS)
     queries: str | None = None

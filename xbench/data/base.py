@@ -24,10 +24,11 @@ out). Class-level datasets carry none of these keys.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 import shutil
 import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -52,15 +53,17 @@ from xbench.data.cache import (
     folder_size,
     quantise,
 )
-from xbench.data.io import CodedImage, read_coded
+from xbench.data.io import read_coded
 from xbench.data.queries import query_fields
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
+from xbench.geometry import image as coded_image
+from xbench.geometry.image import CodedImage
+from xbench.geometry.preprocess import Preprocess
 
 if TYPE_CHECKING:
     from xbench.data.queries import Query
-    from xbench.models.preprocess import Preprocess
 
 
 #: The smallest and largest side of the square metric frame (``image_size``): a one-pixel frame
@@ -182,7 +185,7 @@ class XBenchDataset(Dataset):
 
 
 #: The code that decides the cached pixels; its source is part of the cache's fingerprint.
-PIXEL_CODE = (io, regions, transforms, augment, cache, queries, XBenchDataset)
+PIXEL_CODE = (io, coded_image, regions, transforms, augment, cache, queries, XBenchDataset)
 
 
 class ModelInputDataset(Dataset):
@@ -203,7 +206,7 @@ class ModelInputDataset(Dataset):
         return record
 
 
-class XBenchDataModule(L.LightningDataModule):
+class XBenchDataModule(L.LightningDataModule, ABC):
     """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
 
     Subclasses set ``name`` and implement :meth:`index`, which reads the annotation files, checks that
@@ -302,9 +305,9 @@ class XBenchDataModule(L.LightningDataModule):
     def supported_classes(cls) -> tuple[str, ...]:
         return tuple(dict.fromkeys(cls.spelling_table().values()))
 
+    @abstractmethod
     def index(self) -> list[Sample]:
         """Read the annotation files into samples (stable order); check image files exist."""
-        raise NotImplementedError
 
     def require(self, path: Path, what: str) -> Path:
         """``path`` if it exists, else an error that says what was expected where."""

@@ -8,7 +8,7 @@ the classes that have a region on the image (and a phrase dataset's query masks,
 first run writes, per split and setting, memory-mapped files and an index; later runs of any model
 read them, and each model's own transform runs on the native image read back.
 
-The native image is kept as it is decoded (:class:`xbench.data.io.CodedImage`): its integer codes
+The native image is kept as it is decoded (:class:`xbench.geometry.image.CodedImage`): its integer codes
 at native resolution and the float32 grey level of each code. Without the cache the image is the
 same look-up of the same codes and levels, so a model's input is identical bit for bit with and
 without the cache. An augmented image has no such codes: it is kept as float32, also exact. The
@@ -37,7 +37,6 @@ import inspect
 import json
 import os
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,8 +48,9 @@ from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from xbench import __version__
-from xbench.data.io import CodedImage
+from xbench.geometry.image import CodedImage
 from xbench.data.queries import query_fields
+from xbench.files import staging_folder
 
 FORMAT = 4
 IMAGE_LEVELS = 65535
@@ -183,8 +183,7 @@ def _collate_records(records: list[tuple[dict, CodedImage | np.ndarray]]) -> tup
 def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int, num_workers: int) -> None:
     """Decode every sample of ``dataset`` (an ``XBenchDataset``, in DataLoader workers) into
     ``folder``, atomically."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    staging = staging_folder(folder.parent, folder.name)
     try:
         count, pixels = len(dataset), image_size * image_size
         rows_of = mask_rows(dataset.samples, dataset.classes)

@@ -12,7 +12,7 @@ import os
 from collections import defaultdict
 from typing import Literal
 
-from xbench.data.annotation_files import read_json
+from xbench.files import read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import finding_key

@@ -21,7 +21,8 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
-from xbench.data.annotation_files import open_text, read_csv_rows
+from xbench.data.annotation_files import read_csv_rows
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.io import files_by_stem
 from xbench.data.regions import Boxes, GridBoxes

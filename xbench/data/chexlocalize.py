@@ -21,7 +21,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from xbench.data.annotation_files import open_text, read_json
+from xbench.files import open_text, read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key

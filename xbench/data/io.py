@@ -1,10 +1,10 @@
 """Reading radiographs: every loader goes through :func:`read_coded` (or :func:`read_image`).
 
-A decoded radiograph is a :class:`CodedImage`: integer codes at the file's native resolution (its
+A decoded radiograph is a :class:`~xbench.geometry.image.CodedImage`: integer codes at the file's native resolution (its
 stored pixel values; for colour-stored grey the channel sum) and the grey level in [0, 1] of every
 possible code, made by running the pointwise decoding arithmetic (scaling; a DICOM's modality LUT,
 VOI LUT or window, clipping, MONOCHROME1 inversion) on the codes themselves. The float image is
-always ``levels[codes]`` (:meth:`CodedImage.to_float`), whether it comes from the file or from the
+always ``levels[codes]`` (``CodedImage.to_float``), whether it comes from the file or from the
 decoded-image cache, which stores codes and levels: the two agree bit for bit by construction.
 
 PNG and JPEG go through Pillow; DICOM through pydicom, with JPEG Baseline decoded by Pillow and
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pydicom
 from PIL import Image, UnidentifiedImageError
@@ -26,6 +24,8 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGBaseline8Bit
+
+from xbench.geometry.image import CodedImage
 
 DICOM_SUFFIXES = (".dcm", ".dicom")
 
@@ -40,33 +40,6 @@ CODECS = {
 
 class ImageReadError(OSError):
     """An image file exists but cannot be decoded."""
-
-
-@dataclass(frozen=True, eq=False)
-class CodedImage:
-    """A grey radiograph as ``codes`` (uint8 or uint16 [H, W]) and ``levels`` (float32 [K], every
-    code below K): the image is ``levels[codes]``. Any pointwise function of the image is that
-    function of ``levels`` looked up by the codes (:meth:`look_up`), element for element."""
-
-    codes: np.ndarray
-    levels: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.codes.shape
-
-    def to_float(self) -> np.ndarray:
-        """The image, float32 [H, W] in [0, 1]."""
-        return self.look_up(self.levels)
-
-    def look_up(self, table: np.ndarray) -> np.ndarray:
-        """``table[codes]``: OpenCV's table look-up for 8-bit codes (several times faster than
-        numpy's), numpy indexing for 16-bit codes; a look-up either way, no arithmetic."""
-        if self.codes.dtype == np.uint8:
-            padded = np.zeros(256, dtype=table.dtype)  # cv2.LUT takes exactly 256 entries
-            padded[: len(table)] = table[:256]
-            return cv2.LUT(self.codes, padded)
-        return table[self.codes]
 
 
 def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> dict[str, Path]:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from xbench.data.annotation_files import open_text, read_csv_rows, split_file_path
+from xbench.data.annotation_files import read_csv_rows, split_file_path
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.queries import Query
 from xbench.data.regions import Boxes, GridBoxes

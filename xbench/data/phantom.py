@@ -13,14 +13,13 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from xbench.cache import cache_root
-from xbench.reporting.folder import follow_umask
+from xbench.files import staging_folder
 from xbench.data.chestx_det10 import ChestXDet10
 
 #: class key -> (raw ChestX-Det10 spelling, lesion radius range as a fraction of the image side)
@@ -82,10 +81,8 @@ def _radiograph(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[s
 def generate_phantom(root: Path, num_images: int, size: int, seed: int) -> None:
     """Write ``test.json`` and ``test_data/*.png`` under ``root`` (atomically: all or nothing)."""
     root = Path(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    staging = staging_folder(root.parent, root.name)
     try:
-        follow_umask(staging, folder=True)
         (staging / "test_data").mkdir()
         rng = np.random.default_rng(seed)
         entries = []

@@ -28,7 +28,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Literal
 
-from xbench.data.annotation_files import open_text, read_csv_rows
+from xbench.data.annotation_files import read_csv_rows
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes, MajorityVote
 from xbench.findings import SPELLINGS, finding_key

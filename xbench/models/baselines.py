@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from xbench.data.augment import sample_seed
+from xbench.seeds import sample_seed
 from xbench.models.base import XBenchModel
 
 

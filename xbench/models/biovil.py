@@ -41,12 +41,12 @@ import torchvision
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, BertTokenizer
 
-from xbench.data.io import CodedImage
+from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
-from xbench.models.gpu import float32
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import PromptPairs, require_files
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"

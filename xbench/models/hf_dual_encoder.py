@@ -10,7 +10,7 @@ looked up on a hub), and runs the model as transformers defines it:
   loading report (nothing missing, reshaped or left over but the ``position_ids`` buffers older
   versions saved).
 - **Input**: the image processor the folder's ``preprocessor_config.json`` makes, translated into a
-  :class:`~xbench.models.preprocess.Preprocess` (:func:`processor_preprocess`): resize rule and size,
+  :class:`~xbench.geometry.preprocess.Preprocess` (:func:`processor_preprocess`): resize rule and size,
   centre crop (offset floored, as transformers crops), filter, the processor's own 8-bit resize
   (torchvision's antialiased one for transformers' default processors since version 5, PIL for the
   PIL ones), mean/std. A setting a ``Preprocess`` cannot state is an error, never approximated.
@@ -47,8 +47,8 @@ from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
 from xbench.models.clip import OpenClipDualEncoder, Saliency
-from xbench.models.gpu import float32
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import load_pretrained, require_files
 
 #: ``config.json``'s ``model_type`` -> the transformers class and how it scores a finding.

@@ -53,14 +53,14 @@ from safetensors import safe_open
 from PIL import Image
 from torch import Tensor
 
-from xbench.data.annotation_files import open_text
+from xbench.files import open_text
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.grounding import FIXED_TAU_INDEX
 from xbench.metrics.native import native_pair_scores
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
-from xbench.models.saliency import place_in_frame, whole_frame
+from xbench.geometry.maps import place_in_frame, whole_frame
 
 Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]
 PROBABILITY_CLAMP = 1e-7

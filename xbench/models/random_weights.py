@@ -32,7 +32,7 @@ from xbench.models.carzero import (
 from xbench.models.chexzero import CHECKPOINT_FILE as CHEXZERO_FILE
 from xbench.models.mavl import ASPECTS, MAVLNet
 from xbench.models.medklip import COVID_ENTITY, ENTITIES, MedKLIPNet
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokeniz
 from transformers.utils import logging as hf_logging
 
 from xbench.cache import cache_root
+from xbench.files import atomic_write
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -166,10 +165,8 @@ def bert_cls_embeddings(
             chunks.append(output.last_hidden_state[:, 0].float())
     embeddings = torch.cat(chunks).contiguous()
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-    os.close(handle)
-    save_file({"embeddings": embeddings}, temporary)
-    os.replace(temporary, cache_file)  # atomic: parallel processes write the same bytes
+    # atomic: parallel processes write the same bytes
+    atomic_write(cache_file, lambda path: save_file({"embeddings": embeddings}, str(path)))
     return embeddings
 
 

@@ -22,8 +22,8 @@ from PIL import Image
 from torch import Tensor
 from torchvision.transforms import InterpolationMode
 
-from xbench.data.io import CodedImage
-from xbench.models.gpu import float32
+from xbench.geometry.image import CodedImage
+from xbench.geometry.precision import float32
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -61,7 +61,7 @@ class Preprocess:
     on the decoded native-aspect image.
 
     Calling it on a native grey image [H, W] in [0, 1] (float32, or a
-    :class:`~xbench.data.io.CodedImage`, which gives the same result bit for bit: every step
+    :class:`~xbench.geometry.image.CodedImage`, which gives the same result bit for bit: every step
     before the resize is pointwise, so it runs on the code's levels) and the metric frame's side
     ``frame`` returns the model's input [3, size, size] and the window (top, left, height, width) that the
     input covers, in frame pixels (the frame is the whole radiograph squashed to frame x frame).

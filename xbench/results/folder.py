@@ -1,20 +1,16 @@
-"""The layout of a results folder (file names, schema), reading it back, and the atomic write
-every output file of XBench goes through.
+"""The layout of a results folder (file names, schema) and reading it back.
 
-Kept apart from the writer (``results.py``) and free of torch, so that the report and the suite
-start quickly.
+Kept apart from the writer (:mod:`xbench.results.write`) and free of torch, so that the suite
+starts quickly.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from xbench.data.annotation_files import read_json
+from xbench.files import read_json
 
 SCHEMA = "xbench.results/2"
 METRICS = "metrics.json"
@@ -23,6 +19,9 @@ OVERLAYS = "overlays.npz"
 DAMAGED = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
 PAIRS = "pairs.csv.gz"
 QUERIES = "queries.csv.gz"
+#: Where the output went, not which model ran: options that folders written before the output
+#: became a callback (``xbench.reporting.writer``) record among the model's ``init_args``.
+MODEL_OUTPUT_OPTIONS = ("results_dir", "overlay_pairs")
 
 
 def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:
@@ -86,24 +85,6 @@ def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
         raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {DAMAGED}") from None
 
 
-def current_umask() -> int:
-    """The process's file-mode creation mask, read without changing it (``os.umask`` can only read
-    it by setting it, a moment in which another thread's new file would get the wrong mode)."""
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
-    except (OSError, StopIteration, ValueError):  # not Linux, or a kernel before 4.7
-        mask = os.umask(0o022)
-        os.umask(mask)
-        return mask
-
-
-def follow_umask(path: Path, folder: bool = False) -> None:
-    """Give ``path`` the mode a plain ``open`` or ``mkdir`` would have: ``tempfile`` makes files
-    0600 and folders 0700, unreadable to the group a user shares results with."""
-    os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
-
-
 def read_table(path: Path, **options):
     """``pandas.read_csv`` of a results table (``pairs.csv.gz``, ``queries.csv.gz``); a truncated,
     damaged or foreign file is an error naming it."""
@@ -113,29 +94,3 @@ def read_table(path: Path, **options):
         return pd.read_csv(path, **options)
     except Exception as error:  # noqa: BLE001 -- gzip, zlib, pandas' parser and codecs each raise their own
         raise ValueError(f"{path} cannot be read ({type(error).__name__}: {error}); {DAMAGED}") from None
-
-
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write`` on a temporary file beside ``path``, then rename it to ``path`` (with the mode
-    the user's umask gives a new file).
-
-    A reader never sees a half-written file: an interrupted write leaves the old file (or none). A
-    failed write (a full disk, a file-size limit) is an error naming ``path``.
-    """
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(descriptor)
-    try:
-        write(Path(temporary))
-        follow_umask(Path(temporary))
-        os.replace(temporary, path)
-    except OSError as error:
-        Path(temporary).unlink(missing_ok=True)
-        if error.filename is not None or str(path) in str(error):
-            raise
-        raise OSError(error.errno, f"{error.strerror or error}: writing {path} failed (a full disk, a quota or a "
-                                   "file-size limit such as `ulimit -f`?); free space or lift the limit and "
-                                   "run again") from error
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -20,6 +20,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+#: The defaults of every interval: bootstrap replicates, their level, and the seed of the random
+#: streams (``xbench.analyze``'s and ``xbench.report``'s options start from them; a phrase run's
+#: own intervals use them).
+REPLICATES = 1000
+CONFIDENCE = 0.95
+SEED = 0
+
 
 def random_stream(seed: int, dataset: str, purpose: str) -> np.random.Generator:
     """The generator for one (dataset, purpose): ``"test"``, ``"validation"`` or ``"folds"``."""
