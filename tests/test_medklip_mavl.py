@@ -18,7 +18,7 @@ from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
 from conftest import assert_bf16_mixed_close_to_fp32, run_args
-from xbench.findings import FINDINGS, PAPER_CLASSES
+from xbench.findings import OWN_FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
 from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
 from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, entity_book
@@ -109,7 +109,7 @@ def mavl_texts(entity: str) -> list[str]:
 
 def test_every_finding_has_entities_in_the_vocabulary():
     assert len(ENTITIES) == 75 == len(set(ENTITIES))
-    assert set(FINDINGS) <= set(CLASS_ENTITIES)
+    assert OWN_FINDINGS <= set(CLASS_ENTITIES)
     assert {key for keys in PAPER_CLASSES.values() for key in keys} <= set(CLASS_ENTITIES)
     for entities in CLASS_ENTITIES.values():
         assert entities and set(entities) <= {*ENTITIES, COVID_ENTITY}
