@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from xbench.metrics.bootstrap import CONFIDENCE, REPLICATES, SEED
 
-#: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
+#: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (docs/analyses.md, "Lesion-size strata").
 DEFAULT_SIZE_BINS = (0.01, 0.1)
 #: The views of a phrase dataset's queries in ``queries.csv.gz``.
 QUERY_VIEWS = ("query", "finding_name")

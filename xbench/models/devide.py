@@ -126,7 +126,7 @@ class DeViDe(QueryDecoderModel):
     def load_weights(self) -> None:
         warnings.warn(
             "DeViDe: the checkpoint layout, prompts and preprocessing are XBench's provisional choices "
-            "(KAD's), not confirmed by its authors; see the README",
+            "(KAD's), not confirmed by its authors; see docs/models/devide.md",
             stacklevel=2,
         )
         super().load_weights()
