@@ -144,7 +144,7 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
         for left in range(0, pixels, columns):
             right = min(left + columns, pixels)
             count = stop - start
-            r, e, c, inside_float, block_codes, *weights = (
+            r, e, c, inside_float, block_codes, e_wide, e_square = (
                 full if (count, right - left) == (rows, columns) else views(count, right - left))
             s, inside = flat_saliency[start:stop, left:right], flat_masks[start:stop, left:right]
             torch.mul(s, 100, out=r).round_()
@@ -155,17 +155,18 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
             if count > 1:
                 c.add_(offsets[:count])
             block_codes.copy_(c.view(-1))
-            if moments:
-                e_wide, e_square = weights
+            weighted = ()
+            if moments:  # e in float64: bincount and index_add_ sum in their weights' type
                 torch.mul(e_wide.copy_(e.view(-1)), e_wide, out=e_square)
+                weighted = ((sums[0], e_wide), (sums[1], e_square))
             if cuda:
                 hist[span].index_add_(0, block_codes, ones[: block_codes.numel()])
-                for total, weight in zip(sums, weights):
+                for total, weight in weighted:
                     total[span].index_add_(0, block_codes, weight)
             else:
                 length = count * _CODES_PER_PAIR
                 hist[span] += torch.bincount(block_codes, minlength=length)
-                for total, weight in zip(sums, weights):
+                for total, weight in weighted:
                     total[span] += torch.bincount(block_codes, weight, minlength=length)
     shape = (batch, classes, _CODES_PER_PAIR)
     if not moments:
