@@ -27,8 +27,8 @@ from xbench.analysis.settings import Settings
 from xbench.analyze import write_analysis
 from xbench.findings import PAPER_CLASSES
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS, PAIRS, SCHEMA
-from xbench.reporting.results import write_pairs
+from xbench.results.folder import METRICS, PAIRS, SCHEMA
+from xbench.results.write import write_pairs
 
 MODELS, IMAGES, CLASSES, IMAGE_SIZE = 7, 5000, 20, 224
 

@@ -5,7 +5,7 @@
 Writes a random CARZero in the authors' layout (a 0.9 GB ``CARZero_best_model.ckpt`` and the
 BioClinicalMPBERT ``config.json``/``vocab.txt`` geometry) to a temporary folder, builds the model
 through its public API as a run does, and times ``forward`` on a batch of 224x224 images for the
-first ``--classes`` ChestX-Det10 findings (the README's figure: 10 classes, batch 8). Prints the
+first ``--classes`` ChestX-Det10 findings (the figure in docs/performance.md: 10 classes, batch 8). Prints the
 best-of-``--repeats`` time per image of the whole forward and, timed alone, of its two parts: the
 ViT, and both cross-attention passes with the placing of the maps in the frame.
 """
@@ -22,7 +22,7 @@ import torch
 from xbench.findings import PAPER_CLASSES
 from xbench.models.carzero import GRID, CARZero
 from xbench.models.random_weights import write_carzero
-from xbench.models.saliency import place_in_frame
+from xbench.geometry.maps import place_in_frame
 from timing import best_seconds
 
 
@@ -42,7 +42,7 @@ def main() -> None:
         write_carzero(Path(folder), classes)
         written = time.perf_counter() - start
         start = time.perf_counter()
-        model = CARZero(checkpoint_dir=folder, results_dir=None)
+        model = CARZero(checkpoint_dir=folder)
         model.build(classes)
         built = time.perf_counter() - start
     model = model.to(device).eval()

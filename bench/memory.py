@@ -37,6 +37,7 @@ from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import PAPER_CLASSES
 from xbench.models.baselines import RandomSaliency
+from xbench.reporting.writer import ResultsWriter
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -159,9 +160,10 @@ def main() -> None:
         scratch = Path(scratch_name)
         data = SyntheticVinDr(args.images, args.graded, classes=classes, image_size=args.size, batch_size=args.batch)
         data.samples  # noqa: B018 -- the split's records, before the baseline
-        model = RandomSaliency(results_dir=str(scratch / "results"))
+        model = RandomSaliency()
         trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, use_distributed_sampler=False,
-                            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+                            enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                            callbacks=[ResultsWriter(str(scratch / "results"))])
 
         class LoopEnd(L.Callback):
             def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

@@ -5,7 +5,7 @@
 Prints, from one run: the update time for B=64, C=14, 224x224 maps at 101 thresholds (Pointing
 Game, Dice and IoU curves, CNR and the records: ``GroundingMetrics.update``) with its parts, a
 plain vectorised Dice at tau = 0.5 on the same tensors, and a brute-force loop that thresholds the
-batch 101 times, with the two ratios the README reports. The parts are timed on the same tensors
+batch 101 times, with the two ratios docs/performance.md reports. The parts are timed on the same tensors
 and told apart by difference: the counts (``threshold_counts``, the histogram pass), CNR (its sums
 in that pass, ``counts_and_moments`` less the counts), Pointing Game with the Dice and IoU curves
 (``grounding_records`` less ``counts_and_moments``) and the records (the update less
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from xbench.metrics import THRESHOLDS, GroundingMetrics, grounding_records
 from xbench.metrics.grounding import counts_and_moments, pair_scores, threshold_counts
 from xbench.metrics.native import native_upsample
-from xbench.models.saliency import normalise
+from xbench.geometry.maps import normalise
 from timing import best_seconds, best_seconds_each
 
 NATIVE_MAP, NATIVE_IMAGE = (320, 320), (2320, 2828)

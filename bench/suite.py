@@ -2,7 +2,7 @@
 machine, from measured parts, in both suite modes.
 
     python bench/suite.py [--device cuda] [--models clip medklip ...] [--images 24] [--batch 8]
-                          [--workers 2] [--precision bf16-mixed] [--quick]
+                          [--loader-workers 2] [--workers 1 8] [--precision bf16-mixed] [--quick]
 
 Measured here, each on its own:
 
@@ -25,7 +25,10 @@ Measured here, each on its own:
 The projection: decoding once, plus for every model and dataset the images at the measured rate
 (plus the per-pair cost for the dataset's classes), plus the fixed part: per model mode one process
 start and one load per model and one run cost per pair; per pair mode a start, a load and a run
-cost for every pair. ``--quick`` measures the two baselines (no network) on a few small images and
+cost for every pair. On N devices (``--workers N``, as ``xbench.suite --devices N`` or a cluster with
+N free GPUs runs it) the jobs -- a model's pairs per model, a pair per pair -- start longest first,
+each on the first device free, and the wall time is when the last ends, plus the decoding (as if
+done before, an upper bound). ``--quick`` measures the two baselines (no network) on a few small images and
 the cheap formats only: a check that the script runs, not a measurement.
 """
 
@@ -44,31 +47,30 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import write_dicom  # noqa: E402  (the one DICOM writer, shared with the tests)
-from loading import radiograph_like  # noqa: E402
+from loading import write_like  # noqa: E402
 from throughput import BUILDERS, PAPER_MODELS, duration, measure  # noqa: E402
 from timing import best_seconds  # noqa: E402
 
+from xbench.costs import IMAGES_PER_SECOND, SPLIT_IMAGES  # noqa: E402
 from xbench.data.io import read_image  # noqa: E402
 from xbench.data.phantom import Phantom, generate_phantom  # noqa: E402
 from xbench.data.transforms import resize_image  # noqa: E402
 from xbench.findings import PAPER_CLASSES  # noqa: E402
 from xbench.metrics import GroundingMetrics  # noqa: E402
-from xbench.models.saliency import normalise, place_in_frame, whole_frame  # noqa: E402
+from xbench.geometry.maps import normalise, place_in_frame, whole_frame  # noqa: E402
 
-#: The benchmark split's images per dataset (README, "Split sizes against the paper"), and a file
-#: like the dataset's own to time its reader: format, height x width, bits.
-DATASETS: dict[str, tuple[int, str, tuple[int, int], int]] = {
-    "rsna": (5337, "dicom", (1024, 1024), 8),
-    "siim": (2264, "dicom-jpeg", (1024, 1024), 8),
-    "covid_rural": (45, "jpeg", (2000, 2000), 8),
-    "chestx_det10": (542, "png", (1024, 1024), 8),
-    "chexlocalize": (668, "jpeg", (2828, 2320), 8),
-    "chestxray14": (880, "png", (1024, 1024), 8),
-    "vindr": (3000, "dicom-j2k", (2800, 2400), 16),
+#: A file like each dataset's own to time its reader: format, height x width, bits (its split's size:
+#: xbench.costs.SPLIT_IMAGES).
+DATASETS: dict[str, tuple[str, tuple[int, int], int]] = {
+    "rsna": ("dicom", (1024, 1024), 8),
+    "siim": ("dicom-jpeg", (1024, 1024), 8),
+    "covid_rural": ("jpeg", (2000, 2000), 8),
+    "chestx_det10": ("png", (1024, 1024), 8),
+    "chexlocalize": ("jpeg", (2828, 2320), 8),
+    "chestxray14": ("png", (1024, 1024), 8),
+    "vindr": ("dicom-j2k", (2800, 2400), 16),
 }
 PHANTOM_CLASSES = len(PAPER_CLASSES["chestx_det10"])
 FRAME = 224
@@ -109,6 +111,27 @@ def project(models: list[ModelCost], start: float, per_pair: float, decode: dict
     return Projection(decoding, fixed, images)
 
 
+def job_seconds(models: list[ModelCost], start: float, per_pair: float, mode: str,
+                datasets: dict[str, tuple[int, int]]) -> list[float]:
+    """Each job's seconds: per model, a process per model (its start, its load, its datasets); per
+    pair, a process per pair. Their sum is :func:`project`'s fixed part and images."""
+    jobs = []
+    for model in models:
+        pairs = [model.run + n * (model.per_image + (classes - PHANTOM_CLASSES) * per_pair) for n, classes in datasets.values()]
+        jobs += [start + model.load + sum(pairs)] if mode == "per-model" else [start + model.load + pair for pair in pairs]
+    return jobs
+
+
+def wall_seconds(jobs: list[float], workers: int) -> float:
+    """When the last job ends on ``workers`` devices, the jobs started longest first, each on the
+    first device free (as ``xbench.suite --devices N`` starts them)."""
+    ends = [0.0] * workers
+    for seconds in sorted(jobs, reverse=True):
+        first_free = ends.index(min(ends))
+        ends[first_free] += seconds
+    return max(ends)
+
+
 def process_start(repeats: int) -> float:
     """Wall seconds of a fresh interpreter importing ``xbench.test``, best of ``repeats``."""
     best = float("inf")
@@ -136,20 +159,6 @@ def pair_cost(device: torch.device, batch: int, repeats: int) -> float:
     one, many = (best_seconds(pipeline(c), device, repeats) for c in (1, 21))
     print(f"grounding pipeline, batch {batch}: {1e3 * one:.1f} ms at 1 class, {1e3 * many:.1f} ms at 21")
     return max(many - one, 0.0) / (20 * batch)
-
-
-def write_like(path: Path, kind: str, shape: tuple[int, int], bits: int, rng: np.random.Generator) -> Path:
-    pixels = radiograph_like(rng, *shape)
-    if kind.startswith("dicom"):
-        compression = {"dicom": None, "dicom-jpeg": "jpeg", "dicom-j2k": "j2k"}[kind]
-        extra = {"BitsStored": 12} if bits == 16 else {}
-        if bits == 16:  # 12 bits stored, as VinDr's: the 8-bit shading widened, with its own noise
-            pixels = pixels.astype(np.uint16) * 16 + rng.integers(0, 16, size=shape, dtype=np.uint16)
-        write_dicom(path.with_suffix(".dcm"), pixels, compression=compression, **extra)
-        return path.with_suffix(".dcm")
-    path = path.with_suffix(".png" if kind == "png" else ".jpg")
-    Image.fromarray(pixels).save(path)
-    return path
 
 
 def decode_cost(kind: str, shape: tuple[int, int], bits: int, folder: Path, repeats: int) -> float:
@@ -185,12 +194,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", nargs="+", default=list(PAPER_MODELS), choices=list(BUILDERS))
     parser.add_argument("--images", type=int, default=24, help="phantom images per harness run")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--loader-workers", type=int, default=2, help="DataLoader workers")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 8], metavar="N",
+                        help="devices to project the suite's wall time on, jobs run at once, longest first")
     parser.add_argument("--precision", default="32-true", help="the trainer's precision, e.g. bf16-mixed")
     parser.add_argument("--quick", action="store_true", help="baselines, 8 small images, cheap formats: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.models, args.images, args.batch, args.workers = ["random", "centre_prior"], 8, 4, 0
+        args.models, args.images, args.batch, args.loader_workers = ["random", "centre_prior"], 8, 4, 0
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     device = torch.device(args.device)
     native = 256 if args.quick else 1024
@@ -201,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         start = process_start(repeats)
         print(f"process start (import xbench.test): {start:.2f} s")
         decode = {}
-        for dataset, (_, kind, shape, bits) in DATASETS.items():
+        for dataset, (kind, shape, bits) in DATASETS.items():
             if args.quick:
                 shape = (64, 64)
             decode[dataset] = decode_cost(kind, shape, bits, scratch, repeats)
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"one more (image, class) pair: {1e3 * per_pair:.2f} ms")
 
         datamodule = Phantom(num_images=args.images, native_size=native, classes=list(PAPER_CLASSES["chestx_det10"]),
-                             batch_size=args.batch, num_workers=args.workers)
+                             batch_size=args.batch, num_workers=args.loader_workers)
         generate_phantom(datamodule.root, args.images, native, datamodule.seed)
         datamodule.prepare_data()
         datamodule.setup("test")
@@ -218,16 +229,21 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.models:
             models.append(model_cost(name, datamodule, args, device, scratch))
             cost = models[-1]
+            recorded = f"{1e3 / IMAGES_PER_SECOND[name]:.1f} ms" if name in IMAGES_PER_SECOND else "none"
             print(f"model {name:<13} load {cost.load:6.2f} s   run {cost.run:6.2f} s per dataset   "
-                  f"{1e3 * cost.per_image:8.1f} ms per image", flush=True)
+                  f"{1e3 * cost.per_image:8.1f} ms per image (xbench/costs.py: {recorded})", flush=True)
 
-        datasets = {name: (images, len(PAPER_CLASSES[name])) for name, (images, *_) in DATASETS.items()}
+        datasets = {name: (SPLIT_IMAGES[name], len(PAPER_CLASSES[name])) for name in DATASETS}
         print(f"\nprojected {len(models)} models x {len(datasets)} datasets "
               f"({sum(n for n, _ in datasets.values())} images), device {device}:")
         for mode in ("per-model", "per-pair"):
-            p = project(models, start, per_pair, decode, args.workers, mode, datasets)
+            p = project(models, start, per_pair, decode, args.loader_workers, mode, datasets)
             print(f"  {mode:<9}  total {duration(p.total):>7}   fixed {duration(p.fixed):>7} "
                   f"({100 * p.fixed / p.total:4.1f} %)   images {duration(p.images):>7}   decoding once {duration(p.decoding)}")
+            jobs = job_seconds(models, start, per_pair, mode, datasets)
+            for workers in args.workers:
+                print(f"    on {workers} device(s): {duration(p.decoding + wall_seconds(jobs, workers)):>7} "
+                      f"({len(jobs)} jobs, the longest {duration(max(jobs))})")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from xbench.models.random_weights import (
     write_mavl,
     write_medklip,
 )
+from xbench.reporting.writer import ResultsWriter
 from timing import synchronize
 
 def medklip(folder: Path, classes: list[str]) -> XBenchModel:
@@ -145,10 +146,10 @@ def measure(name: str, model: XBenchModel, datamodule, args, device: torch.devic
         clock = LoopClock()
         trainer = L.Trainer(
             accelerator=device.type, devices=[device.index or 0] if device.type == "cuda" else 1,
-            precision=args.precision, use_distributed_sampler=False, logger=False, callbacks=[clock],
+            precision=args.precision, use_distributed_sampler=False, logger=False,
+            callbacks=[clock, ResultsWriter(str(results))],
             enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
         )
-        model.results_dir = str(results)
         begin = time.perf_counter()
         trainer.test(model, datamodule=datamodule, verbose=False)
         end = time.perf_counter()

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.saliency import patch_text_similarity
 
 
@@ -54,6 +54,12 @@ class PatchTextCLIP(XBenchModel):
 
     def __init__(self, arch: str, weights: str, **kwargs) -> None:
         super().__init__(**kwargs)
+        if not Path(weights).is_file():
+            raise FileNotFoundError(
+                f"{type(self).__name__}: no weights file at {weights}: give a .safetensors state dict of {arch} "
+                "with --model.weights PATH (`python examples/open_clip_model.py --random-weights PATH` writes "
+                "random ones to try the wiring)"
+            )
         self.clip, self.context_length = build_open_clip(arch)
         self.clip.load_state_dict(load_file(weights), strict=True)
         self.clip.eval().requires_grad_(False)

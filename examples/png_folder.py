@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 
+from xbench.data.annotation_files import read_csv_rows
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import Finding, finding_key
@@ -41,21 +43,18 @@ class PngFolder(XBenchDataModule):
         table = self.require(self.root / "boxes.csv", "the box table boxes.csv")
         names = sorted(path.name for path in images.glob("*.png"))
         boxes: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        with table.open(newline="") as file:
-            reader = csv.DictReader(file)
-            if reader.fieldnames != COLUMNS:
-                raise ValueError(f"{table}: expected the header {','.join(COLUMNS)}; got {reader.fieldnames}")
-            for row in reader:
-                where = f"{table}, line {reader.line_num}"
-                if row["image"] not in names:
-                    raise FileNotFoundError(f"{where}: image {row['image']!r} is not in {images}")
-                try:
-                    x1, y1, x2, y2 = (float(row[column]) for column in COLUMNS[2:])
-                except (TypeError, ValueError):
-                    raise ValueError(f"{where}: x1, y1, x2, y2 must be numbers; got {list(row.values())[2:]}") from None
-                if not (x2 > x1 and y2 > y1):
-                    raise ValueError(f"{where}: the box needs x2 > x1 and y2 > y1; got {x1, y1, x2, y2}")
-                boxes[row["image"]][finding_key(self.name, row["finding"], source=where)].append((x1, y1, x2, y2))
+        # XBench's CSV reader names the file and line of a bad row (and a file that is not UTF-8)
+        for line, row in read_csv_rows(table, COLUMNS):
+            where = f"{table}, line {line}"
+            if row["image"] not in names:
+                raise FileNotFoundError(f"{where}: image {row['image']!r} is not in {images}")
+            try:
+                x1, y1, x2, y2 = (float(row[column]) for column in COLUMNS[2:])
+            except ValueError:
+                raise ValueError(f"{where}: x1, y1, x2, y2 must be numbers; got {[row[c] for c in COLUMNS[2:]]}") from None
+            if not all(map(math.isfinite, (x1, y1, x2, y2))) or not (x2 > x1 and y2 > y1):
+                raise ValueError(f"{where}: the box needs finite corners with x2 > x1 and y2 > y1; got {x1, y1, x2, y2}")
+            boxes[row["image"]][finding_key(self.name, row["finding"], source=where)].append((x1, y1, x2, y2))
         return [
             Sample(
                 image_id=name,

@@ -65,7 +65,7 @@ def run(model_config: str, root: Path, results: Path, image_size: int, *extra: s
     xbench_test([
         "--config", str(CONFIGS / "models" / f"{model_config}.yaml"), "--config", str(CONFIGS / "data" / "phantom.yaml"),
         "--data.root", str(root), "--data.num_images", "9", "--data.native_size", str(NATIVE_SIZE),
-        "--data.image_size", str(image_size), "--data.num_workers", "0", "--model.results_dir", str(results),
+        "--data.image_size", str(image_size), "--data.num_workers", "0", "--results.folder", str(results),
         "--trainer.enable_progress_bar", "false", *extra,
     ])
     (folder,) = [p for p in results.iterdir() if not p.name.startswith(".")]

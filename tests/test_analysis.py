@@ -17,14 +17,15 @@ from sklearn.metrics import average_precision_score, f1_score, precision_recall_
 
 from conftest import run_args
 from xbench.analysis import Settings, analyze, difference_table, strata_table
-from xbench.analysis.bootstrap import assign_folds, percentile_interval, random_stream, resample_weights
+from xbench.metrics.bootstrap import assign_folds, percentile_interval, random_stream, resample_weights
 from xbench.analysis.correlation import r_squared
 from xbench.analysis.grounding import CrossFitting, ValidationChoice, grounding_statistics, size_strata
 from xbench.metrics.recognition import recognition_statistics
 from xbench.analysis.runs import GradedPairs, load_run
 from xbench.analyze import main as analyze_main
 from xbench.data.phantom import generate_phantom
-from xbench.reporting.results import SCHEMA, pair_table, write_pairs
+from xbench.results.folder import SCHEMA
+from xbench.results.write import pair_table, write_pairs
 from xbench.test import main as run_model
 
 T = 101

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from suite import PHANTOM_CLASSES, ModelCost, project  # noqa: E402
+from suite import PHANTOM_CLASSES, ModelCost, job_seconds, project, wall_seconds  # noqa: E402
 
 
 @pytest.mark.parametrize("mode", ["per-model", "per-pair"])
@@ -35,3 +35,18 @@ def test_per_model_mode_saves_the_starts_and_loads_of_all_but_one_dataset_per_mo
     args = (models, 9.0, 0.0, dict.fromkeys(datasets, 0.0), 1)
     saved = project(*args, "per-pair", datasets).fixed - project(*args, "per-model", datasets).fixed
     assert saved == pytest.approx(5 * (9.0 + 5.0))
+
+
+@pytest.mark.parametrize("mode", ["per-model", "per-pair"])
+def test_on_n_devices_the_jobs_start_longest_first_on_the_first_device_free(mode):
+    models = [ModelCost("a", load=5.0, run=2.0, per_image=0.1), ModelCost("b", load=11.0, run=3.0, per_image=0.3),
+              ModelCost("c", load=1.0, run=1.0, per_image=0.02)]
+    datasets = {"x": (100, 1), "y": (40, 21)}
+    args = (models, 9.0, 0.002, dict.fromkeys(datasets, 0.0), 1, mode, datasets)
+    jobs = job_seconds(*args[:3], mode, datasets)
+    assert len(jobs) == (3 if mode == "per-model" else 6)
+    serial = project(*args)
+    assert wall_seconds(jobs, 1) == pytest.approx(serial.fixed + serial.images)  # one device: the sum
+    assert wall_seconds(jobs, len(jobs)) == max(jobs)  # a device each: the longest job
+    # longest first: 5 and 4 start, 3 goes where 4 ends (7), 3 where 5 ends (8), 3 where 7 ends (10)
+    assert wall_seconds([3.0, 5.0, 3.0, 4.0, 3.0], 2) == 10.0

@@ -41,7 +41,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def load(folder, classes=CLASSES, **kwargs) -> BiomedCLIP:
-    model = BiomedCLIP(checkpoint_dir=str(folder), results_dir=None, **kwargs)
+    model = BiomedCLIP(checkpoint_dir=str(folder), **kwargs)
     model.build(classes)
     return model
 

@@ -13,7 +13,7 @@ from transformers import BertConfig
 
 from xbench.models.biovil import IMAGE_FILE, BioViL, gaussian_smooth
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.random_weights import LETTER_VOCAB, MANIFESTS, write_biovil
 
 MANIFEST = json.loads((MANIFESTS / "biovil.keys.json").read_text())
@@ -26,7 +26,7 @@ def small_folder(tmp_path_factory):
 
 
 def load(folder, classes=CLASSES, **kwargs) -> BioViL:
-    model = BioViL(checkpoint_dir=str(folder), results_dir=None, **kwargs)
+    model = BioViL(checkpoint_dir=str(folder), **kwargs)
     model.build(classes)
     return model.eval()
 

@@ -1,4 +1,6 @@
-"""The decoded-image cache: hits, misses, invalidation, atomic writes, identical results."""
+"""The decoded-image cache: hits, misses, invalidation, atomic writes, damage, identical results.
+
+(Bit-for-bit identity of every model's input with and without the cache: test_cache_exact.py.)"""
 
 import inspect
 import json
@@ -11,11 +13,13 @@ import torch
 
 import xbench.data.cache as cache_module
 from conftest import run_args, write_chestx_det10
-from xbench.data import base, transforms
-from xbench.data.cache import CachedDataset
+from xbench.cli import error_line
+from xbench.data import base, io, transforms
+from xbench.data.cache import CacheDamagedError, CachedDataset
 from xbench.data.chestx_det10 import ChestXDet10
-from xbench.data.io import read_image
-from xbench.data.transforms import cap_shorter_side
+from xbench.data.io import read_coded, read_image
+from xbench.geometry.image import CodedImage
+from xbench.geometry.preprocess import Preprocess
 from xbench.test import main
 
 ENTRIES = [
@@ -32,7 +36,7 @@ def root(tmp_path, monkeypatch):
 
 
 def module(root, **kwargs):
-    return ChestXDet10(root=str(root), image_size=kwargs.pop("image_size", 48), num_workers=0, **kwargs)
+    return ChestXDet10(root=str(root), **{"image_size": 48, "num_workers": 0, **kwargs})
 
 
 def test_cached_samples_equal_decoded_samples(root):
@@ -50,33 +54,21 @@ def test_cached_samples_equal_decoded_samples(root):
             else:
                 assert cached[key] == value, key
         assert cached_native.dtype == np.float32 and cached_native.shape == (64, 64)
-        # a rotated image is no longer on the 8-bit grid: the cache holds it to half a 16-bit level
-        np.testing.assert_allclose(cached_native, fresh_native, rtol=0, atol=0.5 / 65535)
+        np.testing.assert_array_equal(cached_native, fresh_native, "a rotated image is kept as float32, exactly")
         original = read_image(root / "test_data" / ENTRIES[i]["file_name"])
         assert not np.array_equal(cached_native, original), "the native image is the augmented one"
 
 
-def test_native_image_capped_and_exact_within_the_cap(root):
-    within = module(root)
-    within.prepare_data()
-    within.setup()
-    native = within.test_set.item(0, True)[1]
-    np.testing.assert_array_equal(native, read_image(root / "test_data" / "1.png"), "an 8-bit PNG is cached exactly")
-    capped = module(root, cache_shorter_side=40)
-    capped.prepare_data()
-    capped.setup()
-    expected = cap_shorter_side(read_image(root / "test_data" / "1.png"), 40)
-    assert expected.shape == (40, 40)
-    np.testing.assert_allclose(capped.test_set.item(0, True)[1], expected, atol=0.5 / 65535)
-    uncached = module(root, cache=False, cache_shorter_side=40)
-    uncached.setup()
-    assert uncached.test_set.item(0, True)[1].shape == (64, 64), "without the cache the native file is read whole"
-
-
-def test_cap_keeps_the_aspect_and_rounds_the_longer_side():
-    image = np.random.default_rng(0).random((2320, 2828), dtype=np.float32)
-    assert cap_shorter_side(image, 1024).shape == (1024, 1248)
-    assert cap_shorter_side(image, 4000) is image
+def test_native_image_cached_as_its_codes_and_levels(root):
+    dm = module(root)
+    dm.prepare_data()
+    dm.setup()
+    cached = dm.test_set.item(0, True)[1]
+    decoded = read_coded(root / "test_data" / "1.png")
+    assert isinstance(cached, CodedImage) and cached.codes.dtype == np.uint8
+    np.testing.assert_array_equal(cached.codes, decoded.codes)
+    np.testing.assert_array_equal(cached.levels, decoded.levels)
+    assert dm.cache_folder().joinpath("natives.bin").stat().st_size >= 64 * 64 * len(ENTRIES), "native size, uncapped"
 
 
 def test_masks_stored_only_for_classes_with_a_region(root):
@@ -103,8 +95,8 @@ def test_pixel_code_is_in_the_fingerprint(root, monkeypatch):
 
     monkeypatch.setattr(cache_module.inspect, "getsource", edited)
     assert module(root).cache_folder() != folder
-    decoding = [base.read_image, base.resize_image, base.resize_mask, base.augment_sample, base.quantise,
-                cache_module.cap_shorter_side, cache_module.to_levels]
+    decoding = [base.read_coded, io.CodedImage, io.read_dicom, base.resize_image, base.resize_mask,
+                base.augment_sample, base.quantise, cache_module.to_levels]
     covered = {item.__name__ for item in base.PIXEL_CODE}
     assert {function.__module__ for function in decoding} <= covered
     assert base.XBenchDataset in base.PIXEL_CODE
@@ -126,7 +118,6 @@ def test_hit_reuses_and_changes_invalidate(root, monkeypatch):
     assert module(root, image_size=32).cache_folder() != folder
     assert module(root, mask_threshold=0.25).cache_folder() != folder
     assert module(root, classes=["mass"]).cache_folder() != folder
-    assert module(root, cache_shorter_side=512).cache_folder() != folder
     edited = [dict(entry) for entry in ENTRIES]
     edited[0]["boxes"] = [[3, 4, 21, 30], [40, 41, 42, 43]]
     (root / "test.json").write_text(json.dumps(edited))
@@ -175,3 +166,72 @@ def test_run_results_identical_with_and_without_cache(root, tmp_path):
     for results in (writing, reading):
         for section in ("grounding", "classification", "data"):
             assert results[section] == without[section], section
+
+
+def damage_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def damage_empty(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def damage_zero(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def damage_flip(path: Path) -> None:
+    """One byte of the data changed, the size kept (past a .npy header)."""
+    data = bytearray(path.read_bytes())
+    data[-7] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("name", "damage"), [
+    ("natives.bin", damage_truncate), ("frames.npy", damage_empty), ("masks.npy", damage_zero),
+    ("masks.npy", damage_truncate), ("index.npz", damage_flip), ("index.npz", damage_zero),
+    ("manifest.json", damage_empty), ("natives.bin", "delete"),
+])
+def test_damaged_folder_is_rebuilt_with_a_warning(root, name, damage):
+    """Damage that shows without reading pixels (a size, a header, the index, the manifest): the
+    next run warns, naming the folder and what differs, and writes the cache again."""
+    dm = module(root)
+    dm.prepare_data()
+    dm.setup()
+    expected = [dm.test_set.item(i, True) for i in range(len(ENTRIES))]
+    folder = dm.cache_folder()
+    target = folder / name
+    target.unlink() if damage == "delete" else damage(target)
+    with pytest.raises(CacheDamagedError, match=f"{folder}.*{name}.*Delete the folder"):
+        module(root).setup()  # read without prepare_data: an error naming the folder and the fix
+    again = module(root)
+    with pytest.warns(UserWarning, match=f"decoded-image cache {folder} is damaged .*{name}.*rebuilding"):
+        again.prepare_data()
+    again.setup()
+    for i, (record, native) in enumerate(expected):
+        rebuilt, rebuilt_native = again.test_set.item(i, True)
+        assert all(torch.equal(rebuilt[key], record[key]) for key in ("image", "masks", "has_mask"))
+        np.testing.assert_array_equal(rebuilt_native.codes, native.codes)
+
+
+@pytest.mark.parametrize(("name", "what"), [("masks.npy", "frame or masks"), ("frames.npy", "frame or masks"),
+                                            ("natives.bin", "native image")])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_changed_content_of_the_same_size_is_an_error_naming_the_folder(root, name, what, workers):
+    """Data changed in place (a masks.npy whose rows were zeroed would read as "no regions"): the
+    read fails, naming the folder, the image and the fix, instead of giving other numbers."""
+    dm = module(root, num_workers=workers)
+    dm.prepare_data()
+    folder = dm.cache_folder()
+    path = folder / name
+    header = 128 if name.endswith(".npy") else 0  # numpy's .npy header: 128 bytes here
+    data = bytearray(path.read_bytes())
+    data[header:] = bytes(len(data) - header)
+    path.write_bytes(bytes(data))
+    dm.prepare_data()  # sizes and headers agree: nothing to rebuild
+    dm.setup()
+    dm.set_model_transform(Preprocess(16))
+    with pytest.raises(CacheDamagedError, match=rf"{folder} is damaged: the {what} of .*1\.png.*Delete the folder") as caught:
+        list(dm.test_dataloader())
+    line = error_line("xbench-test", caught.value)  # what the command prints: one line, no worker traceback
+    assert line.startswith(f"xbench-test: error: the decoded-image cache {folder} is damaged") and "Traceback" not in line

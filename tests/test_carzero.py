@@ -33,8 +33,8 @@ from xbench.models.carzero import (
     word_merge_matrix,
 )
 from xbench.models.checkpoints import CheckpointMismatchError, manifest, omegaconf_values, safe_load
-from xbench.models.preprocess import area_resize
-from xbench.models.saliency import place_in_frame
+from xbench.geometry.preprocess import area_resize
+from xbench.geometry.maps import place_in_frame
 from xbench.models.text import load_tokenizer
 from xbench.test import main
 
@@ -206,7 +206,7 @@ def variant(folder, tmp_path, **kwargs):
 
 
 def built(folder, classes=("nodule", "mass")):
-    model = CARZero(checkpoint_dir=str(folder), results_dir=None)
+    model = CARZero(checkpoint_dir=str(folder))
     model.build(list(classes))
     return model
 

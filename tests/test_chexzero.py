@@ -29,7 +29,7 @@ def small_folder(small_arch, tmp_path_factory):
 
 
 def load(folder, arch, classes=CLASSES) -> CheXzero:
-    model = CheXzero(checkpoint_dir=str(folder), arch=arch, results_dir=None)
+    model = CheXzero(checkpoint_dir=str(folder), arch=arch)
     model.build(classes)
     return model.eval()
 
@@ -140,7 +140,7 @@ def test_model_input_from_the_datamodule_workers(small_folder, small_arch, tmp_p
 def test_gradcam_keeps_the_authors_score(small_folder, small_arch):
     """With Grad-CAM maps (``gradcam.yaml``) the logits are still the temperature-free pair margin."""
     similarity = load(small_folder, small_arch)
-    gradcam = CheXzero(checkpoint_dir=str(small_folder), arch=small_arch, saliency="gradcam", results_dir=None)
+    gradcam = CheXzero(checkpoint_dir=str(small_folder), arch=small_arch, saliency="gradcam")
     gradcam.build(CLASSES)
     inputs = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from argparse import ArgumentError
+import typing
 from pathlib import Path
 
 import lightning as L
@@ -14,12 +15,13 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, only_folder, run_args
+from conftest import CONFIGS, SUBPROCESS_SAFETY_TIMEOUT, only_folder, run_args
 from xbench.data.phantom import Phantom
 from xbench.models.baselines import RandomSaliency
-from xbench.test import main
+from xbench.test import count_before_fraction, main
 
 
 
@@ -94,7 +96,7 @@ def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
     command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
                *cli_args("random", phantom_root, tmp_path / "two", *rotate),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
     assert two["data"]["images_evaluated"] == one["data"]["images_evaluated"] == 9
@@ -142,7 +144,7 @@ def test_bf16_mixed_harness_works_on_the_float32_values_of_bf16_outputs(phantom_
     as float32: every number equals a float32 run on the same values."""
     results = {}
     for precision, as_bf16 in (("bf16-mixed", True), ("32-true", False)):
-        model, dtypes = Bf16Random(as_bf16=as_bf16, results_dir=None), SaliencyDtypes()
+        model, dtypes = Bf16Random(as_bf16=as_bf16), SaliencyDtypes()
         trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, use_distributed_sampler=False,
                             logger=False, callbacks=[dtypes], enable_progress_bar=False, enable_model_summary=False)
         trainer.test(model, datamodule=Phantom(root=str(phantom_root), image_size=64, batch_size=4, num_workers=0),
@@ -150,3 +152,30 @@ def test_bf16_mixed_harness_works_on_the_float32_values_of_bf16_outputs(phantom_
         assert dtypes.seen == {torch.float32}
         results[precision] = numbers(model.results)
     assert results["bf16-mixed"] == results["32-true"]
+
+
+def test_limit_test_batches_1_is_one_batch_also_when_rich_was_imported_first(tmp_path):
+    """``--trainer.limit_test_batches 1`` is one batch, not 1.0 (every batch), whatever a process
+    imported before Lightning. With rich first, typing's cache of equal unions handed the Trainer
+    Fabric's ``Optional[Union[float, int]]``, and jsonargparse tried float first."""
+    script = ("import rich.console, rich.progress, rich.table\n"
+              "from xbench.test import main\n"
+              "main(['--model', 'Oracle', '--data', 'Phantom', '--trainer.limit_test_batches', '1',"
+              " '--trainer.limit_val_batches', '0.5', '--print_config'])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=SUBPROCESS_SAFETY_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trainer = yaml.safe_load(done.stdout)["trainer"]
+    assert trainer["limit_test_batches"] == 1 and isinstance(trainer["limit_test_batches"], int)
+    assert trainer["limit_val_batches"] == 0.5
+
+
+def test_count_before_fraction_restores_the_declared_order():
+    class Trainer:
+        def __init__(self, limit: typing.Union[float, int, None] = None, name: str = "", ratio: float = 1.0) -> None:
+            pass
+
+    count_before_fraction(Trainer)
+    hints = typing.get_type_hints(Trainer.__init__)
+    assert typing.get_args(hints["limit"]) == (int, float, type(None))
+    assert hints["name"] is str and hints["ratio"] is float

@@ -17,7 +17,7 @@ from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from xbench.models.random_weights import clip_state
 from xbench.test import main
 
@@ -53,7 +53,7 @@ def tiny_folder(tiny_arch, tmp_path_factory):
 
 
 def load(folder, arch="xbench-tiny-clip", classes=CLASSES, **kwargs) -> CLIP:
-    model = CLIP(checkpoint_dir=str(folder), arch=arch, results_dir=None, **kwargs)
+    model = CLIP(checkpoint_dir=str(folder), arch=arch, **kwargs)
     model.build(classes)
     return model
 

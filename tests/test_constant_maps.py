@@ -10,7 +10,7 @@ from torch import Tensor
 
 from xbench.data.phantom import Phantom
 from xbench.models.base import XBenchModel
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 
 
 class FlatMaps(XBenchModel):
@@ -39,7 +39,7 @@ def test_flat_maps_are_counted_constant_and_miss(phantom_root, kind, batch_size,
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        model = FlatMaps(kind, results_dir=None)
+        model = FlatMaps(kind)
         data = Phantom(root=str(phantom_root), image_size=48, batch_size=batch_size, num_workers=0, cache=False)
         trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                             use_distributed_sampler=False, accelerator="cpu")

@@ -128,3 +128,12 @@ def test_real_siim_dicom_and_its_monochrome1_twin(real_data):
     assert 0 <= image.min() and image.max() <= 1 and image.std() > 0.05
     inverted = read_image(real_file(real_data, "vindr/Fake_MONOCHROME1.dcm"))
     np.testing.assert_allclose(inverted, 1 - image, rtol=0, atol=np.finfo(np.float32).eps)
+
+
+def test_values_beyond_16_bits_are_refused_naming_the_file(tmp_path):
+    """A decoded image is 16-bit codes and their levels; a 32-bit image spanning more is an error."""
+    write_dicom(tmp_path / "wide.dcm", np.array([[0, 70000], [5, 6]], dtype=np.uint32))
+    with pytest.raises(ImageReadError, match=r"wide\.dcm.*70001 values.*16 bits or fewer"):
+        read_image(tmp_path / "wide.dcm")
+    write_dicom(tmp_path / "narrow.dcm", np.array([[0, 60000], [5, 6]], dtype=np.uint32))
+    np.testing.assert_array_equal(read_image(tmp_path / "narrow.dcm"), np.array([[0, 60000], [5, 6]]) / np.float32(2**32 - 1))

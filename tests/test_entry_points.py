@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import CONFIGS, run_args
+from conftest import CONFIGS, SUBPROCESS_SAFETY_TIMEOUT, run_args
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
@@ -52,7 +52,7 @@ def test_scripts_exit_zero_on_success(phantom_root, tmp_path, monkeypatch):
     assert len(list((tmp_path / "results").glob("oracle__phantom__*/metrics.json"))) == 1
     # One in a process of its own, as a user runs it (the report starts without torch: fast).
     done = subprocess.run([sys.executable, "-c", shim("xbench-report"), "results", "--out", "report"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "report" / "report.md").is_file()
 

@@ -1,14 +1,17 @@
-"""The README's "Your own model / dataset" walk-through, run as written, and its two example classes."""
+"""The commands of "Your own model / dataset" (docs/your-own.md), run as printed, and its two example classes."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import json
+import logging
 import os
 import re
-import subprocess
+import runpy
+import shlex
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from xbench import findings
+from xbench.cli import QUIET_LOGGERS
 from xbench.findings import display_name, finding_key, short_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,41 +48,101 @@ def load(monkeypatch):
         table.update(saved)
 
 
-def readme_commands() -> list[str]:
-    section = REPO.joinpath("README.md").read_text().split("## Your own model / dataset", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
-    return block.strip().splitlines()
+PAGE = REPO / "docs" / "your-own.md"
 
 
-def test_readme_walkthrough_runs_as_written(tmp_path):
-    """Each command of the README, in a folder that looks like a fresh clone's root (its own
-    ``results/`` and ``wandb/``), with ``/tmp/`` moved into the test's folder."""
+def page_commands() -> list[str]:
+    """Every line of the page's ``bash`` blocks, in order: the walk-through, then the examples with
+    XBench's own pieces."""
+    blocks = re.findall(r"```bash\n(.*?)```", PAGE.read_text(), flags=re.S)
+    return [line for block in blocks for line in block.strip().splitlines()]
+
+
+def results_of(clone: Path) -> dict[tuple[str, str], dict]:
+    """``metrics.json`` of every run under ``clone/results``, by (model, dataset)."""
+    found = {}
+    for folder in (clone / "results").iterdir():
+        results = json.loads((folder / "metrics.json").read_text())
+        found[results["model"], results["dataset"]] = results
+    return found
+
+
+def run_printed(command: str, clone: Path, monkeypatch) -> None:
+    """Run one printed command line in this process, as the shell and Python would from ``clone``:
+    ``NAME=value`` prefixes set the environment (``PYTHONPATH`` entries, relative to ``clone``, go
+    on ``sys.path``), ``python -m MODULE ARGS`` runs the module as ``__main__`` and ``python FILE
+    ARGS`` the file, with ``sys.argv`` as printed; a non-zero exit fails the test. (In-process:
+    a process start per command cost more than the commands.)"""
+    words = shlex.split(command)
+    with monkeypatch.context() as scope:
+        while "=" in words[0]:
+            name, _, value = words.pop(0).partition("=")
+            scope.setenv(name, value)
+            if name == "PYTHONPATH":
+                for entry in reversed(value.split(os.pathsep)):
+                    scope.syspath_prepend(str(clone / entry))
+        assert words[0] == "python", f"the page prints a command this test cannot run: {command}"
+        module = words[2] if words[1] == "-m" else None
+        argv = words[3:] if module else words[1:]
+        scope.setattr(sys, "argv", [module or argv[0], *(argv if module else argv[1:])])
+        levels = {name: logging.getLogger(name).level for name in QUIET_LOGGERS}
+        try:
+            with warnings.catch_warnings():
+                # the test process imported xbench.test already; python -m in a fresh process would not have
+                warnings.filterwarnings("ignore", message=".*found in sys.modules", category=RuntimeWarning)
+                if module:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as exit:
+            assert exit.code in (0, None), f"{command}: exit status {exit.code}"
+        finally:
+            for name, level in levels.items():
+                logging.getLogger(name).setLevel(level)
+
+
+def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, request):
+    """Each command of the page, in a folder that looks like a fresh clone's root (its own
+    ``results/``), with ``/tmp/`` moved into the test's folder. The example modules the runs import
+    by name, and what they register, are gone after the test (``load``)."""
     clone = tmp_path / "clone"
     clone.mkdir()
     for name in ("examples", "lightning_configs"):
         (clone / name).symlink_to(REPO / name)
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "XBENCH_CACHE": str(tmp_path / "cache"),
-        "WANDB_MODE": "offline",
-        "PYTHONPATH": "",
-    }
-    for command in readme_commands():
-        done = subprocess.run(command.replace("/tmp/", f"{tmp_path}/"), shell=True, cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
-    (folder,) = (clone / "results").iterdir()
-    results = json.loads((folder / "metrics.json").read_text())
-    assert (results["model"], results["dataset"]) == ("patch_text_clip", "png_folder")
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    for module in ("open_clip_model", "png_folder"):
+        assert module not in sys.modules
+        request.addfinalizer(lambda module=module: sys.modules.pop(module, None))
+    commands = page_commands()
+    assert len(commands) == 5, commands
+    printed = {}
+    for command in commands:
+        run_printed(command.replace("/tmp/", f"{tmp_path}/"), clone, monkeypatch)
+        printed[command] = capsys.readouterr().out
+    runs = results_of(clone)
+    assert set(runs) == {("patch_text_clip", "png_folder"), ("centreprior", "png_folder"),
+                         ("patch_text_clip", "phantom")}
+    results = runs["patch_text_clip", "png_folder"]
     assert results["classes"] == ["nodule", "mass", "large_opacity"]
     with (tmp_path / "my_xrays" / "boxes.csv").open() as file:
         images_per_label = Counter({(row["image"], row["finding"]) for row in csv.DictReader(file)})
     for label, key in (("Nodule", "nodule"), ("Mass", "mass"), ("Large opacity", "large_opacity")):
         graded = sum(1 for image, found in images_per_label if found == label)
-        assert results["grounding"]["per_class"][key]["pairs"] == graded > 0
+        for model in ("patch_text_clip", "centreprior"):
+            assert runs[model, "png_folder"]["grounding"]["per_class"][key]["pairs"] == graded > 0
         assert results["classification"]["per_class"][key]["positives"] == graded
-    assert "Large Opacity" in done.stdout
+    assert "Large Opacity" in printed[commands[2]]
+    assert runs["patch_text_clip", "phantom"]["classes"] == ["nodule", "mass", "consolidation"]
+
+
+def test_model_without_weights_names_the_option(load, tmp_path):
+    """The example's YAML names a weights file a fresh clone does not have: the error says which
+    option to give (the bare file-not-found did not)."""
+    example = load("open_clip_model")
+    with pytest.raises(FileNotFoundError, match="--model.weights") as error:
+        example.PatchTextCLIP(arch=str(EXAMPLES / "tiny_vit.json"), weights=str(tmp_path / "missing.safetensors"))
+    assert "--random-weights" in str(error.value)
 
 
 @pytest.fixture

@@ -93,6 +93,9 @@ def test_an_unknown_dataset_name_says_how_to_declare_a_vocabulary():
     class Nameless(XBenchDataModule):
         name = "nameless_test"
 
+        def index(self):
+            return []
+
     with pytest.raises(LookupError, match=r"'nameless_test' has no vocabulary.*set `spellings ="):
         Nameless(root=".")
     with pytest.raises(LookupError, match="no vocabulary"):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from conftest import SUBPROCESS_SAFETY_TIMEOUT
+
 from xbench.inspect_checkpoint import main
 
 MARKER = Path("/tmp/xbench-test-inspect-unpickle-marker")
@@ -79,7 +81,7 @@ def test_lists_every_tensor_written_and_nothing_else(tmp_path, capsys):
 def test_a_bare_state_dict_runs_as_a_module(tmp_path):
     torch.save({"conv.weight": torch.zeros(4, 3, 2, 2), "conv.bias": torch.zeros(4)}, tmp_path / "w.pth")
     done = subprocess.run([sys.executable, "-m", "xbench.inspect_checkpoint", str(tmp_path / "w.pth")],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr
     assert "[top level] 2 tensors; common prefix: conv." in done.stdout
     assert "  conv.weight [4, 3, 2, 2] float32" in done.stdout.splitlines()

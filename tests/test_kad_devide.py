@@ -23,7 +23,7 @@ from xbench.models import random_weights
 from xbench.models.devide import DeViDe, ViTTokens
 from xbench.models.kad import KAD, PROPOSED_PROMPTS, query_set
 from xbench.models.random_weights import write_med_kebert
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,11 +18,11 @@ from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
 from conftest import assert_bf16_mixed_close_to_fp32, run_args
-from xbench.findings import FINDINGS, PAPER_CLASSES
+from xbench.findings import OWN_FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
 from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
 from xbench.models.medklip import CLASS_ENTITIES, COVID_ENTITY, ENTITIES, MedKLIP, entity_book
-from xbench.models.preprocess import equalize_histogram
+from xbench.geometry.preprocess import equalize_histogram
 from xbench.models.random_weights import (
     aspect_sentences,
     description,
@@ -109,7 +109,7 @@ def mavl_texts(entity: str) -> list[str]:
 
 def test_every_finding_has_entities_in_the_vocabulary():
     assert len(ENTITIES) == 75 == len(set(ENTITIES))
-    assert set(FINDINGS) <= set(CLASS_ENTITIES)
+    assert OWN_FINDINGS <= set(CLASS_ENTITIES)
     assert {key for keys in PAPER_CLASSES.values() for key in keys} <= set(CLASS_ENTITIES)
     for entities in CLASS_ENTITIES.values():
         assert entities and set(entities) <= {*ENTITIES, COVID_ENTITY}
@@ -151,14 +151,14 @@ def forward_with_hooks(model, image: torch.Tensor) -> dict:
 
 @pytest.fixture(scope="module")
 def medklip_model(medklip_files):
-    model = MedKLIP(checkpoint_dir=str(medklip_files[0]), results_dir=None).eval()
+    model = MedKLIP(checkpoint_dir=str(medklip_files[0])).eval()
     model.build(CLASSES)
     return model
 
 
 @pytest.fixture(scope="module")
 def mavl_model(mavl_files):
-    model = MAVL(checkpoint_dir=str(mavl_files[0]), results_dir=None).eval()
+    model = MAVL(checkpoint_dir=str(mavl_files[0])).eval()
     model.build(CLASSES)
     return model
 
@@ -321,7 +321,7 @@ def test_model_setup_reads_the_cache_without_building_bert(medklip_model, monkey
         raise AssertionError("BERT was built although its embeddings are cached")
 
     monkeypatch.setattr(text_module, "load_pretrained_bert", forbidden)
-    second = MedKLIP(checkpoint_dir=str(medklip_model.checkpoint_dir), results_dir=None)
+    second = MedKLIP(checkpoint_dir=str(medklip_model.checkpoint_dir))
     second.build(["mass", "nodule"])  # other classes, the same book: cached by the module's first build
     assert torch.equal(second.query_text, medklip_model.query_text)
 

@@ -15,7 +15,7 @@ from xbench.metrics.classification import classification_scores
 from xbench.metrics.grounding import GroundingMetrics, grounding_records, summarise_curves
 from xbench.metrics.names import analysed_keys
 from xbench.metrics.recognition import recognition_statistics
-from xbench.models.saliency import normalise
+from xbench.geometry.maps import normalise
 
 
 def multiplicities(num_images: int, seed: int) -> torch.Tensor:

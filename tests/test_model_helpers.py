@@ -5,7 +5,7 @@ import torch
 
 import torch.nn.functional as F
 
-from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
 
 
 def test_normalise_exact_ends_and_constant_maps():

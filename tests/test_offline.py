@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from conftest import SUBPROCESS_SAFETY_TIMEOUT
+
 REPO = Path(__file__).resolve().parents[1]
 
 GUARD = textwrap.dedent(
@@ -43,7 +45,7 @@ def run_guarded(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
            "WANDB_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     env.pop("NO_ALBUMENTATIONS_UPDATE", None)  # XBench must set it itself
     return subprocess.run([sys.executable, "-c", GUARD + textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300)
+                          env=env, cwd=tmp_path, timeout=SUBPROCESS_SAFETY_TIMEOUT)
 
 
 def test_a_guarded_interpreter_catches_a_call(tmp_path):
@@ -64,7 +66,7 @@ def test_import_and_a_tiny_run_touch_no_network(tmp_path):
               "--config", {str(REPO / "lightning_configs/data/phantom.yaml")!r},
               "--data.root", {str(tmp_path / "phantom")!r}, "--data.num_images", "3", "--data.native_size", "48",
               "--data.image_size", "32", "--data.num_workers", "0", "--trainer.enable_progress_bar", "false",
-              "--model.results_dir", {str(tmp_path / "results")!r}])
+              "--results.folder", {str(tmp_path / "results")!r}])
         print("RUN DONE")
         """,
         tmp_path,

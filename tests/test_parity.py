@@ -1,26 +1,19 @@
-"""Golden parity: MedKLIP, MAVL, KAD (224, 512), CARZero, CLIP and BiomedCLIP equal their authors' code.
+"""Golden parity through the path a run takes: every model with a golden file equals its authors' code.
 
-``tests/golden/<model>.npz`` holds what the authors' own code computed (``tools/parity/``) from the
-seeded random weights ``tools/parity/common.py`` writes and three real radiographs (a square NIH
-PNG, two non-square CheXlocalize JPEGs). Here XBench's whole path runs from the image file --
-decode, the model's own preprocessing, the network, the map placement -- and must agree:
+``tests/golden/<model>.npz`` holds what the authors' own code computed (``tools/parity/``,
+tests/golden/README.md) from the seeded random weights ``tools/parity/common.py`` writes and five
+inputs: a square NIH PNG, the two CheXpert JPEGs of CheXlocalize at native size (shorter sides above
+1024) and a 1600 x 600 and a 600 x 1600 crop of one of them (written as PNG here, as by the tools).
 
-- logits to 1e-4;
-- raw maps to 1e-4 of each map's spread (max - min: the scale of the min-max normalised map the
-  metrics see; the attention maps are ~1/196 in absolute terms);
-- the window the input covers in the metric frame to 1e-3 frame pixels;
-- the map upsampled onto the input by the model's rule to the golden's, which the authors' rule
-  made (stored in float16: its rounding, 2^-11 of the value, is allowed on top).
-
-The comparison itself is ``tools/parity/common.py``'s (``differences``), which a user also runs on
-real weights and their own radiographs (``compare``; tests/golden/README.md).
-
-Measured when the goldens were made, with the data side's ``Preprocess`` on the decoded file and
-XBench's networks (the models' ``preprocess`` configs as their authors' transforms): logits within
-2e-6 (KAD) / 3e-8 (CARZero) / 0 (CLIP, BiomedCLIP) / 8e-7 (MedKLIP, MAVL: their own tokenizer
-file, ``[CLS]`` without ``[SEP]``), maps within 2e-6 of their spread, windows exact. The 8-bit rounding of the authors' PIL/OpenCV resizes is reproduced, so no looser bound is
-needed. The three inputs are named in each golden file by sha256, so a changed image fails rather
-than compares against another's numbers.
+Here XBench runs as a user's run does (``tools/parity/run_path.py``): the files in a datamodule,
+``trainer.test`` with the decoded-image cache off (the file decoded in the main process) and on
+(read in two DataLoader workers), two images a batch, the model's outputs recorded in the run.
+Each image's logits, raw maps and window -- and the map upsampled by the model's rule, where the
+golden keeps the authors' -- must agree with the authors' at the model's tolerance
+(``common.TOLERANCES``: room for another machine's float order and the batch only). A cache, a
+worker count or a batch therefore never changes a number without a failure here. The inputs are
+checked to be the goldens' (a file by its sha256, a crop by its pixels), so a changed image fails
+rather than compares against another's numbers.
 """
 
 from __future__ import annotations
@@ -31,41 +24,61 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_file
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools" / "parity"))
 import common  # noqa: E402
+from run_path import run_xbench  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden"
 
 
+class Parity:
+    """One model's golden file, inputs and XBench model; its runs, made once per setting."""
+
+    def __init__(self, model_name: str, scratch: Path, real_data: Path) -> None:
+        self.model_name = model_name
+        self.golden_file = common.golden_path(GOLDEN, model_name)
+        self.golden, classes, self.meta = common.load_golden(self.golden_file)
+        assert classes == common.classes(), f"{model_name}: the golden file was made for {classes}"
+        self.inputs = common.golden_inputs(real_data, [record["file"] for record in self.meta["images"]],
+                                           scratch / "inputs")
+        common.check_inputs(self.inputs, self.golden_file, self.meta)
+        self.weights = common.write_weights(model_name, scratch / "weights")
+        self.model = common.build_xbench(model_name, self.weights)
+        self.runs: dict[tuple[bool, int], dict] = {}
+
+    def run(self, setting: tuple[bool, int]) -> dict:
+        if setting not in self.runs:
+            cache, workers = setting
+            self.runs[setting] = run_xbench(self.model, {item.key: item.path for item in self.inputs}, cache=cache,
+                                            num_workers=workers, batch_size=common.BATCH_SIZE)
+        return self.runs[setting]
+
+
 @pytest.fixture(scope="module", params=common.MODELS)
 def parity(request, tmp_path_factory, real_data):
-    """(model name, XBench's model on the seeded random weights, the golden file's contents, real data)."""
-    model_name = request.param
-    golden, classes, meta = common.load_golden(common.golden_path(GOLDEN, model_name))
-    assert classes == common.classes(), f"{model_name}: the golden file was made for {classes}"
-    folder = common.write_weights(model_name, tmp_path_factory.mktemp(model_name) / "weights")
-    model = common.build_xbench(model_name, folder)
-    shutil.rmtree(folder)  # up to 900 MB at full size; the model holds its weights now
-    return model_name, model, golden, meta, real_data
+    scratch = tmp_path_factory.mktemp(request.param)
+    yield Parity(request.param, scratch, real_data)
+    shutil.rmtree(scratch)  # up to 900 MB of weights at full size
+
+
+def test_inputs_are_the_goldens(parity):
+    """Every golden file holds the five inputs (a model whose authors' code could not run here would
+    keep fewer: tests/golden/README.md says which)."""
+    assert [record["file"] for record in parity.meta["images"]] == list(common.INPUTS)
 
 
 def test_prompts_are_the_goldens(parity):
     """The golden was computed from the prompts XBench sends now (a prompt change needs new goldens)."""
-    model_name, _, _, meta, _ = parity
-    assert meta["prompts"] == common.prompts(model_name)
+    assert parity.meta["prompts"] == common.prompts(parity.model_name)
 
 
-@pytest.mark.parametrize("image", common.IMAGES)
-def test_whole_path_matches_the_authors(parity, image):
-    model_name, model, golden, _, real_data = parity
-    path = real_file(real_data, image)
-    key = common.image_key(path)
-    assert key in golden, f"{path} (sha256 {key}) is not one of the inputs of tests/golden/{model_name}.npz"
-    found = common.differences(model, path, golden[key])
-    assert found["logits"] <= common.LOGIT_ATOL, (model_name, image, found)
-    assert found["maps"] <= common.MAP_RTOL_OF_SPREAD, (model_name, image, found)
-    assert found["window"] <= common.WINDOW_ATOL, (model_name, image, found)
-    assert found["upsampled_excess"] <= 0, (model_name, image, found)
+@pytest.mark.parametrize("setting", common.SETTINGS, ids=lambda s: f"cache-{'on' if s[0] else 'off'}-workers{s[1]}")
+@pytest.mark.parametrize("image", range(len(common.INPUTS)), ids=lambda i: common.INPUTS[i].replace("/", ":"))
+def test_run_matches_the_authors(parity, setting, image):
+    if image >= len(parity.inputs):
+        pytest.fail(f"{parity.golden_file} has no entry for {common.INPUTS[image]}")
+    item = parity.inputs[image]
+    found = parity.run(setting)[item.key]
+    shares = common.differences(parity.model_name, found, parity.golden[item.key], parity.model.map_upsample)
+    assert max(shares.values()) <= 1, (parity.model_name, item.name, setting, shares)

@@ -14,12 +14,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from conftest import CONFIGS, MS_CXR_CLI_ROWS, model_cli_dataset, only_folder, run_args
+from conftest import CONFIGS, MS_CXR_CLI_ROWS, SUBPROCESS_SAFETY_TIMEOUT, model_cli_dataset, only_folder, run_args
 from xbench.analysis import analyze
 from xbench.analysis.settings import Settings
 from xbench.analyze import main as analyze_main
 from xbench.data.ms_cxr import MSCXR
 from xbench.models.base import XBenchModel
+from xbench.reporting.writer import ResultsWriter
 from xbench.test import main
 
 GRID = 8  # the toy model's map grid; the fixture's images are 64 x 48
@@ -60,9 +61,9 @@ def ms_cxr(tmp_path, **kwargs) -> MSCXR:
 def test_each_query_is_grounded_by_its_own_phrase(tmp_path, batch_size):
     """Every query's phrase map hits its region and every finding-name map misses, whatever the batch
     holds; the paired difference says so with its interval (all replicates +1)."""
-    model = PointsAtText(results_dir=str(tmp_path / "results"), overlay_pairs=0)
+    model = PointsAtText()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
+                        use_distributed_sampler=False, callbacks=[ResultsWriter(str(tmp_path / "results"), overlay_pairs=0)])
     trainer.test(model, datamodule=ms_cxr(tmp_path, batch_size=batch_size), verbose=False)
     phrases = model.results["phrase_grounding"]
     assert phrases["query_mode"] == "phrase"
@@ -129,7 +130,7 @@ def test_ddp_two_processes_score_every_query_once(tmp_path):
                *run_args("random", "ms_cxr", root, tmp_path / "two", "--data.batch_size", "1"),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
     for key, values in one["phrase_grounding"]["by_query"]["per_class"].items():
@@ -145,7 +146,7 @@ def test_ddp_two_processes_score_every_query_once(tmp_path):
 def test_finding_means_equal_a_loop_over_resampled_pairs():
     """Each replicate's per-finding mean: the pairs of the drawn images, each as often as its image
     was drawn, NaN values (an undefined CNR) left out; a finding without a defined value is NaN."""
-    from xbench.analysis.phrases import finding_means
+    from xbench.metrics.phrases import finding_means
 
     rng = np.random.default_rng(4)
     values = torch.from_numpy(rng.random((9, 4)))

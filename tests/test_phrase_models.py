@@ -80,10 +80,10 @@ def clip_family(name: str, folder, **kwargs):
         state = random_weights.clip_state(TINY_CLIP, 0)
         if name == "chexzero":
             torch.save(state, folder / CHEXZERO_FILE)
-            return CheXzero(checkpoint_dir=str(folder), arch=TINY_CLIP, results_dir=None), 32
+            return CheXzero(checkpoint_dir=str(folder), arch=TINY_CLIP), 32
         save_file(state, folder / "open_clip_model.safetensors")
         saliency = "gradcam" if name == "clip_gradcam" else "patch_text_similarity"
-        return CLIP(checkpoint_dir=str(folder), arch=TINY_CLIP, saliency=saliency, results_dir=None), 32
+        return CLIP(checkpoint_dir=str(folder), arch=TINY_CLIP, saliency=saliency), 32
     # BiomedCLIP: test_biomedclip's tiny geometry (timm's test_vit, a 1-layer BERT)
     model_cfg = random_weights.BIOMEDCLIP_CONFIG["model_cfg"]
     config = {**random_weights.BIOMEDCLIP_CONFIG, "model_cfg": {
@@ -91,13 +91,13 @@ def clip_family(name: str, folder, **kwargs):
     bert = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     random_weights.write_biomedclip_files(folder, config, bert, vocab_size=64)
     torch.save(random_weights.biomedclip_state(folder, 0), folder / "open_clip_pytorch_model.bin")
-    return BiomedCLIP(checkpoint_dir=str(folder), results_dir=None), 160
+    return BiomedCLIP(checkpoint_dir=str(folder)), 160
 
 
 def build_model(name: str, folder):
     """(model built on CLASSES, input side, phrase_of: class index -> the phrase whose prompt is that class's)."""
     if name == "biovil":
-        model, side = BioViL(checkpoint_dir=str(random_weights.write_biovil(folder)), results_dir=None), 96
+        model, side = BioViL(checkpoint_dir=str(random_weights.write_biovil(folder))), 96
     elif name == "carzero":
         torch.manual_seed(0)
         text = folder / CARZERO_TEXT
@@ -106,13 +106,13 @@ def build_model(name: str, folder):
         config = BertConfig(vocab_size=len(CARZERO_VOCAB), hidden_size=CARZERO_TINY.width, num_hidden_layers=4,
                             num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
         config.save_pretrained(text)
-        model, side = CARZero(checkpoint_dir=str(folder), results_dir=None), 224
+        model, side = CARZero(checkpoint_dir=str(folder)), 224
         model.network = CARZeroNetwork(BertModel(config), CARZERO_TINY).eval()  # build loads no weights then
         with torch.no_grad():
             for parameter in model.network.parameters():
                 parameter.add_(torch.randn_like(parameter) * 0.05)
     elif name == "gloria":
-        model, side = GLoRIA(checkpoint_dir=str(random_weights.write_gloria(folder)), results_dir=None), 224
+        model, side = GLoRIA(checkpoint_dir=str(random_weights.write_gloria(folder))), 224
     else:
         model, side = clip_family(name, folder)
     with warnings.catch_warnings():
@@ -194,9 +194,9 @@ def query_model(request, tmp_path_factory):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DeViDe's provisional layout
         if request.param == "kad":
-            model, side = KAD(checkpoint_dir=str(random_weights.write_kad(folder)), results_dir=None), 64
+            model, side = KAD(checkpoint_dir=str(random_weights.write_kad(folder))), 64
         else:
-            model, side = DeViDe(checkpoint_dir=str(random_weights.write_devide(folder)), results_dir=None), 224
+            model, side = DeViDe(checkpoint_dir=str(random_weights.write_devide(folder))), 224
         model.eval().build(["pneumothorax", "nodule", "pleural_effusion"])
     return model, torch.rand(1, 3, side, side, generator=torch.Generator().manual_seed(1))
 

@@ -2,7 +2,6 @@
 different aspect (exact tensors), windows against the geometry by hand, and the model input through
 the datamodule and a DataLoader."""
 
-import warnings
 
 import cv2
 import numpy as np
@@ -14,15 +13,8 @@ from torchvision import transforms as T
 from conftest import real_file
 from xbench.data.io import read_image
 from xbench.data.phantom import Phantom
-from xbench.models.preprocess import (
-    CXR_MAE_MEAN,
-    CXR_MAE_STD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    Preprocess,
-    area_resize,
+from xbench.geometry.preprocess import (
+    CXR_MAE_MEAN, CXR_MAE_STD, IMAGENET_MEAN, IMAGENET_STD, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess, area_resize,
     equalize_histogram,
 )
 
@@ -188,14 +180,3 @@ def test_model_input_through_the_datamodule(tmp_path, monkeypatch, cache):
             assert torch.equal(batch["window"][row], expected_window)
     dm.set_model_transform(None)
     assert "model_input" not in next(iter(dm.test_dataloader()))
-
-def test_warns_when_the_cache_holds_less_than_the_model_needs(tmp_path, monkeypatch):
-    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
-    dm = Phantom(num_images=2, native_size=64, image_size=32, cache_shorter_side=256, num_workers=0)
-    with pytest.warns(UserWarning, match="--data.cache_shorter_side 512"):
-        dm.set_model_transform(Preprocess(512))
-    uncached = Phantom(num_images=2, native_size=64, image_size=32, cache_shorter_side=256, num_workers=0, cache=False)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        uncached.set_model_transform(Preprocess(512))

@@ -445,3 +445,22 @@ def test_report_rejects_another_schema(tmp_path):
     (folder / "metrics.json").write_text(json.dumps(payload))
     with pytest.raises(ValueError, match=r"metrics.json: schema 'xbench.results/0'"):
         Benchmark.from_folders([tmp_path])
+
+
+def test_the_header_counts_every_run_the_report_lists(tmp_path, robustness_dir, capsys):
+    """Issue 32: the header said "from 2 runs (2 models, 1 datasets)" above three rows of runs: the
+    Oracle's (a ceiling) went uncounted, and one dataset was plural."""
+    root = tmp_path / "ceiling"
+    for model in ("a", "b", "oracle"):
+        folder = write_run(root, model, "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5,
+                           iou_best=0.375, auroc=0.5)
+    payload = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**payload, "instrument": True}))
+    report_main([str(root), "--out", str(tmp_path / "r"), "--no-analysis"])
+    report = (tmp_path / "r" / "report.md").read_text()
+    scope = "3 runs: 2 models and 1 ceiling instrument (oracle) on 1 dataset"
+    assert f"from {scope}. All numbers" in report
+    runs = report.split("## Runs", 1)[1]
+    assert len([line for line in runs.splitlines() if line.startswith("| ") and "rsna" in line.lower()]) == 3
+    assert f"Report of {scope} written to" in capsys.readouterr().out
+    assert Benchmark.from_folders([robustness_dir]).scope() == "8 runs: 4 models on 2 datasets (3 robustness runs among them)"

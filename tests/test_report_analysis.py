@@ -19,14 +19,14 @@ from matplotlib.collections import LineCollection
 from sklearn.metrics import roc_auc_score
 from test_analysis import random_counts
 
-from xbench.analysis.bootstrap import assign_folds, random_stream, resample_weights
+from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
 from xbench.analysis.settings import Settings
 from xbench.report import analyse
 from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import lesion_size, recognition_vs_grounding
-from xbench.reporting.folder import SCHEMA
-from xbench.reporting.results import write_pairs
+from xbench.results.folder import SCHEMA
+from xbench.results.write import write_pairs
 
 DATASET, CLASSES = "chestx_det10", ["nodule", "mass"]
 N, SIZE, T = 12, 20, 101  # images; batch side: 400 px per image

@@ -30,9 +30,9 @@ def expected_overlay_pairs(phantom_root: Path, per_class: int) -> set[tuple[str,
 
 def test_every_model_saves_the_same_overlay_pairs(phantom_root, tmp_path):
     main(run_args("oracle", "phantom", phantom_root, tmp_path / "o", "--data.batch_size", "4",
-                  "--trainer.logger", "false", "--model.overlay_pairs", "2"))
+                  "--trainer.logger", "false", "--results.overlay_pairs", "2"))
     main(run_args("random", "phantom", phantom_root, tmp_path / "r", "--data.batch_size", "4",
-                  "--trainer.logger", "false", "--model.overlay_pairs", "2"))
+                  "--trainer.logger", "false", "--results.overlay_pairs", "2"))
     oracle = np.load(only_folder(tmp_path / "o") / "overlays.npz")
     random = np.load(only_folder(tmp_path / "r") / "overlays.npz")
     pairs = set(zip(oracle["finding"], oracle["image_id"]))

@@ -87,7 +87,7 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     folder = only_folder(suite_dir / "results")
     assert folder.name.startswith("randomsaliency__phantom__")
     config = json.loads((folder / "metrics.json").read_text())["config"]
-    assert config["data"]["init_args"]["image_size"] == 32 and config["model"]["init_args"]["results_dir"] == "results"
+    assert config["data"]["init_args"]["image_size"] == 32 and config["results"]["folder"] == "results"
 
     # a re-run skips the pair that has results, unless forced or its settings differ
     found = statuses(suite_dir / "suite.yaml")
@@ -130,7 +130,8 @@ def test_paper_suite_names_the_7x7_benchmark_at_the_paper_settings():
 def test_extended_suite_is_the_paper_suite_plus_the_baselines_and_ms_cxr_beside_it():
     paper, extended = (load_suite(CONFIGS / "suites" / f"{name}.yaml") for name in ("paper", "extended"))
     paper_models = [m.label for m in paper.models]
-    assert [m.label for m in extended.models] == [*paper_models, "chexzero", "biovil", "biovil_t", "gloria"]
+    assert [m.label for m in extended.models] == [*paper_models, "chexzero", "biovil", "biovil_t", "gloria",
+                                                  "medsiglip", "xray_clip", "xray_siglip"]
     assert extended.datasets[:-1] == paper.datasets and extended.settings == paper.settings
     assert extended.datasets[-1].label == "ms_cxr"
     assert extended.datasets[-1].settings["data.images_root"] == "datasets/mimic-cxr-jpg"

@@ -3,17 +3,15 @@ pair writes; a crash or a dead worker loses only its own pairs."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 
-from conftest import CONFIGS, run_args
+from conftest import CONFIGS, results_contents, run_args
 from xbench.models.random_weights import write_gloria
 from xbench.suite import Entry, Pair, load_suite, main, plan, processes, run_arguments
 from xbench.test import LoadedModel, run_test
@@ -116,30 +114,6 @@ def counts(folder: Path) -> list[str]:
     return (folder / "counts.log").read_text().splitlines()
 
 
-def folder_contents(results: Path) -> dict[str, dict]:
-    """Each results folder's files, keyed on its data settings (the folder names hold the time):
-    everything but when it ran."""
-    found = {}
-    for folder in results.iterdir():
-        files = {}
-        for path in folder.iterdir():
-            if path.name == "metrics.json":
-                payload = json.loads(path.read_text())
-                assert payload.pop("created")
-                files[path.name] = payload
-            elif path.suffix == ".npz":
-                with np.load(path) as arrays:
-                    files[path.name] = {name: arrays[name].tolist() for name in arrays.files}
-            elif path.suffix == ".gz":
-                files[path.name] = gzip.decompress(path.read_bytes())
-            elif path.name == "summary.md":
-                files[path.name] = [line for line in path.read_text().splitlines() if not line.startswith("Run ")]
-            else:
-                files[path.name] = path.read_bytes()
-        found[json.dumps(files["metrics.json"]["config"]["data"], sort_keys=True)] = files
-    return found
-
-
 def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: list, capsys) -> None:
     """Run the suite per model in ``folder/per-model``, and in ``folder/per-pair`` each pair as per-pair
     mode would, with the same ``xbench.test`` arguments, a fresh model each (in this process: per-pair
@@ -152,7 +126,7 @@ def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: lis
     write_suite(folder / "per-model", phantom_root, models, datasets)
     assert main(["--config", "suite.yaml", "--mode", "per-model"]) == 0
     assert [status for _, _, status, _ in outcomes(capsys.readouterr().out)] == ["ok"] * len(models) * len(datasets)
-    per_pair, per_model = (folder_contents(folder / mode / "results") for mode in ("per-pair", "per-model"))
+    per_pair, per_model = (results_contents(folder / mode / "results") for mode in ("per-pair", "per-model"))
     assert len(per_model) == len(models) * len(datasets) and per_model.keys() == per_pair.keys()
     for key, files in per_model.items():
         assert files.keys() == per_pair[key].keys() and len(files) >= 6
@@ -217,7 +191,9 @@ def test_a_pair_on_several_devices_gets_its_own_process_in_per_model_mode():
     pairs = [one, two, ddp, auto, nodes, listed, last]
     assert processes(pairs, "per-model") == [
         (True, [one, two, listed]), (False, [ddp]), (False, [auto]), (False, [nodes]), (True, [last])]
-    assert processes(pairs, "per-pair") == [(False, [p]) for p in pairs]
+    # per pair, each in a worker of its own, but those that start processes of their own
+    assert processes(pairs, "per-pair") == [(worker, [p]) for worker, p in zip(
+        [True, True, False, False, False, True, True], pairs)]
 
 
 def test_the_mode_comes_from_the_suite_file_or_the_command_line(tmp_path, monkeypatch, capsys):

@@ -17,8 +17,9 @@ import pandas as pd
 from xbench.cli import run
 from xbench.analysis.pipeline import Analysis, analyze
 from xbench.analysis.settings import QUERY_VIEWS, add_arguments, from_arguments
-from xbench.analysis.tables import analysis_json, analysis_tables, summary_markdown
-from xbench.reporting.folder import atomic_write
+from xbench.analysis.tables import analysis_json, analysis_tables
+from xbench.reporting.analysis_summary import analysis_markdown
+from xbench.files import atomic_write
 
 
 def parse_args(args: list[str] | None) -> argparse.Namespace:
@@ -49,7 +50,7 @@ def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFram
     payload = analysis_json(analysis, tables)
     written.append(out / "analysis.json")
     atomic_write(written[-1], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
-    summary = summary_markdown(analysis, tables)
+    summary = analysis_markdown(analysis, tables)
     written.append(out / "summary.md")
     atomic_write(written[-1], lambda p: p.write_text(summary))
     return tables, written

@@ -24,8 +24,10 @@ QUIET_WARNINGS = (
     (".*anonymous.*", UserWarning),  # W&B's anonymous-setting deprecation
     (".*", DeprecationWarning),  # jsonargparse's and others' API deprecations
 )
-#: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement).
-QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+#: Loggers whose INFO lines are tips, not results (Lightning's litlogger advertisement, its devices,
+#: "Seed set to 0": the seed is in the run's config).
+QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                 "lightning.fabric.utilities.seed")
 
 
 #: Lines of jsonargparse's report that are its structure, not a reason.
@@ -43,7 +45,7 @@ def invalid_value_message(error: BaseException) -> str:
     if not reasons:
         return lines[0] if lines else type(error).__name__
     keys = [(n, line.split('"')[1]) for n, line in enumerate(lines) if line.startswith('Parser key "')]
-    if len(keys) < 2:  # about a whole model or dataset: the reason says it all
+    if len(keys) < 2 and (not keys or keys[0][1] in ("model", "data")):  # the reason says it all
         return "; ".join(reasons)
     position, key = keys[-1]
     given = next((line.removeprefix("Given value:").strip() for line in lines[position:]
@@ -51,9 +53,25 @@ def invalid_value_message(error: BaseException) -> str:
     return f"option {key!r}: " + "; ".join(reasons) + (f" (given: {given})" if given is not None else "")
 
 
+#: How torch's DataLoader re-raises a worker's exception: this line, then the worker's traceback.
+WORKER_TRACEBACK = "Original Traceback (most recent call last):"
+
+
+def without_worker_traceback(text: str) -> str:
+    """A DataLoader worker's error, re-raised in the main process with the worker's traceback in its
+    message, as the worker's own message: the lines after the traceback's last frame, less the type."""
+    lines = text.split(WORKER_TRACEBACK, 1)[1].strip("\n").splitlines()
+    last_frame = max((n for n, line in enumerate(lines) if line.startswith(" ")), default=-1)
+    message = "\n".join(lines[last_frame + 1:]).strip()
+    kind, separator, rest = message.partition(": ")
+    return rest if separator and kind.replace(".", "").replace("_", "").isalnum() else message
+
+
 def error_line(name: str, error: BaseException) -> str:
     """The one line a command prints for a failure."""
-    return f"{name}: error: {invalid_value_message(error)} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
+    text = str(error)
+    message = without_worker_traceback(text) if WORKER_TRACEBACK in text else invalid_value_message(error)
+    return f"{name}: error: {message} (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)"
 
 
 #: glibc's ``mallopt`` parameter number for the mmap threshold, and the value XBench fixes it at
@@ -74,6 +92,15 @@ def return_large_frees_to_the_system() -> None:
         mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
+def quiet_notices() -> None:
+    """Silence the third-party warnings and tips no XBench user can act on (a command's own
+    process only: ``run`` below, a suite's job under submitit)."""
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for logger in QUIET_LOGGERS:
+        logging.getLogger(logger).setLevel(logging.WARNING)
+
+
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
     error (message only, unless debugging), 130 when interrupted."""
@@ -81,10 +108,8 @@ def run(main: Callable[[], object], name: str) -> None:
     if DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)
     if not debug:
-        for message, category in QUIET_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=category)
-        for logger in QUIET_LOGGERS:
-            logging.getLogger(logger).setLevel(logging.WARNING)
+        quiet_notices()
+        warnings.formatwarning = lambda message, category, *_, **__: f"{name}: warning: {message}\n"
     return_large_frees_to_the_system()
     try:
         status = main()

@@ -63,6 +63,9 @@ FINDINGS: dict[str, Finding] = {
     )
 }
 
+#: XBench's own findings, whatever datasets register later (``register`` adds to ``FINDINGS``).
+OWN_FINDINGS: frozenset[str] = frozenset(FINDINGS)
+
 #: Each dataset's raw spellings (every file it ships: box files, label CSVs, JSON keys) -> key.
 SPELLINGS: dict[str, dict[str, str]] = {
     "rsna": {"Lung Opacity": "pneumonia", "Pneumonia": "pneumonia"},

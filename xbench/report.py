@@ -30,7 +30,7 @@ from xbench.cli import run
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import DPI, paper_figures, robustness
-from xbench.reporting.folder import atomic_write
+from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
 
@@ -83,20 +83,19 @@ def _intervals_line(analysis: ReportAnalysis | None) -> str:
 
 
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None) -> list[Path]:
-    """Write every table and figure under ``out`` and ``out/report.md``; return the files written."""
-    (out / "tables").mkdir(parents=True, exist_ok=True)
-    (out / "figures").mkdir(parents=True, exist_ok=True)
+    """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
+    Everything is read and drawn first: a damaged results file leaves no half-made report folder."""
     tables = paper_tables(bench, analysis) if bench.runs else []
     plots = paper_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
     tables += [robust_table] if robust_table is not None else []
     plots += [robust_plot] if robust_plot is not None else []
+    (out / "tables").mkdir(parents=True, exist_ok=True)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     body = ["# XBench report", "",
-            f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from "
-            f"{len(bench.runs) + len(bench.perturbed)} runs ({len(bench.models)} models, {len(bench.datasets)} "
-            f"datasets" + (f", {len(bench.perturbed)} robustness runs" if bench.perturbed else "")
-            + "). All numbers in percent unless marked. " + (_intervals_line(analysis) if bench.runs else ""), ""]
+            f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from {bench.scope()}. "
+            "All numbers in percent unless marked. " + (_intervals_line(analysis) if bench.runs else ""), ""]
     body += ["## Tables", ""]
     for number, table in enumerate(tables, start=1):
         for suffix, text in ((".md", to_markdown(table, number)), (".csv", to_csv(table)),
@@ -134,7 +133,7 @@ def main(args: list[str] | None = None) -> list[Path]:
     if bench.runs and not options.no_analysis:
         analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
     files = write_report(bench, options.out, analysis) + files
-    print(f"Report of {len(bench.runs) + len(bench.perturbed)} runs written to {options.out}/"
+    print(f"Report of {bench.scope()} written to {options.out}/"
           + (f" ({analysis.settings.replicates} bootstrap replicates)" if analysis is not None else "") + ":")
     for path in files:
         print(f"  {path}")

@@ -1,4 +1,4 @@
-"""Run models x datasets one after another: ``python -m xbench.suite --config lightning_configs/suites/paper.yaml``.
+"""Run models x datasets: ``python -m xbench.suite --config lightning_configs/suites/paper.yaml``.
 
 A suite file names model configs, dataset configs and settings (``--key value`` pairs of
 ``xbench.test``, as a mapping) for every run, for a model or for a dataset::
@@ -6,6 +6,7 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
     results_dir: results
     mode: per-model          # the default; or per-pair (--mode overrides it)
     settings: {data.image_size: 224, data.batch_size: 8}
+    slurm: {partition: gpu, gpus_per_task: 1, cpus_per_task: 8, mem: 64G, time: "4:00:00"}  # --launcher slurm
     models:
       - lightning_configs/models/medklip.yaml
       - {config: lightning_configs/models/kad.yaml, settings: {model.checkpoint_dir: /weights/kad}}
@@ -29,41 +30,42 @@ in one of two modes (``--mode``, or the suite file's ``mode``):
   each dataset's classes); the same numbers, without a start (~10 s of imports) and a load per
   pair: the paper's 7 x 7 suite starts 7 processes, not 49. A pair whose trainer asks for several
   devices or nodes still gets a process of its own (DDP starts its processes per run).
-- ``per-pair``: each pair in its own ``python -m xbench.test`` process.
+- ``per-pair``: each pair in a worker process of its own, nothing shared between pairs.
+
+Where the processes run (``xbench.launch``): one after another here (the default), up to N at once
+on this machine's GPUs or shares of its CPU cores (``--devices N``), or each as a SLURM job through
+submitit (``--launcher slurm``, with the suite file's ``slurm:`` resources). Each writes the same
+results folders; the jobs that run at once start longest first.
 
 A crash stays inside its process: a pair that raises is failed and its worker goes on with the
 model's next dataset (with the model made again); a worker that dies fails the pair it was running
 and reports the model's later pairs as not run. The suite goes on with the other models and prints
-every pair's outcome. The exit status is 1 if any pair failed or did not run.
+every pair's outcome. The exit status is 1 if any pair failed or did not run, if a config file the
+suite names does not exist, or if no pair could run.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import importlib
 import inspect
 import json
-import signal
-import subprocess
-import sys
-import tempfile
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.console import Console
-from rich.table import Table
 
+from xbench import costs
 from xbench.cli import run
-from xbench.data.annotation_files import read_json
-from xbench.reporting.folder import METRICS, SCHEMA, find_result_folders
+from xbench.console import print_table
+from xbench.files import read_json, read_yaml
+from xbench.launch import LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders
+from xbench.results.folder import METRICS, MODEL_OUTPUT_OPTIONS, SCHEMA
 
-SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets"}
+SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets", "slurm"}
 #: How pairs map to processes; the first is the default.
 MODES = ("per-model", "per-pair")
 
@@ -87,6 +89,7 @@ class Suite:
     models: list[Entry]
     datasets: list[Entry]
     mode: str
+    slurm: SlurmResources | None = None  # what each job asks SLURM for (--launcher slurm)
 
 
 @dataclass
@@ -112,9 +115,19 @@ def _configs(value: Any) -> tuple[Path, ...] | None:
     return None
 
 
+def _settings_mapping(value: Any, where: str) -> dict[str, Any]:
+    """A ``settings`` block: a mapping of ``xbench.test`` option names (without ``--``) to values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{where}: settings must be a mapping of xbench.test options to values, e.g. "
+                         f"{{data.image_size: 224, data.batch_size: 8}}; got {value!r}")
+    return dict(value)
+
+
 def _entry(item: Any, where: str) -> Entry:
     if isinstance(item, dict) and set(item) <= {"config", "settings"}:
-        configs, settings = _configs(item.get("config")), dict(item.get("settings") or {})
+        configs, settings = _configs(item.get("config")), _settings_mapping(item.get("settings"), where)
     else:
         configs, settings = (_configs(item) if isinstance(item, str) else None), {}
     if configs is None:
@@ -124,22 +137,29 @@ def _entry(item: Any, where: str) -> Entry:
 
 
 def load_suite(path: Path) -> Suite:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    raw = read_yaml(path)
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a suite file is a mapping with the keys {sorted(SUITE_KEYS)}; got "
+                         f"{'an empty file' if raw is None else f'a YAML {type(raw).__name__}'}")
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; a suite has {sorted(SUITE_KEYS)}")
     for key in ("models", "datasets"):
-        if not raw.get(key):
-            raise ValueError(f"{path}: `{key}` must list at least one config")
+        if not raw.get(key) or not isinstance(raw[key], list):
+            raise ValueError(f"{path}: `{key}` must list at least one config; got {raw.get(key)!r}")
     mode = raw.get("mode", MODES[0])
     if mode not in MODES:
         raise ValueError(f"{path}: mode must be one of {', '.join(MODES)}; got {mode!r}")
+    results_dir = raw.get("results_dir", "results")
+    if not isinstance(results_dir, str) or not results_dir:
+        raise ValueError(f"{path}: results_dir must be a folder's path; got {results_dir!r}")
     return Suite(
         mode=mode,
-        results_dir=Path(raw.get("results_dir", "results")),
-        settings=dict(raw.get("settings") or {}),
+        results_dir=Path(results_dir),
+        settings=_settings_mapping(raw.get("settings"), f"{path}: settings"),
         models=[_entry(item, f"{path}: models[{i}]") for i, item in enumerate(raw["models"])],
         datasets=[_entry(item, f"{path}: datasets[{i}]") for i, item in enumerate(raw["datasets"])],
+        slurm=None if raw.get("slurm") is None else parse_slurm(raw["slurm"], str(path)),
     )
 
 
@@ -175,7 +195,11 @@ def composed_config(suite: Suite, pair: Pair) -> dict:
     config: dict = {}
     for entry in (pair.model, pair.dataset):
         for path in entry.configs:
-            _merge(config, yaml.safe_load(path.read_text()) or {})
+            content = read_yaml(path)
+            if not isinstance(content, dict):
+                raise ValueError(f"{path} (in the suite as {entry.label}) is {'empty' if content is None else 'not a mapping'}"
+                                 "; a config file is a mapping of settings (model:, data:, trainer:, ...)")
+            _merge(config, content)
     for key, value in _settings(suite, pair).items():
         _merge(config, _nested(key, value))
     return config
@@ -185,7 +209,7 @@ def run_arguments(suite: Suite, pair: Pair) -> list[str]:
     args = [arg for entry in (pair.model, pair.dataset) for path in entry.configs for arg in ("--config", str(path))]
     for key, value in _settings(suite, pair).items():
         args += [f"--{key}", value if isinstance(value, str) else json.dumps(value)]
-    return args + ["--model.results_dir", str(suite.results_dir)]
+    return args + ["--results.folder", str(suite.results_dir)]
 
 
 def _class(section: dict, where: str):
@@ -228,7 +252,8 @@ def _resolved(cls, section: dict) -> dict[str, Any]:
     """The section's class and init arguments with its defaults filled in, as JSON would hold them
     (a saved config is fully resolved), minus where results go."""
     init_args = {**_defaults(cls), **(section.get("init_args") or {})}
-    init_args.pop("results_dir", None)
+    for option in MODEL_OUTPUT_OPTIONS:
+        init_args.pop(option, None)
     return json.loads(json.dumps({"class_path": section.get("class_path"), "init_args": init_args}, default=str))
 
 
@@ -242,25 +267,20 @@ def same_run(config: dict, saved: dict, model, data) -> bool:
     )
 
 
-def result_folders(results_dir: Path) -> list[Path]:
-    """Every results folder under ``results_dir`` (none while it does not exist)."""
-    return find_result_folders([results_dir]) if results_dir.is_dir() else []
-
-
 def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """Every results folder under ``results_dir`` with its resolved config; a folder another XBench
     version wrote (another results schema) is not this version's result: its pair runs again."""
     found, older = [], []
     for folder in result_folders(results_dir):
         payload = read_json(folder / METRICS)
-        if payload.get("schema") != SCHEMA:
+        if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:
             older.append(folder)
             continue
         found.append((folder, payload.get("config") or {}))
     if older:
         warnings.warn(
             f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
-            f"{SCHEMA}), e.g. {older[0].name}: their pairs count as not done and run again",
+            f"{SCHEMA}) or are damaged, e.g. {older[0].name}: their pairs count as not done and run again",
             stacklevel=2,
         )
     return found
@@ -319,10 +339,11 @@ def one_process(config: dict) -> bool:
 
 
 def processes(pairs: list[Pair], mode: str) -> list[tuple[bool, list[Pair]]]:
-    """The pairs as processes run them, each as (a worker?, its pairs): per-pair, a process each;
-    per-model, one worker per model for its one-process pairs, and its own process for the others."""
+    """The pairs as processes run them, each as (a worker?, its pairs): per-pair, a worker for each
+    one-process pair; per-model, one worker per model for its one-process pairs; the others each in
+    a process of their own (``python -m xbench.test``: DDP starts its processes per run)."""
     if mode == "per-pair":
-        return [(False, [pair]) for pair in pairs]
+        return [(one_process(pair.config), [pair]) for pair in pairs]
     batches: list[tuple[bool, list[Pair]]] = []
     for _, group in groupby(pairs, key=lambda pair: id(pair.model)):  # plan() lists pairs model by model
         group = list(group)
@@ -332,75 +353,32 @@ def processes(pairs: list[Pair], mode: str) -> list[tuple[bool, list[Pair]]]:
     return batches
 
 
-def stream(command: list[str], stdin=None) -> tuple[int, str]:
-    """Run ``command``, passing its stderr on as it comes; return its exit status and last stderr line."""
-    tail: deque[str] = deque(maxlen=50)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    with subprocess.Popen(command, stdin=stdin, stderr=subprocess.PIPE) as process:
-        for chunk in iter(lambda: process.stderr.read1(4096), b""):
-            text = decoder.decode(chunk)
-            sys.stderr.write(text)
-            sys.stderr.flush()
-            tail.extend(text.splitlines())
-    return process.returncode, next((line.strip() for line in reversed(tail) if line.strip()), "")
-
-
-#: A pair's outcome: ``ok`` (detail: its results folder), ``failed`` (the error) or ``not run`` (its
-#: worker died before it).
-Outcome = tuple[Pair, str, str]
-
-
-def run_pair(suite: Suite, pair: Pair) -> Outcome:
-    """Run the pair as its own ``python -m xbench.test``."""
-    before = set(result_folders(suite.results_dir))
-    status, last = stream([sys.executable, "-m", "xbench.test", *run_arguments(suite, pair)])
-    if status != 0:
-        return pair, "failed", f"exit status {status}: {last}"
-    new = [folder for folder in result_folders(suite.results_dir) if folder not in before]
-    return pair, "ok", str(new[-1]) if new else "(no results folder written)"
-
-
-def run_worker(suite: Suite, pairs: list[Pair], first: int, total: int) -> list[Outcome]:
-    """Run one model's pairs in one ``python -m xbench.suite_worker``; a pair it did not finish
-    because the worker died is failed (it was running) or not run (it came later)."""
-    with tempfile.TemporaryDirectory(prefix="xbench-suite-") as folder:
-        jobs, outcomes = Path(folder) / "jobs.json", Path(folder) / "outcomes.jsonl"
-        jobs.write_text(json.dumps({"outcomes": str(outcomes), "jobs": [
-            {"number": first + i, "total": total, "name": pair.name, "args": run_arguments(suite, pair)}
-            for i, pair in enumerate(pairs)]}))
-        outcomes.touch()
-        with jobs.open() as stdin:
-            status, last = stream([sys.executable, "-m", "xbench.suite_worker"], stdin=stdin)
-        states = {}
-        for line in outcomes.read_text().splitlines():
-            record = json.loads(line)
-            states[record["number"]] = (record["state"], record["detail"])
-    # a signal's victim's last line is whatever it printed before; another death's is its error
-    died = (f"its worker was killed by {signal.Signals(-status).name}" if status < 0
-            else f"its worker died (exit status {status}: {last})")
-    results = []
-    for number, pair in enumerate(pairs, start=first):
-        state, detail = states.get(number, ("not run", ""))
-        if state == "started":
-            state, detail = "failed", f"{died} while running it"
-        elif state == "not run":
-            detail = f"{died} before it"
-        results.append((pair, state, detail))
-    return results
-
-
 STATUS_TEXT = {"run": "[green]run", "done": "[dim]skip: results exist", "missing": "[yellow]skip: missing"}
 OUTCOME_TEXT = {"ok": "[green]ok", "failed": "[red]failed", "not run": "[red]not run"}
 
 
-def print_table(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
-    table = Table(title=title, title_style="bold", show_lines=False)
-    for column in ("#", "Model", "Dataset", "Status"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("Path / detail", overflow="fold")
-    for i, row in enumerate(rows, start=1):
-        table.add_row(str(i), *row)
-    console.print(table)
+def print_pairs(console: Console, title: str, rows: list[tuple[str, str, str, str]]) -> None:
+    print_table(console, title, ("#", "Model", "Dataset", "Status", "Path / detail"),
+                [(str(i), *row) for i, row in enumerate(rows, start=1)], labels=5, fold=(4,))
+
+
+def jobs(suite: Suite, to_run: list[Pair], mode: str) -> list[Job]:
+    """The pairs to run as jobs, in the suite's order, each with its cost where recorded."""
+    found, first = [], 1
+    for worker, batch in processes(to_run, mode):
+        one_model = len({id(pair.model) for pair in batch}) == 1 and mode == "per-model" and worker
+        found.append(Job(
+            number=len(found) + 1,
+            label=batch[0].model.label if one_model else batch[0].name,
+            pairs=batch,
+            tasks=[{"number": first + i, "total": len(to_run), "name": pair.name, "args": run_arguments(suite, pair)}
+                   for i, pair in enumerate(batch)],
+            labels=[pair.dataset.label if one_model else pair.name for pair in batch],
+            worker=worker,
+            estimate=costs.seconds((pair.model.label, pair.dataset.configs[0].stem) for pair in batch),
+        ))
+        first += len(batch)
+    return found
 
 
 def main(args: list[str] | None = None) -> int:
@@ -411,7 +389,16 @@ def main(args: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="run pairs whose results already exist again")
     parser.add_argument("--mode", choices=MODES, help="one process per model (default; or the suite file's `mode`) "
                         "or one per pair")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default=LAUNCHERS[0],
+                        help="run the jobs on this machine (default) or as SLURM jobs (the suite file's slurm: block)")
+    parser.add_argument("--devices", type=int, default=1, metavar="N",
+                        help="with --launcher local: run up to N jobs at once, each on a GPU of its own or, without "
+                        "one, on a share of the CPU cores")
     options = parser.parse_args(args)
+    if options.devices < 1:
+        parser.error(f"--devices is how many jobs run at once, at least 1; got {options.devices}")
+    if options.launcher == "slurm" and options.devices != 1:
+        parser.error("--devices is for --launcher local; under SLURM each job gets the suite file's slurm: resources")
     suite = load_suite(options.config)
     mode = options.mode or suite.mode
     console = Console()
@@ -419,27 +406,27 @@ def main(args: list[str] | None = None) -> int:
         console = Console(width=200)
     pairs = plan(suite, force=options.force)
     to_run = [p for p in pairs if p.status == "run"]
-    print_table(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run, {mode}",
+    where = "SLURM" if options.launcher == "slurm" else f"{options.devices} at once" if options.devices > 1 else "here"
+    print_pairs(console, f"Suite {options.config}: {len(to_run)} of {len(pairs)} pairs to run, {mode}, {where}",
                 [(p.model.label, p.dataset.label, STATUS_TEXT[p.status], p.detail) for p in pairs])
+    if options.launcher == "slurm" and suite.slurm is not None:
+        console.print(f"Each SLURM job: {describe(suite.slurm)}", highlight=False)
     if options.dry_run:
         return 0
-    outcomes: list[Outcome] = []
-    for worker, batch in processes(to_run, mode):
-        first = len(outcomes) + 1
-        if worker:
-            console.rule(f"[bold]{batch[0].model.label}: {len(batch)} pair(s) in one process")
-            finished = run_worker(suite, batch, first, len(to_run))
-        else:
-            console.rule(f"[bold][{first}/{len(to_run)}] {batch[0].name}")
-            finished = [run_pair(suite, batch[0])]
-        outcomes += finished
-        for pair, status, detail in finished:
-            if status != "ok":
-                console.print(f"[red]{pair.name}: {status}[/red] ({detail}); going on with the next pair")
+    absent = sorted({str(path) for pair in pairs for path in (*pair.model.configs, *pair.dataset.configs)
+                     if not path.is_file()})
+    outcomes = launch(console, jobs(suite, to_run, mode), suite.results_dir, options.launcher, options.devices,
+                      suite.slurm) if to_run else []
     done = {id(pair): (OUTCOME_TEXT[status], detail) for pair, status, detail in outcomes}
     rows = [(p.model.label, p.dataset.label, *done.get(id(p), (STATUS_TEXT[p.status], p.detail))) for p in pairs]
-    print_table(console, "Suite results", rows)
-    return 1 if any(status != "ok" for _, status, _ in outcomes) else 0
+    print_pairs(console, "Suite results", rows)
+    if absent:
+        console.print(f"[red]{options.config} names config files that do not exist: {', '.join(absent)}; their pairs did "
+                      "not run. Correct the paths in the suite file.")
+    elif not outcomes and not all(pair.status == "done" for pair in pairs):
+        console.print("[red]No pair could run: each is missing a file or folder (the table names it).")
+    return 1 if absent or any(status != "ok" for _, status, _ in outcomes) or not (
+        outcomes or all(pair.status == "done" for pair in pairs)) else 0
 
 
 def cli() -> None:

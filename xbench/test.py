@@ -3,26 +3,32 @@
 The model and the dataset are chosen by ``class_path`` in the YAML files (a user's own subclass
 of ``XBenchModel`` or ``XBenchDataModule`` works the same way); any key can be overridden on the
 command line, e.g. ``--data.root /data/ChestX-Det10 --trainer.devices 2``. The run writes a
-results folder, logs to Weights & Biases offline (``--trainer.logger false`` turns it off; see
+results folder (``--results.folder``, ``--results.overlay_pairs``: the ``ResultsWriter`` callback's
+options), logs to Weights & Biases offline (``--trainer.logger false`` turns it off; see
 ``xbench.reporting.wandb``) and prints the summary table.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import typing
+from argparse import ArgumentError
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
-from lightning.pytorch.cli import LightningCLI
-from rich.console import Console
-from rich.table import Table
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from xbench.cli import run
 from xbench.catalog import load_all
+from xbench.cli import run
 from xbench.data.base import XBenchDataModule
+from xbench.files import read_yaml
 from xbench.models.base import XBenchModel
-from xbench.reporting.results import summary_footnotes, summary_tables
+from xbench.reporting.summary import print_summary
 from xbench.reporting.wandb import abandon_runs, finish_runs
+from xbench.reporting.writer import ResultsWriter
 
 #: Trainer settings the harness depends on for correct numbers (not preferences).
 TRAINER_INVARIANTS = {
@@ -42,27 +48,28 @@ TRAINER_DEFAULTS = {
     "precision": "32-true",
     "inference_mode": True,
     "enable_progress_bar": True,
-    "logger": {"class_path": "xbench.reporting.wandb.XBenchWandbLogger", "init_args": {"project": "xbench"}},
+    # silent: W&B's own lines (where its files go) are left to the summary's one line
+    "logger": {"class_path": "xbench.reporting.wandb.XBenchWandbLogger",
+               "init_args": {"project": "xbench", "silent": True}},
 }
 
 
-def print_summary(results: dict, path: Path | None, offline_runs: list[str]) -> None:
-    console = Console()
-    console.rule(f"[bold]{results['model']} on {results['dataset']}")
-    for title, headers, rows in summary_tables(results):
-        table = Table(title=title, title_style="bold")
-        table.add_column(headers[0], no_wrap=True)
-        for header in headers[1:]:
-            table.add_column(header, justify="right")
-        for i, row in enumerate(rows):
-            table.add_row(*row, end_section=i == len(rows) - 2, style="bold" if i == len(rows) - 1 else None)
-        console.print(table)
-    for note in summary_footnotes(results):
-        console.print(note, style="dim")
-    if path is not None:
-        console.print(f"Results written to [bold]{path}[/bold]")
-    for run in offline_runs:
-        console.print(f"W&B run saved offline in {run} (upload it with `wandb sync {run}`)")
+def count_before_fraction(trainer_class: type = Trainer) -> None:
+    """Give the trainer's ``int or float`` options (``limit_test_batches``, ...) their declared order,
+    so that ``--trainer.limit_test_batches 1`` is one batch, not 1.0 (every batch).
+
+    Python caches ``typing`` unions by equality, and ``Union[float, int]`` equals ``Union[int,
+    float]``: the Trainer's ``Optional[Union[int, float]]`` becomes whichever equal union was made
+    first and is still in the cache -- Fabric's ``Optional[Union[float, int]]``, unless enough other
+    annotations were made in between to evict it (importing rich before Lightning left it there).
+    jsonargparse tries a union's types in order, so a float first read ``1`` as ``1.0``."""
+    annotations = trainer_class.__init__.__annotations__
+    for name, hint in typing.get_type_hints(trainer_class.__init__).items():
+        if typing.get_origin(hint) is typing.Union and typing.get_args(hint) == (float, int, type(None)):
+            annotations[name] = int | float | None
+
+
+count_before_fraction()
 
 
 class LoadedModel:
@@ -97,13 +104,20 @@ class LoadedModel:
 
 
 class XBenchCLI(LightningCLI):
-    """LightningCLI that takes the model from ``loaded`` when the run's settings are the ones it was
-    made with, instead of instantiating another."""
+    """LightningCLI with the output callback's options (``--results.*``), which takes the model from
+    ``loaded`` when the run's settings are the ones it was made with, instead of instantiating another."""
 
     def __init__(self, *args, loaded: LoadedModel | None = None, **kwargs) -> None:
         self.loaded = loaded
         self.loaded_key: str | None = None
         super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ResultsWriter, "results")
+
+    @property
+    def writer(self) -> ResultsWriter:
+        return self.config_init["results"]
 
     def instantiate_classes(self) -> None:
         if self.loaded is None:
@@ -120,10 +134,33 @@ class XBenchCLI(LightningCLI):
         self.trainer = self.instantiate_trainer()
 
 
-def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -> XBenchModel:
+def check_config_files(args: list[str]) -> None:
+    """Each ``--config`` file is a YAML mapping of settings: an empty file, another YAML value or
+    invalid YAML is a usage error naming the file (and the line), before the parser reads it."""
+    values = [value for flag, value in zip(args, args[1:]) if flag == "--config"]
+    values += [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    for value in values:
+        path = Path(value)
+        if not path.is_file():
+            continue  # the parser names a missing file (or reads the value as YAML text)
+        try:
+            content = read_yaml(path)
+        except ValueError as error:
+            raise ArgumentError(None, f"--config {error}") from None
+        if not isinstance(content, dict):
+            what = "is empty" if content is None else f"holds a YAML {type(content).__name__} ({str(content)[:40]!r})"
+            raise ArgumentError(None, f"--config {path} {what}, not a mapping of settings (model:, data:, trainer:, "
+                                      "...): fill it in, or leave it out")
+
+
+def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None,
+             callbacks: Sequence[Callback] = ()) -> tuple[XBenchModel, Path | None]:
     """Parse the configs, run ``trainer.test`` once, print the summary; return the model that ran
-    (its ``results`` and ``results_path``). ``loaded``: reuse and keep the model between runs of
-    one process (one process only: a reused model cannot follow a multi-process launch)."""
+    (its ``results``) and the results folder written (``None``: none). ``loaded``: reuse and keep
+    the model between runs of one process (one process only: a reused model cannot follow a
+    multi-process launch). ``callbacks``: more trainer callbacks that are not part of the run's
+    config (a suite worker's progress notes), so not recorded with its results."""
+    check_config_files(sys.argv[1:] if args is None else list(args))
     load_all()
     cli = XBenchCLI(
         XBenchModel,
@@ -145,6 +182,7 @@ def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -
             f"this run asks for {cli.trainer.world_size} processes, which a run inside a suite worker cannot start: "
             "give it one device, or run the suite with --mode per-pair")
     cli.model.run_config = yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+    cli.trainer.callbacks.extend(callbacks)
     try:
         cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     except BaseException:
@@ -155,15 +193,16 @@ def run_test(args: list[str] | None = None, loaded: LoadedModel | None = None) -
     if loaded is not None:
         loaded.keep(cli.loaded_key, cli.model, cli.trainer.precision)
     if cli.trainer.is_global_zero:
-        offline_runs = finish_runs(cli.trainer.loggers)
+        wandb_runs = finish_runs(cli.trainer.loggers)
         if cli.model.results is not None:
-            print_summary(cli.model.results, cli.model.results_path, offline_runs)
-    return cli.model
+            print_summary(cli.model.results, cli.writer.path, wandb_runs)
+    return cli.model, cli.writer.path
 
 
 def main(args: list[str] | None = None) -> dict | None:
     """Run ``xbench.test`` with ``args`` (default: the command line); return the results payload."""
-    return run_test(args).results
+    model, _ = run_test(args)
+    return model.results
 
 
 def cli() -> None:

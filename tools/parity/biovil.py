@@ -48,7 +48,7 @@ from PIL import Image
 from xbench.findings import PAPER_CLASSES, finding_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
+from common import DATASET, FRAME, INPUTS, SEED, golden_inputs, prompts, save_golden  # noqa: E402
 
 #: Per variant: the image model's file, the authors' encoder type, the centre crop.
 VARIANTS = {
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", choices=sorted(VARIANTS), default="biovil")
     parser.add_argument("--real-data", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
+    parser.add_argument("--images", nargs="+", default=list(INPUTS),
+                        help="radiographs under --real-data or CROPS names (default: INPUTS)")
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights; default: seeded random")
     parser.add_argument("--manifest", type=Path, help="also write the key manifest here")
     args = parser.parse_args(argv)
@@ -127,10 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     classes = list(PAPER_CLASSES[DATASET])
     positive = [TEMPLATES[0].format(finding_text(key)) for key in classes]
     negative = [TEMPLATES[1].format(finding_text(key)) for key in classes]
-    paths = [args.real_data / relative for relative in IMAGES]
+    inputs = golden_inputs(args.real_data, args.images, Path(tempfile.mkdtemp(prefix="golden-inputs-")))
     per_image = {}
-    for path in paths:
-        key = image_key(path)
+    for item in inputs:
+        key, path = item.key, item.path
         logits = [
             engine.get_similarity_score_from_raw_data(path, pos) - engine.get_similarity_score_from_raw_data(path, neg)
             for pos, neg in zip(positive, negative)
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
         "text": "1-layer BERT, hidden 64, letter vocabulary (random_weights.write_biovil)",
         "dataset": DATASET,
         "templates": TEMPLATES,
-        "images": {image_key(p): str(r) for p, r in zip(paths, IMAGES)},
+        "prompts": prompts(args.variant),
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "pillow": PIL.__version__,
                      "transformers": transformers.__version__, "numpy": np.__version__},
         "map": "the authors' smoothed patch-text cosine (_get_similarity_map_from_embeddings) on the 15x15 grid",

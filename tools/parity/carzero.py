@@ -105,26 +105,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         folder = common.checkpoint_folder("carzero", args.checkpoint_dir, args.xbench_python, scratch)
-        inputs = json.loads(common.xbench_command(args.xbench_python, "prompts", "carzero"))
+        sent = json.loads(common.xbench_command(args.xbench_python, "prompts", "carzero"))
         bert = bert_folder(folder / "BioClinicalMPBERT", scratch)
         model, cfg = build(package, repo, folder, bert, args.trust_checkpoint)
         text_config = json.loads((bert / "config.json").read_text())
-        prompts = dict(zip(inputs["classes"], inputs["prompts"]))
-        records = common.image_records(args.real_data, args.images)
-        paths = [str(args.real_data / record["file"]) for record in records]
+        prompts = dict(zip(sent["classes"], sent["prompts"]))
+        inputs = common.golden_inputs(args.real_data, args.images, scratch / "inputs")
+        paths = [str(item.path) for item in inputs]
         with torch.no_grad():
             processed_txt = model.process_class_prompts(prompts, "cpu")
             images = model.process_img(paths, "cpu")
             scores = package.dqn_shot_classification(model, images, processed_txt)
             expanded, maps = package.grounding_shot_classification(model, images, processed_txt)
-    per_image = {}
-    for index, record in enumerate(records):
-        per_image[record["key"]] = {
-            "logits": scores[inputs["classes"]].to_numpy()[index].astype(np.float32),
-            "maps": maps[index].astype(np.float32),
-            "window": window(args.real_data / record["file"]),
-            "upsampled": expanded[index, list(common.UPSAMPLED_CLASSES)].numpy().astype(np.float16),
-        }
+        per_image = {}
+        for index, item in enumerate(inputs):
+            per_image[item.key] = {
+                "logits": scores[sent["classes"]].to_numpy()[index].astype(np.float32),
+                "maps": maps[index].astype(np.float32),
+                "window": window(item.path),
+                "upsampled": expanded[index, list(common.UPSAMPLED_CLASSES)].numpy().astype(np.float16),
+            }
+        records = [item.record() for item in inputs]
 
     import timm
     import transformers
@@ -139,7 +140,7 @@ def main() -> None:
         "weights": common.weights_source("carzero", args.checkpoint_dir),
         "seed": common.SEED,
         "text_encoder_config": text_config,
-        "prompts": inputs["prompts"],
+        "prompts": sent["prompts"],
         "images": records,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "timm": timm.__version__,
                      "pillow": Image.__version__, "opencv": cv2.__version__},
@@ -149,7 +150,7 @@ def main() -> None:
         "tolerance": "the authors resize in 8 bits (cv2 INTER_AREA on the uint8 image, then uint8 again)",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    common.save_golden(common.golden_path(args.out, "carzero"), per_image, inputs["classes"], meta)
+    common.save_golden(common.golden_path(args.out, "carzero"), per_image, sent["classes"], meta)
 
 
 if __name__ == "__main__":

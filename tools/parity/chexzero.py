@@ -47,7 +47,7 @@ from PIL import Image
 from xbench.findings import PAPER_CLASSES, finding_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
+from common import DATASET, FRAME, INPUTS, SEED, golden_inputs, prompts, save_golden  # noqa: E402
 from xbench.models import random_weights
 
 LETTERBOX = 320
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--authors-repo", type=Path, required=True)
     parser.add_argument("--real-data", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
+    parser.add_argument("--images", nargs="+", default=list(INPUTS),
+                        help="radiographs under --real-data or CROPS names (default: INPUTS)")
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights (the authors' .pt); default: seeded random")
     parser.add_argument("--manifest", type=Path, help="also write the key manifest here")
     args = parser.parse_args(argv)
@@ -130,7 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         arch, folder = "ViT-B-32-quickgelu", args.checkpoint_dir
     weights = folder / random_weights.CHEXZERO_FILE
-    paths = [args.real_data / relative for relative in IMAGES]
+    inputs = golden_inputs(args.real_data, args.images, scratch / "inputs")
+    paths = [item.path for item in inputs]
     h5 = scratch / "cxr.h5"
     data_process.img_to_hdf5(paths, h5, resolution=LETTERBOX)
     network, loader = zero_shot.make(model_path=str(weights), cxr_filepath=str(h5))
@@ -146,9 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     grid = int(round(cosine.shape[1] ** 0.5))
     maps = cosine.permute(0, 2, 1).reshape(len(paths), len(classes), grid, grid)
     per_image = {}
-    for index, path in enumerate(paths):
-        key = image_key(path)
-        per_image[key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].numpy().astype(np.float32),
+    for index, (item, path) in enumerate(zip(inputs, paths)):
+        per_image[item.key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].numpy().astype(np.float32),
                           "window": letterbox_window(path)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         "arch": random_weights.SMALL_CHEXZERO_CONFIG if args.checkpoint_dir is None else arch,
         "dataset": DATASET,
         "templates": TEMPLATES,
-        "images": {image_key(p): str(r) for p, r in zip(paths, IMAGES)},
+        "prompts": prompts("chexzero"),
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "pillow": PIL.__version__,
                      "numpy": np.__version__},
         "adaptations": "load_clip builds from the file (no clip.load download); Resize(antialias=False) as in "

@@ -1,5 +1,7 @@
-"""What the golden parity scripts and tests share: the seed, the three radiographs, the seeded
-random checkpoint folders, the prompts XBench sends, and the golden file format.
+"""What the golden parity scripts and tests share: the seed, the five inputs (three radiographs and
+two extreme-aspect crops), the seeded random checkpoint folders, the prompts XBench sends, the
+golden file format, and XBench's side: the path a run takes (``run_path.run_xbench``) compared with
+a golden file at each model's tolerances.
 
 Runs in XBench's environment. The authors' side of a model may need another one (old library
 pins), so it reaches these through the command line:
@@ -20,24 +22,41 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 SEED = 0
-#: The square NIH PNG and the two non-square CheXlocalize JPEGs, relative to the real-data folder.
+#: The square NIH PNG (512 px) and the two CheXpert JPEGs of CheXlocalize (2828 x 2320, 2021 x 2022:
+#: shorter sides above 1024), relative to the real-data folder; keyed by their file's sha256.
 IMAGES = (
     "nih/00000001_000.png",
     "chexlocalize/valid/patient64541/study1/view1_frontal.jpg",
     "chexlocalize/valid/patient64542/study1/view1_frontal.jpg",
 )
+#: Extreme-aspect inputs: crops of the larger CheXpert JPEG as Pillow decodes it, written losslessly
+#: as PNG (``golden_inputs``): name -> (source, (left, top, width, height)). Keyed by name, since a
+#: PNG's bytes depend on its encoder; the golden file records the sha256 of their pixels instead.
+CROPS = {
+    "wide1600x600": (IMAGES[1], (614, 1000, 1600, 600)),
+    "tall600x1600": (IMAGES[1], (900, 360, 600, 1600)),
+}
+#: Every golden input: the radiographs, then the crops.
+INPUTS = (*IMAGES, *CROPS)
 DATASET = "chexlocalize"
 #: The metric frame's side the windows and upsampled maps are stated in.
 FRAME = 224
 #: Classes whose upsampled map the golden file keeps (positions in the class list): one pins the rule.
 UPSAMPLED_CLASSES = (0,)
-MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip")
+#: The transformers dual encoders (MedSigLIP, XrayCLIP, XraySigLIP): their published configs with
+#: :data:`HF_LAYERS` vision and text blocks and seeded random weights.
+HF_MODELS = ("medsiglip", "xray_clip", "xray_siglip")
+HF_LAYERS = 1
+MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", "chexzero", "biovil", "biovil_t",
+          "gloria", *HF_MODELS)
 
 
 def classes() -> list[str]:
@@ -49,6 +68,55 @@ def classes() -> list[str]:
 def image_key(path: Path) -> str:
     """The first 12 hex digits of the file's sha256: the golden file names its inputs by content."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def pixel_digest(path: Path) -> str:
+    """The first 12 hex digits of the sha256 of the image's decoded pixels (Pillow), with its size."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        pixels = np.asarray(image)
+    return hashlib.sha256(f"{pixels.dtype}{pixels.shape}".encode() + pixels.tobytes()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class GoldenInput:
+    """One input of the golden files: ``name`` (a file relative to the real-data folder, or a
+    :data:`CROPS` name), ``key`` (its entries' prefix in a golden file), ``path`` (the file read) and,
+    for a crop, ``pixels`` (:func:`pixel_digest`)."""
+
+    name: str
+    key: str
+    path: Path
+    pixels: str | None = None
+
+    def record(self) -> dict:
+        """Its entry in a golden file's ``meta["images"]``; a crop's says how it was cut and its pixels' digest."""
+        if self.name not in CROPS:
+            return {"file": self.name, "key": self.key}
+        source, box = CROPS[self.name]
+        return {"file": self.name, "key": self.key, "crop_of": source, "left_top_width_height": list(box),
+                "pixels": self.pixels}
+
+
+def golden_inputs(root: Path, names: list[str] | tuple[str, ...], scratch: Path) -> list[GoldenInput]:
+    """``names`` (:data:`INPUTS` by default) as files: a radiograph is read where it is under
+    ``root``; a crop is cut from its source (Pillow's decode) and written as PNG into ``scratch``."""
+    from PIL import Image
+
+    found = []
+    for name in names:
+        if name not in CROPS:
+            found.append(GoldenInput(name, image_key(Path(root) / name), Path(root) / name))
+            continue
+        source, (left, top, width, height) = CROPS[name]
+        with Image.open(Path(root) / source) as image:
+            crop = image.crop((left, top, left + width, top + height))
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        path = Path(scratch) / f"{name}.png"
+        crop.save(path, format="PNG")
+        found.append(GoldenInput(name, name, path, pixel_digest(path)))
+    return found
 
 
 def write_weights(model: str, folder: Path) -> Path:
@@ -69,13 +137,24 @@ def write_weights(model: str, folder: Path) -> Path:
         return random_weights.write_clip(folder, seed=SEED)
     if model == "biomedclip":
         return random_weights.write_biomedclip(folder, seed=SEED)
+    if model == "chexzero":  # ViT-B/32 at 2 vision blocks and 1 text block, its open_clip config in the folder
+        random_weights.register_small_chexzero(folder / CHEXZERO_ARCH)
+        return random_weights.write_chexzero(folder, arch=random_weights.SMALL_CHEXZERO, seed=SEED)
+    if model in ("biovil", "biovil_t"):
+        writer = random_weights.write_biovil if model == "biovil" else random_weights.write_biovil_t
+        return writer(folder, seed=SEED)
+    if model == "gloria":
+        return random_weights.write_gloria(folder, seed=SEED)
+    if model in HF_MODELS:
+        config, preprocessor = random_weights.published_hf_dual_encoder(model, HF_LAYERS, HF_LAYERS)
+        return random_weights.write_hf_dual_encoder(folder, config, preprocessor, seed=SEED)
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
 def prompts(model: str) -> list | dict:
     """The prompts XBench sends for :func:`classes`: MedKLIP's and MAVL's query book (entities, whose
-    texts both sides read from the checkpoint folder), KAD's query set, CARZero's one prompt per
-    class, the open_clip models' (positive, negative) pair per class."""
+    texts both sides read from the checkpoint folder), KAD's query set, CARZero's and GLoRIA's one
+    prompt per class, the (positive, negative) pair per class of the CLIPs and BioViLs."""
     keys = classes()
     if model in ("medklip", "mavl"):  # the query texts are the checkpoint folder's files; the book is ours
         from xbench.models.medklip import entity_book
@@ -93,13 +172,21 @@ def prompts(model: str) -> list | dict:
         from xbench.models.carzero import prompt_for
 
         return [prompt_for(key) for key in keys]
-    if model in ("clip", "biomedclip"):
-        from xbench.findings import finding_text
-        from xbench.models.biomedclip import BiomedCLIP
-        from xbench.models.clip import CLIP
+    from xbench.findings import finding_text
 
-        built = CLIP() if model == "clip" else BiomedCLIP()
+    if model == "gloria":
+        from xbench.models.gloria import TEMPLATE
+
+        return [TEMPLATE.format(finding_text(key)) for key in keys]
+    if model in ("clip", "biomedclip", "chexzero", "biovil", "biovil_t"):
+        built = xbench_class(model)()
         return [[built.pos_template.format(finding_text(k)), built.neg_template.format(finding_text(k))] for k in keys]
+    if model in HF_MODELS:  # a CLIP folder's (positive, negative) pair; a SigLIP's positive prompt alone
+        from xbench.models.hf_dual_encoder import CLIP_NEGATIVE
+        from xbench.models.random_weights import HF_DUAL_ENCODERS
+
+        pair = HF_DUAL_ENCODERS[model]["config"]["model_type"] == "clip"
+        return [[finding_text(k), CLIP_NEGATIVE.format(finding_text(k))][: 2 if pair else 1] for k in keys]
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
@@ -128,73 +215,134 @@ def load_golden(path: Path) -> tuple[dict[str, dict[str, np.ndarray]], list[str]
 
 # -- XBench's side ------------------------------------------------------------------------------------
 
-LOGIT_ATOL = 1e-4
-#: Raw maps: 1e-4 of each golden map's spread (max - min), the scale of the normalised map the
-#: metrics see (attention maps are ~1/196 in absolute terms).
-MAP_RTOL_OF_SPREAD = 1e-4
-WINDOW_ATOL = 1e-3
-#: The golden's upsampled map is float16: its rounding (2^-11 of the value) is allowed on top.
+#: Where a chexzero weights folder keeps the open_clip config of its small architecture.
+CHEXZERO_ARCH = "arch"
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far XBench's run may be from a golden file: logits (absolute), raw maps (``map_atol`` plus
+    ``map_rtol_of_spread`` times each golden map's spread, max - min: the scale of the normalised map
+    the metrics see), windows (frame pixels). The golden's ``upsampled`` map is float16: its rounding
+    (:data:`FLOAT16_RTOL` of the value) is allowed on top of the raw maps' allowance."""
+
+    logits: float = 1e-4
+    map_atol: float = 0.0
+    map_rtol_of_spread: float = 1e-4
+    window: float = 1e-3
+
+
+#: Per model (measured within 2e-6 when each golden file was made; room for another machine's float
+#: order and batch size only): the spread rule for the attention maps (~1/196 in absolute terms) and
+#: the transformers dual encoders, absolute bounds for the other beyond-the-paper models, whose maps are cosines.
+TOLERANCES = {
+    **{model: Tolerance()
+       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS)},
+    **{model: Tolerance(logits=1e-5, map_atol=1e-5, map_rtol_of_spread=0.0, window=1e-4)
+       for model in ("chexzero", "biovil", "biovil_t", "gloria")},
+}
 FLOAT16_RTOL = 2.0**-11
+#: The (cache, DataLoader workers) settings a run is compared under, each giving the golden numbers:
+#: the file decoded in the main process, and the decoded-image cache read in two workers -- each
+#: image through both cache states and both worker counts in two runs (a run costs the text side
+#: and every image's forward, seconds a model on two cores).
+SETTINGS = ((False, 0), (True, 2))
+#: Images per batch in those runs (more than one: a batch must not change a number).
+BATCH_SIZE = 2
+
+
+def xbench_class(model: str):
+    """XBench's model class for ``model``."""
+    from xbench.models.biomedclip import BiomedCLIP
+    from xbench.models.biovil import BioViL, BioViLT
+    from xbench.models.carzero import CARZero
+    from xbench.models.chexzero import CheXzero
+    from xbench.models.clip import CLIP
+    from xbench.models.gloria import GLoRIA
+    from xbench.models.hf_dual_encoder import HFDualEncoder
+    from xbench.models.kad import KAD
+    from xbench.models.mavl import MAVL
+    from xbench.models.medklip import MedKLIP
+
+    return {"medklip": MedKLIP, "mavl": MAVL, "kad-224": KAD, "kad-512": KAD, "carzero": CARZero, "clip": CLIP,
+            "biomedclip": BiomedCLIP, "chexzero": CheXzero, "biovil": BioViL, "biovil_t": BioViLT,
+            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder)}[model]
 
 
 def build_xbench(model: str, folder: Path):
-    """XBench's model of ``model`` on the checkpoint folder, built for :func:`classes`, in eval mode."""
-    if model in ("medklip", "mavl"):
-        from xbench.models.mavl import MAVL
-        from xbench.models.medklip import MedKLIP
+    """XBench's model of ``model`` on the checkpoint folder, as its config builds it, writing no results
+    (``trainer.test`` builds its text side for the datamodule's classes)."""
+    options = {"checkpoint_dir": str(folder)}
+    if model.startswith("kad-"):
+        options["variant"] = int(model.removeprefix("kad-"))
+    if model == "chexzero" and (Path(folder) / CHEXZERO_ARCH).is_dir():
+        from xbench.models import random_weights
 
-        built = {"medklip": MedKLIP, "mavl": MAVL}[model](checkpoint_dir=str(folder), channels_last=False)
-    elif model.startswith("kad-"):
-        from xbench.models.kad import KAD
-
-        built = KAD(checkpoint_dir=str(folder), variant=int(model.removeprefix("kad-")), channels_last=False)
-        built.dataset_name = DATASET
-    else:
-        from xbench.models.biomedclip import BiomedCLIP
-        from xbench.models.carzero import CARZero
-        from xbench.models.clip import CLIP
-
-        built = {"carzero": CARZero, "clip": CLIP, "biomedclip": BiomedCLIP}[model](checkpoint_dir=str(folder))
-    built.build(classes())
-    return built.eval()
+        options["arch"] = random_weights.register_small_chexzero(Path(folder) / CHEXZERO_ARCH)
+    return xbench_class(model)(**options)
 
 
-def differences(model, path: Path, expected: dict[str, np.ndarray]) -> dict[str, float]:
-    """XBench's whole path from the image file against one image's golden entries: the largest
-    logit difference, the largest raw-map difference as a share of the map's spread, the largest
-    window difference (frame pixels), and by how much the upsampled map leaves its allowance
-    (<= 0: within; the map upsampled onto the model's input, window = the whole input, by the
-    model's rule -- for KAD, whose input is the whole frame, its placement in the frame itself)."""
-    from xbench.data.io import read_image
-    from xbench.models.saliency import place_in_frame
+def differences(model: str, found: dict[str, np.ndarray], expected: dict[str, np.ndarray], map_upsample: str
+                ) -> dict[str, float]:
+    """What XBench's run gave for one image (``found``: logits, raw maps, window) against the image's
+    golden entries, each as a share of its tolerance (<= 1: within): the largest logit difference,
+    the largest raw-map difference, the largest window difference and, where the golden keeps it,
+    the upsampled map (the raw map upsampled onto the model's input by ``map_upsample``, the model's
+    rule -- for KAD, whose input is the whole frame, its placement in the frame itself)."""
+    from xbench.geometry.maps import place_in_frame
 
-    inputs, window = model.preprocess(read_image(path), frame=FRAME)
-    with torch.no_grad():
-        logits, maps = model(inputs[None])
-    spread = expected["maps"].max(axis=(1, 2), keepdims=True) - expected["maps"].min(axis=(1, 2), keepdims=True)
-    chosen = list(UPSAMPLED_CLASSES)
-    whole_input = torch.tensor([[0.0, 0.0, FRAME, FRAME]])
-    upsampled = place_in_frame(maps[:, chosen], whole_input, (FRAME, FRAME), model.preprocess.map_upsample)
-    reference = expected["upsampled"].astype(np.float32)
-    allowed = MAP_RTOL_OF_SPREAD * spread[chosen] + FLOAT16_RTOL * np.abs(reference)
-    return {
-        "logits": float(np.abs(logits[0].float().numpy() - expected["logits"]).max()),
-        "maps": float((np.abs(maps[0].float().numpy() - expected["maps"]) / spread).max()),
-        "window": float(np.abs(np.asarray(window, dtype=np.float32) - expected["window"]).max()),
-        "upsampled_excess": float((np.abs(upsampled[0].numpy() - reference) - allowed).max()),
+    tolerance = TOLERANCES[model]
+    golden_maps = expected["maps"]
+    spread = golden_maps.max(axis=(1, 2), keepdims=True) - golden_maps.min(axis=(1, 2), keepdims=True)
+    map_allowed = tolerance.map_atol + tolerance.map_rtol_of_spread * spread
+    shares = {
+        "logits": float(np.abs(found["logits"] - expected["logits"]).max() / tolerance.logits),
+        "maps": float((np.abs(found["maps"] - golden_maps) / map_allowed).max()),
+        "window": float(np.abs(found["window"] - expected["window"]).max() / tolerance.window),
     }
+    if "upsampled" in expected:
+        chosen = list(UPSAMPLED_CLASSES)
+        whole_input = torch.tensor([[0.0, 0.0, FRAME, FRAME]])
+        maps = torch.from_numpy(found["maps"][chosen])[None]
+        upsampled = place_in_frame(maps, whole_input, (FRAME, FRAME), map_upsample)[0].numpy()
+        reference = expected["upsampled"].astype(np.float32)
+        allowed = map_allowed[chosen] + FLOAT16_RTOL * np.abs(reference)
+        shares["upsampled"] = float((np.abs(upsampled - reference) / allowed).max())
+    return shares
 
 
-def compare(model_name: str, golden: Path, folder: Path, root: Path) -> dict[str, dict[str, float]]:
-    """:func:`differences` for every image of the golden file (its ``meta`` names them)."""
+def check_inputs(inputs: list[GoldenInput], golden: Path, meta: dict) -> None:
+    """The inputs are those ``golden`` was made from: a file by its sha256, a crop by its pixels."""
+    recorded = {record["file"]: record for record in meta["images"]}
+    for item in inputs:
+        record = recorded.get(item.name)
+        if record is None or record["key"] != item.key:
+            raise ValueError(f"{item.path} (key {item.key}) is not an input of {golden}: it was made from "
+                             f"{[(r['file'], r['key']) for r in meta['images']]}")
+        if record.get("pixels") != item.pixels:
+            raise ValueError(f"{item.path}: the crop {item.name}'s pixels are not those {golden} was made from "
+                             "(another JPEG decoder?)")
+
+
+def compare(model_name: str, golden: Path, folder: Path, root: Path, scratch: Path
+            ) -> dict[tuple[bool, int], dict[str, dict[str, float]]]:
+    """XBench's run (``run_path.run_xbench``: datamodule, ``trainer.test``) on the golden file's
+    inputs, under each of :data:`SETTINGS`, against the file: ``{(cache, workers): {input name:
+    :func:`differences`}}``. The crops are written into ``scratch``."""
+    from run_path import run_xbench
+
     per_image, _, meta = load_golden(golden)
+    inputs = golden_inputs(root, [record["file"] for record in meta["images"]], scratch)
+    check_inputs(inputs, golden, meta)
     model = build_xbench(model_name, folder)
     result = {}
-    for record in meta["images"]:
-        path = root / record["file"]
-        if image_key(path) != record["key"]:
-            raise ValueError(f"{path} is not the image {golden} was made from (sha256 {record['key']}...)")
-        result[record["file"]] = differences(model, path, per_image[record["key"]])
+    for cache, workers in SETTINGS:
+        found = run_xbench(model, {item.key: item.path for item in inputs}, cache=cache, num_workers=workers,
+                           batch_size=BATCH_SIZE)
+        result[cache, workers] = {
+            item.name: differences(model_name, found[item.key], per_image[item.key], model.map_upsample)
+            for item in inputs
+        }
     return result
 
 
@@ -206,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     weights.add_argument("folder", type=Path)
     prompt = sub.add_parser("prompts", help="print the classes and XBench's prompts as JSON")
     prompt.add_argument("model", choices=MODELS)
-    check = sub.add_parser("compare", help="XBench's whole path against a golden file, per image")
+    check = sub.add_parser("compare", help="XBench's run against a golden file, per setting and image")
     check.add_argument("model", choices=MODELS)
     check.add_argument("golden", type=Path)
     check.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -217,8 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "prompts":
         json.dump({"classes": classes(), "prompts": prompts(args.model)}, sys.stdout)
     else:
-        for name, found in compare(args.model, args.golden, args.checkpoint_dir, args.real_data).items():
-            print(name, " ".join(f"{key} {value:.2e}" for key, value in found.items()))
+        with tempfile.TemporaryDirectory() as scratch:
+            results = compare(args.model, args.golden, args.checkpoint_dir, args.real_data, Path(scratch))
+        for (cache, workers), per_image in results.items():
+            for name, shares in per_image.items():
+                verdict = "ok" if max(shares.values()) <= 1 else "DIFFERS"
+                print(f"cache {'on ' if cache else 'off'} workers {workers} {name}: {verdict} "
+                      + " ".join(f"{key} {value:.2g}" for key, value in shares.items()))
 
 
 if __name__ == "__main__":
@@ -254,8 +407,8 @@ def parity_arguments(description: str, authors_repo: bool = True) -> argparse.Ar
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights in XBench's layout (default: seeded random)")
     parser.add_argument("--real-data", type=Path, default=REPO.parent / "shared" / "data" / "real",
                         help="the folder the images are named relative to")
-    parser.add_argument("--images", nargs="+", default=list(IMAGES),
-                        help="radiographs under --real-data (default: IMAGES)")
+    parser.add_argument("--images", nargs="+", default=list(INPUTS),
+                        help="radiographs under --real-data or CROPS names (default: INPUTS)")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden")
     parser.add_argument("--xbench-python", type=Path, default=REPO / ".venv" / "bin" / "python",
                         help="the Python of XBench's environment (writes the random weights, states the prompts)")
@@ -271,5 +424,3 @@ def git_commit(repo: Path) -> str:
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 
 
-def image_records(root: Path, names: list[str]) -> list[dict]:
-    return [{"file": name, "key": image_key(root / name)} for name in names]

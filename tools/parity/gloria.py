@@ -60,7 +60,7 @@ from PIL import Image
 from xbench.findings import PAPER_CLASSES, finding_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASET, FRAME, IMAGES, SEED, image_key, save_golden  # noqa: E402
+from common import DATASET, FRAME, INPUTS, SEED, golden_inputs, save_golden  # noqa: E402
 
 LETTERBOX = 256
 CROP = 224
@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--authors-repo", type=Path, required=True)
     parser.add_argument("--real-data", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path("tests/golden"))
+    parser.add_argument("--images", nargs="+", default=list(INPUTS),
+                        help="radiographs under --real-data or CROPS names (default: INPUTS)")
     parser.add_argument("--checkpoint-dir", type=Path, help="real weights in XBench's layout; default: seeded random")
     parser.add_argument("--manifest", type=Path, help="also write the key manifest here")
     args = parser.parse_args(argv)
@@ -163,7 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.manifest is not None:
         write_manifest(builder, random_weights.gloria_hyper_parameters(), args.manifest, scratch)
     model = load_authors_model(builder, folder / CHECKPOINT_FILE, folder / TEXT_FOLDER)
-    paths = [args.real_data / relative for relative in IMAGES]
+    inputs = golden_inputs(args.real_data, args.images, scratch / "inputs")
+    paths = [item.path for item in inputs]
     classes = list(PAPER_CLASSES[DATASET])
     prompts = {key: [TEMPLATE.format(finding_text(key))] for key in classes}
     with torch.no_grad():
@@ -197,9 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         off = np.abs(standardised - expected).max()
         raise RuntimeError(f"zero_shot_classification is not get_similarities standardised (off by {off:.2e})")
     per_image = {}
-    for index, path in enumerate(paths):
-        key = image_key(path)
-        per_image[key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].astype(np.float32),
+    for index, (item, path) in enumerate(zip(inputs, paths)):
+        per_image[item.key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].astype(np.float32),
                           "window": crop_window(model, path)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         "text_config": {k: bert[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size")},
         "dataset": DATASET,
         "prompts": [p for (p,) in prompts.values()],
-        "images": {image_key(p): str(r) for p, r in zip(paths, IMAGES)},
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "pillow": PIL.__version__,
                      "numpy": np.__version__, "transformers": transformers.__version__},
         "adaptations": "BERT built from the local config (weights from the checkpoint); no ImageNet download; "

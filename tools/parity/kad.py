@@ -75,8 +75,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         folder = common.checkpoint_folder(model_name, args.checkpoint_dir, args.xbench_python, scratch)
-        inputs = json.loads(common.xbench_command(args.xbench_python, "prompts", model_name))
-        text_list = inputs["prompts"]
+        sent = json.loads(common.xbench_command(args.xbench_python, "prompts", model_name))
+        text_list = sent["prompts"]
         bert = bert_folder(folder / "Med-KEBERT", scratch)
 
         image_encoder = clip_tqn.ModelRes("resnet50") if args.variant == 224 else clip_tqn.ModelRes512("resnet50")
@@ -106,10 +106,11 @@ def main() -> None:
         normalize,
     ])
     per_image = {}
+    inputs = common.golden_inputs(args.real_data, args.images, Path(tempfile.mkdtemp(prefix="golden-inputs-")))
     with torch.no_grad():
         text_features = visualize.get_text_features(text_encoder, text_list, tokenizer, "cpu", max_length=256)
-        for record in common.image_records(args.real_data, args.images):
-            img = Image.open(args.real_data / record["file"]).convert("RGB")
+        for item in inputs:
+            img = Image.open(item.path).convert("RGB")
             image = transform(img).unsqueeze(0)
             image_features, _ = image_encoder(image)
             pred_class, atten_map = model(image_features, text_features, return_atten=True)
@@ -119,7 +120,7 @@ def main() -> None:
                 cv2.resize(maps[c], (common.FRAME, common.FRAME), interpolation=cv2.INTER_LINEAR)
                 for c in common.UPSAMPLED_CLASSES
             ])
-            per_image[record["key"]] = {
+            per_image[item.key] = {
                 "logits": (pred_class[0, :, 1] - pred_class[0, :, 0]).numpy().astype(np.float32),
                 "maps": maps.astype(np.float32),
                 "window": np.array([0, 0, common.FRAME, common.FRAME], dtype=np.float32),
@@ -137,7 +138,7 @@ def main() -> None:
         "seed": common.SEED,
         "text_encoder_config": text_config,
         "prompts": text_list,
-        "images": common.image_records(args.real_data, args.images),
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "transformers": transformers.__version__, "pillow": Image.__version__, "opencv": cv2.__version__},
         "upsampled": f"cv2.resize(map, ({common.FRAME}, {common.FRAME}), INTER_LINEAR) of classes "
@@ -146,7 +147,7 @@ def main() -> None:
         "window": "KAD's input is the whole radiograph: the window is the whole frame",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    common.save_golden(common.golden_path(args.out, model_name), per_image, inputs["classes"], meta)
+    common.save_golden(common.golden_path(args.out, model_name), per_image, sent["classes"], meta)
 
 
 if __name__ == "__main__":

@@ -104,9 +104,10 @@ def main() -> None:
     normalize = transforms.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     transform = transforms.Compose([transforms.Resize([224, 224]), transforms.ToTensor(), normalize])
     per_image = {}
+    inputs = common.golden_inputs(args.real_data, args.images, Path(tempfile.mkdtemp(prefix="golden-inputs-")))
     with torch.no_grad():
-        for record in common.image_records(args.real_data, args.images):
-            image = transform(Image.open(args.real_data / record["file"]).convert("RGB")).unsqueeze(0)
+        for item in inputs:
+            image = transform(Image.open(item.path).convert("RGB")).unsqueeze(0)
             if args.model == "medklip":
                 out, ws = model(image, None, is_train=False)
             else:
@@ -125,7 +126,7 @@ def main() -> None:
                 upsampled = chosen.numpy().repeat(16, axis=1).repeat(16, axis=2)
             else:
                 upsampled = F.interpolate(chosen[None], (224, 224), mode="bilinear", align_corners=True)[0].numpy()
-            per_image[record["key"]] = {
+            per_image[item.key] = {
                 "logits": logits.numpy().astype(np.float32),
                 "maps": maps.numpy().astype(np.float32),
                 "window": np.array([0, 0, common.FRAME, common.FRAME], dtype=np.float32),
@@ -143,7 +144,7 @@ def main() -> None:
         "seed": common.SEED,
         "text_encoder_config": text_config,
         "prompts": queries,
-        "images": common.image_records(args.real_data, args.images),
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__,
                      "transformers": transformers.__version__, "pillow": Image.__version__},
         "upsampled": f"classes {list(common.UPSAMPLED_CLASSES)} at 224 as the authors upsample: "

@@ -68,8 +68,8 @@ def main() -> None:
     parser = common.parity_arguments(__doc__.splitlines()[0], authors_repo=False)
     parser.add_argument("--model", choices=("clip", "biomedclip"), required=True)
     args = parser.parse_args()
-    inputs = json.loads(common.xbench_command(args.xbench_python, "prompts", args.model))
-    positive, negative = (list(side) for side in zip(*inputs["prompts"]))
+    sent = json.loads(common.xbench_command(args.xbench_python, "prompts", args.model))
+    positive, negative = (list(side) for side in zip(*sent["prompts"]))
     with tempfile.TemporaryDirectory() as scratch:
         folder = common.checkpoint_folder(args.model, args.checkpoint_dir, args.xbench_python, Path(scratch))
         model, preprocess, tokenizer, project = load(args.model, folder.resolve())
@@ -79,8 +79,9 @@ def main() -> None:
             pos = F.normalize(model.encode_text(pos_tokens), dim=-1)
             neg = F.normalize(model.encode_text(neg_tokens), dim=-1)
             per_image = {}
-            for record in common.image_records(args.real_data, args.images):
-                x = preprocess(Image.open(args.real_data / record["file"]))[None]
+            inputs = common.golden_inputs(args.real_data, args.images, Path(scratch) / "inputs")
+            for item in inputs:
+                x = preprocess(Image.open(item.path))[None]
                 image = F.normalize(model.encode_image(x), dim=-1)
                 logits = model.logit_scale.exp() * (image @ pos.T - image @ neg.T)
                 grid = model.visual.forward_intermediates(x, indices=1, normalize_intermediates=True,
@@ -89,10 +90,10 @@ def main() -> None:
                 maps = (patches @ pos.T).transpose(1, 2).unflatten(-1, grid.shape[-2:])  # [1, C, h, w]
                 upsampled = F.interpolate(maps[:, list(common.UPSAMPLED_CLASSES)], size=(224, 224), mode="bilinear",
                                           align_corners=False)
-                per_image[record["key"]] = {
+                per_image[item.key] = {
                     "logits": logits[0].numpy().astype(np.float32),
                     "maps": maps[0].numpy().astype(np.float32),
-                    "window": window(args.real_data / record["file"]),
+                    "window": window(item.path),
                     "upsampled": upsampled[0].numpy().astype(np.float16),
                 }
         text_config = (json.loads((folder / "config.json").read_text()) if args.model == "biomedclip"
@@ -106,9 +107,9 @@ def main() -> None:
         "weights": common.weights_source(args.model, args.checkpoint_dir),
         "seed": common.SEED,
         "text_encoder_config": text_config,
-        "prompts": inputs["prompts"],
+        "prompts": sent["prompts"],
         "token_ids": {"positive": pos_tokens.tolist(), "negative": neg_tokens.tolist()},
-        "images": common.image_records(args.real_data, args.images),
+        "images": [item.record() for item in inputs],
         "versions": {"torch": torch.__version__, "open_clip": open_clip.__version__, "timm": timm.__version__,
                      "transformers": transformers.__version__, "pillow": PIL.__version__},
         "preprocess": str(preprocess),
@@ -119,7 +120,7 @@ def main() -> None:
         "tolerance": "open_clip resizes the 8-bit PIL image (bicubic, Pillow's antialiasing) and rounds to 8 bits",
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    common.save_golden(common.golden_path(args.out, args.model), per_image, inputs["classes"], meta)
+    common.save_golden(common.golden_path(args.out, args.model), per_image, sent["classes"], meta)
 
 
 if __name__ == "__main__":

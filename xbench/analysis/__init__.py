@@ -20,7 +20,7 @@ _HOMES = {
     "Settings": "settings",
     "Run": "runs", "load_run": "runs",
     "analysis_tables": "tables", "calibration_table": "tables", "correlation_table": "tables",
-    "difference_table": "tables", "format_interval": "tables", "interval_table": "tables", "strata_table": "tables",
+    "difference_table": "tables", "interval_table": "tables", "strata_table": "tables",
 }
 
 __all__ = sorted(_HOMES)

@@ -115,7 +115,7 @@ def grounding_statistics(
 
     Args:
         pairs: the run's graded pairs (``pairs.image`` indexes the columns of ``weights``).
-        weights: float64 [R + 1, N] image multiplicities (:func:`~xbench.analysis.bootstrap.resample_weights`).
+        weights: float64 [R + 1, N] image multiplicities (:func:`~xbench.metrics.bootstrap.resample_weights`).
         calibration: how the calibrated tau is chosen; ``None`` skips it.
         strata: int64 [P] stratum of each pair (:func:`size_strata`); ``None``: one stratum.
     """

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from xbench.analysis.bootstrap import assign_folds, random_stream, resample_weights
+from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
 from xbench.analysis.grounding import (
     CrossFitting,
     ValidationChoice,

@@ -1,6 +1,6 @@
 """Results folders read back as tensors, and runs grouped by dataset for paired analyses.
 
-A results folder (``xbench.reporting.results``) keeps one row per (image, class) in
+A results folder (``xbench.results.write``) keeps one row per (image, class) in
 ``pairs.csv.gz``: the label and logit, and for graded pairs ``|R|``, the Pointing Game hit, the
 CNR and the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
 
@@ -20,7 +20,10 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.reporting.folder import METRICS as METRICS_FILE, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns, read_results
+from xbench.results.folder import (
+    METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
+    read_results, read_table,
+)
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
 PAIR_COLUMNS = ("image_index", "image_id", "class", "label", "logit", "graded", "region_px", "hit", "cnr",
@@ -50,7 +53,8 @@ class Run:
     dataset: str
     classes: tuple[str, ...]
     image_size: int
-    #: ``{"class_path", "init_args"}`` of the model without ``results_dir``: what makes two runs the same model.
+    #: ``{"class_path", "init_args"}`` of the model (output options of older folders aside): what makes
+    #: two runs the same model.
     model_config: dict
     image_ids: tuple[str, ...]  # sorted
     labels: Tensor  # int64 [N, C]: 1, 0, -1 unknown
@@ -94,13 +98,17 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     for path in (metrics_path, pairs_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
-    metrics = read_results(folder)
+    metrics = read_results(folder, {"data": (dict, ("image_size",))})
     classes = tuple(metrics["classes"])
-    table = pd.read_csv(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+    table = read_table(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
                         na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})
     missing = [c for c in PAIR_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"{pairs_path}: columns missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+    if table["graded"].dtype != bool:
+        raise ValueError(f"{pairs_path}: the graded column must hold True or False only; the file was edited or damaged")
+    numeric = [c for c in PAIR_COLUMNS if c not in ("image_id", "class", "graded")]
+    table[numeric] = table[numeric].apply(pd.to_numeric, errors="coerce")  # text becomes NaN, named by the checks below
     where = lambda rows: f"{pairs_path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
 
     class_index = pd.Categorical(table["class"], categories=classes).codes.astype(np.int64)
@@ -137,7 +145,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         image_size=int(metrics["data"]["image_size"]),
         model_config={
             "class_path": model_section["class_path"],
-            "init_args": {k: v for k, v in model_section.get("init_args", {}).items() if k != "results_dir"},
+            "init_args": {k: v for k, v in model_section.get("init_args", {}).items() if k not in MODEL_OUTPUT_OPTIONS},
         },
         image_ids=tuple(image_ids.tolist()),
         labels=torch.from_numpy(labels.astype(np.int64)),
@@ -180,7 +188,7 @@ def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: n
         raise FileNotFoundError(
             f"{path} is missing: --queries reads a phrase dataset's run (MS-CXR); {folder} has no queries"
         )
-    table = pd.read_csv(path, dtype={"image_id": str, "finding": str, "phrase": str, "view": str},
+    table = read_table(path, dtype={"image_id": str, "finding": str, "phrase": str, "view": str},
                         keep_default_na=False, na_values={c: [""] for c in ("cnr", "region_px", "hit")})
     where = lambda rows: f"{path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
     chosen = np.flatnonzero(table["view"].to_numpy() == view)
@@ -227,8 +235,7 @@ def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[Data
 
     Runs on one dataset must cover the same image ids with the same classes (the paired
     bootstrap resamples images shared by all models). A validation run belongs to the test run of
-    the same dataset and the same model configuration (class path and init args, ``results_dir``
-    aside); its images must not overlap the test images.
+    the same dataset and the same model configuration (class path and init args); its images must not overlap the test images.
     """
     by_dataset: dict[str, list[Run]] = {}
     for run in runs:

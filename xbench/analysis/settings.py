@@ -1,11 +1,12 @@
 """The analysis settings and their command-line options, shared by ``xbench.analyze`` and
-``xbench.report``. Free of torch, so that a CLI parses its arguments before loading anything heavy.
-"""
+``xbench.report``."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+
+from xbench.metrics.bootstrap import CONFIDENCE, REPLICATES, SEED
 
 #: Lesion area as a fraction of the image: < 1 %, 1-10 %, >= 10 % (README: "Lesion-size strata").
 DEFAULT_SIZE_BINS = (0.01, 0.1)
@@ -20,26 +21,27 @@ class Settings:
     queries: analyse a phrase dataset's (image, query) pairs of this view (``query``: as each model
     grounds a phrase; ``finding_name``: by the finding's name) in place of its (image, class) pairs."""
 
-    replicates: int = 1000
-    seed: int = 0
-    confidence: float = 0.95
+    replicates: int = REPLICATES
+    seed: int = SEED
+    confidence: float = CONFIDENCE
     folds: int = 5
     size_bins: tuple[float, ...] = field(default=DEFAULT_SIZE_BINS)
     queries: str | None = None
 
     def __post_init__(self) -> None:
         if self.replicates < 1:
-            raise ValueError(f"replicates must be at least 1; got {self.replicates}")
+            raise ValueError(f"--replicates must be at least 1; got {self.replicates}")
         if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence must lie in (0, 1); got {self.confidence}")
+            raise ValueError(f"--confidence must lie in (0, 1), e.g. 0.95; got {self.confidence}")
         if self.folds < 2:
-            raise ValueError(f"folds must be at least 2; got {self.folds}")
+            raise ValueError(f"--folds must be at least 2; got {self.folds}")
         bins = tuple(float(b) for b in self.size_bins)
         if not all(0 < b < 1 for b in bins) or list(bins) != sorted(set(bins)):
-            raise ValueError(f"size_bins must be strictly increasing fractions in (0, 1); got {list(self.size_bins)}")
+            raise ValueError(f"--size-bins must be strictly increasing fractions of the image in (0, 1), e.g. 0.01 0.1; got "
+                             f"{list(self.size_bins)}")
         object.__setattr__(self, "size_bins", bins)
         if self.queries not in (None, *QUERY_VIEWS):
-            raise ValueError(f"queries must be one of {', '.join(QUERY_VIEWS)}; got {self.queries!r}")
+            raise ValueError(f"--queries must be one of {', '.join(QUERY_VIEWS)}; got {self.queries!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -1,27 +1,18 @@
-"""Reading the CSV and JSON files that datasets ship (and results folders hold), with errors that
-name the file and the line.
+"""Reading the CSV files that datasets ship, with errors that name the file and the line.
 
-Files are read as downloaded: a UTF-8 byte-order mark is tolerated, header names and values are
-compared with surrounding spaces stripped (SIIM's header is ``ImageId, EncodedPixels``, with a
-space, and its values carry a leading space in some copies but not in others).
+Files are read as downloaded (:func:`xbench.files.open_text`): a UTF-8 byte-order mark is
+tolerated, header names and values are compared with surrounding spaces stripped (SIIM's header is
+``ImageId, EncodedPixels``, with a space, and its values carry a leading space in some copies but
+not in others).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-
-def read_json(path: Path):
-    """The JSON in ``path``; an empty or truncated file is an error naming it and the place."""
-    try:
-        with open(path, encoding="utf-8-sig") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as error:
-        state = "is empty" if not Path(path).stat().st_size else f"is not valid JSON ({error})"
-        raise ValueError(f"{path} {state}: was it truncated? Download or write it again.") from None
+from xbench.files import open_text
 
 
 def read_csv_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -30,7 +21,7 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> Iterator[tuple[int, dic
     ``columns`` must all be in the header (other columns are ignored); a row with fewer fields
     than the header is an error naming its line.
     """
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with open_text(path) as handle:
         reader = csv.reader(handle)
         header = [name.strip() for name in next(reader, [])]
         missing = [name for name in columns if name not in header]

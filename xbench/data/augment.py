@@ -17,12 +17,9 @@ import warnings
 import albumentations as A
 import numpy as np
 
+from xbench.seeds import sample_seed
+
 AugmentConfig = list[dict] | dict
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """The random seed of one sample: depends only on the run's seed and the sample's index."""
-    return seed * 1_000_003 + index
 
 
 def build_pipeline(config: AugmentConfig) -> A.Compose:

@@ -24,10 +24,12 @@ out). Class-level datasets carry none of these keys.
 
 from __future__ import annotations
 
+import shutil
+import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-import warnings
 from typing import TYPE_CHECKING, ClassVar
 
 import lightning as L
@@ -42,23 +44,32 @@ from xbench.cache import cache_root
 from xbench.data import augment, cache, io, queries, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
 from xbench.data.cache import (
-    NATIVE_SHORTER_SIDE,
+    CacheDamagedError,
     CachedDataset,
     build_cache,
+    check_folder,
     code_digest,
     fingerprint,
     folder_size,
     quantise,
 )
-from xbench.data.io import read_image
+from xbench.data.io import read_coded
 from xbench.data.queries import query_fields
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
+from xbench.geometry import image as coded_image
+from xbench.geometry.image import CodedImage
+from xbench.geometry.preprocess import Preprocess
 
 if TYPE_CHECKING:
     from xbench.data.queries import Query
-    from xbench.models.preprocess import Preprocess
+
+
+#: The smallest and largest side of the square metric frame (``image_size``): a one-pixel frame
+#: cannot show where a map points (every map in it is constant); beyond 4096 a batch's masks and
+#: maps alone take batch x classes x side² x 5 bytes (8.75 GiB at 4096 for 8 images of 14 classes).
+MIN_FRAME, MAX_FRAME = 2, 4096
 
 
 @dataclass
@@ -123,31 +134,34 @@ class XBenchDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         return self.item(index, with_native=False)[0]
 
-    def item(self, index: int, with_native: bool) -> tuple[dict, np.ndarray | None]:
-        """The sample dict and, if asked, the native image as decoded (after any augmentation)."""
+    def item(self, index: int, with_native: bool) -> tuple[dict, CodedImage | np.ndarray | None]:
+        """The sample dict and, if asked, the native image as decoded (its codes and levels), or
+        as augmented (float32)."""
         sample = self.samples[index]
-        image = read_image(sample.path)
+        native = read_coded(sample.path)
+        image = native.to_float()
         height, width = image.shape
         size, num_classes = self.image_size, len(self.classes)
         # Class regions under their class index, query regions under num_classes + slot: one list
         # through the augmentation, so a query's mask moves with its class's.
-        native: dict[int, np.ndarray] = {}
+        drawn_masks: dict[int, np.ndarray] = {}
         clipped = 0
         image_queries = [q for q in sample.queries if q.finding in self.classes]
         drawn = [(c, sample.regions.get(key)) for c, key in enumerate(self.classes)]
         drawn += [(num_classes + slot, query.region) for slot, query in enumerate(image_queries)]
         for target, region in drawn:
             if region is not None:
-                native[target], clipped_shapes = region.to_mask(height, width)
+                drawn_masks[target], clipped_shapes = region.to_mask(height, width)
                 clipped += clipped_shapes if target < num_classes else 0  # a query's boxes are its class's too
         if self.pipeline is not None:
-            image, augmented = augment_sample(self.pipeline, self.augment_seed, index, image, list(native.values()))
-            native = dict(zip(native, augmented))
+            image, augmented = augment_sample(self.pipeline, self.augment_seed, index, image, list(drawn_masks.values()))
+            drawn_masks = dict(zip(drawn_masks, augmented))
+            native = image
         targets = num_classes + self.query_slots
         masks = torch.zeros(targets, size, size, dtype=torch.bool)
         has_mask = torch.zeros(targets, dtype=torch.bool)
         lost = torch.zeros(targets, dtype=torch.bool)
-        for target, mask in native.items():
+        for target, mask in drawn_masks.items():
             if mask.any():
                 masks[target] = resize_mask(mask, size, self.mask_threshold)
                 has_mask[target] = True
@@ -167,11 +181,11 @@ class XBenchDataset(Dataset):
             record.update(query_fields(image_queries, self.classes, self.phrase_row, self.query_slots))
             record.update(query_masks=masks[num_classes:], query_has_mask=has_mask[num_classes:],
                           query_lost=lost[num_classes:])
-        return record, image if with_native else None
+        return record, native if with_native else None
 
 
 #: The code that decides the cached pixels; its source is part of the cache's fingerprint.
-PIXEL_CODE = (io, regions, transforms, augment, cache, queries, XBenchDataset)
+PIXEL_CODE = (io, coded_image, regions, transforms, augment, cache, queries, XBenchDataset)
 
 
 class ModelInputDataset(Dataset):
@@ -192,7 +206,7 @@ class ModelInputDataset(Dataset):
         return record
 
 
-class XBenchDataModule(L.LightningDataModule):
+class XBenchDataModule(L.LightningDataModule, ABC):
     """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
 
     Subclasses set ``name`` and implement :meth:`index`, which reads the annotation files, checks that
@@ -216,10 +230,8 @@ class XBenchDataModule(L.LightningDataModule):
             robustness studies (see ``xbench.data.augment``); default none, the paper's protocol.
         augment_seed: with the sample index, seeds the pipeline for each sample.
         cache: decode each image once into the decoded-image cache under ``$XBENCH_CACHE``
-            (``xbench.data.cache``) and read it from there in later runs.
-        cache_shorter_side: the cache keeps the native image with its shorter side at most this
-            (aspect kept; default 1024, enough for every model's input); without the cache the
-            models' transforms read the native file at full resolution.
+            (``xbench.data.cache``) and read it from there in later runs; the numbers are the same
+            bit for bit with and without it.
     """
 
     name: ClassVar[str]
@@ -238,23 +250,25 @@ class XBenchDataModule(L.LightningDataModule):
         augment: AugmentConfig | None = None,
         augment_seed: int = 0,
         cache: bool = True,
-        cache_shorter_side: int = NATIVE_SHORTER_SIDE,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         for option, value, valid, rule in (
             ("mask_threshold", mask_threshold, 0 < mask_threshold <= 1, "in (0, 1]"),
-            ("image_size", image_size, image_size >= 1, "a positive number of pixels"),
+            ("image_size", image_size, MIN_FRAME <= image_size <= MAX_FRAME,
+             f"{MIN_FRAME} to {MAX_FRAME} pixels, the side of the metric frame (the paper's is 224)"),
             ("batch_size", batch_size, batch_size >= 1, "positive"),
             ("num_workers", num_workers, num_workers >= 0, "0 (load in the main process) or more"),
-            ("cache_shorter_side", cache_shorter_side, cache_shorter_side >= 1, "a positive number of pixels"),
         ):
             if not valid:
                 raise ValueError(f"--data.{option} must be {rule}; got {value}")
         self.root = Path(root).expanduser()
-        self.classes = check_classes(
-            classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
-        )
+        try:
+            self.classes = check_classes(
+                classes if classes is not None else self.default_classes(), allowed=self.supported_classes()
+            )
+        except ValueError as error:
+            raise ValueError(f"--data.classes: {error}") from None
         self.image_size = image_size
         self.mask_threshold = mask_threshold
         self.batch_size = batch_size
@@ -262,7 +276,6 @@ class XBenchDataModule(L.LightningDataModule):
         self.augment = augment
         self.augment_seed = augment_seed
         self.cache = cache
-        self.cache_shorter_side = cache_shorter_side
         self.model_transform: Preprocess | None = None
         self._cache_folder: Path | None = None
         if augment is not None:
@@ -292,9 +305,9 @@ class XBenchDataModule(L.LightningDataModule):
     def supported_classes(cls) -> tuple[str, ...]:
         return tuple(dict.fromkeys(cls.spelling_table().values()))
 
+    @abstractmethod
     def index(self) -> list[Sample]:
         """Read the annotation files into samples (stable order); check image files exist."""
-        raise NotImplementedError
 
     def require(self, path: Path, what: str) -> Path:
         """``path`` if it exists, else an error that says what was expected where."""
@@ -359,7 +372,6 @@ class XBenchDataModule(L.LightningDataModule):
                 "mask_threshold": self.mask_threshold,
                 "augment": self.augment,
                 "augment_seed": self.augment_seed,
-                "native_shorter_side": self.cache_shorter_side,
                 "code": code_digest(*PIXEL_CODE),
             }
             self._cache_folder = cache_root() / "decoded" / f"{self.name}-{fingerprint(self.samples, settings)}"
@@ -371,10 +383,15 @@ class XBenchDataModule(L.LightningDataModule):
             return
         folder = self.cache_folder()
         reused = folder.exists()
+        if reused:
+            try:
+                check_folder(folder, len(self.samples))
+            except CacheDamagedError as error:
+                warnings.warn(f"the decoded-image cache {folder} is damaged ({error.reason}); rebuilding it", stacklevel=2)
+                shutil.rmtree(folder)
+                reused = False
         if not reused:
-            build_cache(
-                folder, self.decoding_dataset(), self.cache_shorter_side, self.image_size, self.batch_size, self.num_workers
-            )
+            build_cache(folder, self.decoding_dataset(), self.image_size, self.batch_size, self.num_workers)
         action = "reading" if reused else "written"
         Console(stderr=True, soft_wrap=True).print(
             f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"
@@ -393,13 +410,6 @@ class XBenchDataModule(L.LightningDataModule):
         batches then carry ``model_input`` and ``window``; ``None`` (baselines, the Oracle): no
         model input."""
         self.model_transform = transform
-        if transform is not None and self.cache and transform.target > self.cache_shorter_side:
-            warnings.warn(
-                f"the model resizes to {transform.target} px but the decoded-image cache keeps native images "
-                f"at most {self.cache_shorter_side} px on their shorter side: larger images are upsampled from "
-                f"the cache. Run with --data.cache_shorter_side {transform.target} (or --data.cache false).",
-                stacklevel=2,
-            )
 
     def test_dataloader(self) -> DataLoader:
         dataset = self.test_set

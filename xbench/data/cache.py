@@ -2,26 +2,31 @@
 
 Decoding sets the pace of a benchmark (a 12-bit JPEG 2000 DICOM takes about a second; a ViT
 forward about a millisecond on a GPU), and the paper's seven models read the same radiographs.
-The cache keeps what is model-independent, so all models share one decode: the native image at its
-own aspect ratio (16-bit; its shorter side capped, by default at 1024, enough for every model's
-input, with the models' own transforms applied after the read), the metric-frame image (16-bit) and
-the masks in the frame, bit-packed and only for the classes that have a region on the image (and a
-phrase dataset's query masks, every slot). The
+The cache keeps what is model-independent, so all models share one decode: the native image
+losslessly, the metric-frame image (16-bit) and the masks in the frame, bit-packed and only for
+the classes that have a region on the image (and a phrase dataset's query masks, every slot). The
 first run writes, per split and setting, memory-mapped files and an index; later runs of any model
-read them.
+read them, and each model's own transform runs on the native image read back.
+
+The native image is kept as it is decoded (:class:`xbench.geometry.image.CodedImage`): its integer codes
+at native resolution and the float32 grey level of each code. Without the cache the image is the
+same look-up of the same codes and levels, so a model's input is identical bit for bit with and
+without the cache. An augmented image has no such codes: it is kept as float32, also exact. The
+frame image is put on the 16-bit grid (an error below 1e-5) whether or not the cache is used.
 
 The folder's name carries a fingerprint of everything the content depends on: the parsed
 annotations of every sample, each image (and mask) file's size and modification time, the class
-list, ``image_size``, the mask threshold, the native cap, the augmentation and its seed, the cache
-format, the package version and the source of the code that decides the pixels
-(:func:`code_digest`). A changed file, setting or decoding rule therefore names a different
-folder. A cache is written into a temporary folder and renamed into place when complete, so a
-half-written cache is never read.
+list, ``image_size``, the mask threshold, the augmentation and its seed, the cache format, the
+package version and the source of the code that decides the pixels (:func:`code_digest`). A
+changed file, setting or decoding rule therefore names a different folder. A cache is written
+into a temporary folder and renamed into place when complete, so a half-written cache is never
+read.
 
-The frame image is quantised to 16 bits (an error below 1e-5) whether or not the cache is used.
-The native image is cached as 16-bit levels, exact for 8- and 16-bit files; without the cache the
-models' transforms read it as decoded. A run therefore gives identical numbers with and without
-the cache wherever the native image is 8- or 16-bit and within the cap.
+What was written is checked on read: ``manifest.json`` states each file's size and the sample
+count (checked when the folder is opened: :func:`check_folder`; a cache that fails it is rebuilt),
+and the index holds an xxHash (XXH3-64) of each sample's frame and mask rows and of its native
+image, checked against the bytes each read returns (1.4 ms for a VinDr-size image, ``bench/loading.py``).
+A mismatch is an error that names the folder and the fix.
 """
 
 from __future__ import annotations
@@ -32,25 +37,43 @@ import inspect
 import json
 import os
 import shutil
-import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from xbench import __version__
+from xbench.geometry.image import CodedImage
 from xbench.data.queries import query_fields
-from xbench.data.transforms import cap_shorter_side
+from xbench.files import staging_folder
 
-FORMAT = 3
+FORMAT = 4
 IMAGE_LEVELS = 65535
-#: The default cap on the native image's shorter side in the cache: twice the largest model input
-#: (KAD's 512), and the native size of NIH ChestX-ray14, ChestX-Det10, RSNA and SIIM, which are
-#: therefore cached exactly.
-NATIVE_SHORTER_SIDE = 1024
+#: How a native image is stored: its codes' dtype (with float32 levels after them), or float32 pixels.
+NATIVE_KINDS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
+FLOAT_KIND = 2
+#: Every stored native image starts at a multiple of this many bytes (aligned views of the file).
+ALIGNMENT = 64
+FILES = ("frames.npy", "masks.npy", "natives.bin", "index.npz")
+
+
+class CacheDamagedError(RuntimeError):
+    """A cache folder's content differs from what was written."""
+
+
+def damaged(folder: Path, what: str) -> CacheDamagedError:
+    """The error for a damaged cache folder: what differs, and the fix; ``reason`` holds ``what``."""
+    error = CacheDamagedError(
+        f"the decoded-image cache {folder} is damaged: {what}. Delete the folder {folder} and run again "
+        "(the cache is rebuilt), or run with --data.cache false"
+    )
+    error.reason = what
+    return error
 
 
 def quantise(image: torch.Tensor) -> torch.Tensor:
@@ -113,34 +136,54 @@ def mask_rows(samples: Sequence, classes: Sequence[str]) -> np.ndarray:
     return rows
 
 
+def _digest(*parts: np.ndarray) -> int:
+    """XXH3-64 of the bytes of ``parts``, in order."""
+    hasher = xxhash.xxh3_64()
+    for part in parts:
+        hasher.update(np.ascontiguousarray(part).data)
+    return hasher.intdigest()
+
+
+def _native_entry(native: CodedImage | np.ndarray) -> tuple[int, np.ndarray, int]:
+    """A native image as stored: its kind (an index into :data:`NATIVE_KINDS`), its bytes (the
+    codes, padded to :data:`ALIGNMENT`, then the float32 levels; or the float32 pixels) and the
+    number of levels (0 for float pixels)."""
+    if not isinstance(native, CodedImage):
+        return FLOAT_KIND, np.ascontiguousarray(native, dtype=np.float32).reshape(-1).view(np.uint8), 0
+    codes = np.ascontiguousarray(native.codes).reshape(-1).view(np.uint8)
+    levels = np.ascontiguousarray(native.levels, dtype=np.float32).view(np.uint8)
+    entry = np.zeros(_padded(codes.nbytes) + levels.nbytes, dtype=np.uint8)
+    entry[: codes.nbytes], entry[_padded(codes.nbytes) :] = codes, levels
+    return NATIVE_KINDS.index(native.codes.dtype), entry, len(native.levels)
+
+
+def _padded(size: int) -> int:
+    return -(-size // ALIGNMENT) * ALIGNMENT
+
+
 class _CacheRecords(Dataset):
     """What the cache stores of each sample, decoded in a DataLoader worker: the sample dict and
-    its native image, capped and as 16-bit levels."""
+    its native image (codes and levels, or float32 where augmented)."""
 
-    def __init__(self, dataset: Dataset, native_shorter_side: int) -> None:
+    def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
-        self.native_shorter_side = native_shorter_side
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[dict, np.ndarray]:
-        sample, native = self.dataset.item(index, with_native=True)
-        return sample, to_levels(cap_shorter_side(native, self.native_shorter_side))
+    def __getitem__(self, index: int) -> tuple[dict, CodedImage | np.ndarray]:
+        return self.dataset.item(index, with_native=True)
 
 
-def _collate_records(records: list[tuple[dict, np.ndarray]]) -> tuple[dict, list[np.ndarray]]:
+def _collate_records(records: list[tuple[dict, CodedImage | np.ndarray]]) -> tuple[dict, list]:
     samples, natives = zip(*records)
     return default_collate(list(samples)), list(natives)
 
 
-def build_cache(
-    folder: Path, dataset: Dataset, native_shorter_side: int, image_size: int, batch_size: int, num_workers: int
-) -> None:
+def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int, num_workers: int) -> None:
     """Decode every sample of ``dataset`` (an ``XBenchDataset``, in DataLoader workers) into
     ``folder``, atomically."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    staging = staging_folder(folder.parent, folder.name)
     try:
         count, pixels = len(dataset), image_size * image_size
         rows_of = mask_rows(dataset.samples, dataset.classes)
@@ -156,14 +199,17 @@ def build_cache(
         query_has_mask = np.zeros((count, slots), dtype=bool)
         query_lost = np.zeros((count, slots), dtype=bool)
         clipped = np.zeros(count, dtype=np.int64)
+        record_hashes = np.zeros(count, dtype=np.uint64)
         native_offsets = np.zeros(count, dtype=np.int64)
         native_shapes = np.zeros((count, 2), dtype=np.int64)
+        native_kinds = np.zeros(count, dtype=np.int8)
+        native_levels = np.zeros(count, dtype=np.int64)
+        native_hashes = np.zeros(count, dtype=np.uint64)
         offset = 0
         loader = DataLoader(
-            _CacheRecords(dataset, native_shorter_side), batch_size=batch_size, num_workers=num_workers,
-            collate_fn=_collate_records,
+            _CacheRecords(dataset), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate_records
         )
-        with open(staging / "natives.u16", "wb") as natives_file:
+        with open(staging / "natives.bin", "wb") as natives_file:
             for batch, natives in track(loader, description=f"Decoding {count} images into the cache"):
                 rows = batch["index"].numpy()
                 frames[rows] = to_levels(batch["image"][:, 0].numpy())
@@ -177,17 +223,22 @@ def build_cache(
                     query_has_mask[rows] = batch["query_has_mask"].numpy()
                     query_lost[rows] = batch["query_lost"].numpy()
                 for row, native in zip(rows, natives):
-                    natives_file.write(native.tobytes())
-                    native_offsets[row], native_shapes[row] = offset, native.shape
-                    offset += native.size
+                    record_hashes[row] = _digest(frames[row], *(masks[r] for r in rows_of[row] if r >= 0))
+                    kind, entry, levels = _native_entry(native)
+                    natives_file.write(np.pad(entry, (0, _padded(entry.nbytes) - entry.nbytes)).data)
+                    native_offsets[row], native_shapes[row], native_kinds[row] = offset, native.shape, kind
+                    native_levels[row], native_hashes[row] = levels, _digest(entry)
+                    offset += _padded(entry.nbytes)
         frames.flush()
         masks.flush()
         del frames, masks
         np.savez(
             staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, mask_rows=rows_of,
-            native_offsets=native_offsets, native_shapes=native_shapes, query_masks=query_masks,
-            query_has_mask=query_has_mask, query_lost=query_lost,
+            native_offsets=native_offsets, native_shapes=native_shapes, native_kinds=native_kinds,
+            native_levels=native_levels, native_hashes=native_hashes, record_hashes=record_hashes,
+            query_masks=query_masks, query_has_mask=query_has_mask, query_lost=query_lost,
         )
+        (staging / "manifest.json").write_text(json.dumps(_manifest(staging, count), indent=1))
         try:
             os.rename(staging, folder)
         except OSError:  # another process finished the same cache first; theirs is identical
@@ -197,19 +248,80 @@ def build_cache(
         raise
 
 
+def _npy_header(path: Path) -> list:
+    """A ``.npy`` file's [shape, dtype], from its header alone."""
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    with open(path, "rb") as file:
+        version = np.lib.format.read_magic(file)
+        if version not in readers:
+            raise ValueError(f"{path.name}: .npy format version {version}")
+        shape, _, dtype = readers[version](file)
+    return [list(shape), dtype.str]
+
+
+def _file_digest(path: Path) -> int:
+    hasher = xxhash.xxh3_64()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            hasher.update(chunk)
+    return hasher.intdigest()
+
+
+def _manifest(folder: Path, samples: int) -> dict:
+    """What :func:`check_folder` checks: each file's size, the arrays' headers, the index's hash."""
+    files = {name: {"bytes": (folder / name).stat().st_size} for name in FILES}
+    for name in ("frames.npy", "masks.npy"):
+        files[name]["header"] = _npy_header(folder / name)
+    files["index.npz"]["xxh3"] = _file_digest(folder / "index.npz")
+    return {"format": FORMAT, "samples": samples, "files": files}
+
+
+def check_folder(folder: Path, samples: int) -> None:
+    """The cache folder holds what ``manifest.json`` says was written for ``samples`` samples: each
+    file at its size, the arrays' headers, the index's content (a few MB at most); else
+    :class:`CacheDamagedError` saying what differs. Reads no pixels."""
+    try:
+        written = json.loads((folder / "manifest.json").read_text())
+        if written["format"] != FORMAT or written["samples"] != samples or set(written["files"]) != set(FILES):
+            raise ValueError(f"it was written for format {written['format']} and {written['samples']} samples")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise damaged(folder, f"its manifest.json is missing or unreadable ({error})") from None
+    for name, stated in written["files"].items():
+        path = folder / name
+        if not path.is_file():
+            raise damaged(folder, f"{name} is missing")
+        if path.stat().st_size != stated["bytes"]:
+            raise damaged(folder, f"{name} holds {path.stat().st_size} bytes, {stated['bytes']} were written")
+    for name, stated in written["files"].items():
+        if "header" in stated:
+            try:
+                header = _npy_header(folder / name)
+            except (OSError, ValueError) as error:
+                raise damaged(folder, f"{name}'s header cannot be read ({error})") from None
+            if header != stated["header"]:
+                raise damaged(folder, f"{name}'s header says {header}, {stated['header']} was written")
+        if "xxh3" in stated and _file_digest(folder / name) != stated["xxh3"]:
+            raise damaged(folder, f"{name}'s content differs from what was written")
+
+
 class CachedDataset(Dataset):
     """Samples read back from a cache folder; the same dicts :class:`XBenchDataset` yields, and
     (:meth:`item`) the cached native image."""
 
     def __init__(self, folder: Path, samples: Sequence, classes: Sequence[str], image_size: int,
                  query_slots: int = 0, phrases: Sequence[str] = ()) -> None:
+        check_folder(folder, len(samples))
         self.folder = folder
         self.samples = samples
         self.classes = list(classes)
         self.image_size = image_size
         self.query_slots = query_slots
         self.phrase_row = {text: row for row, text in enumerate(phrases)}
-        index = np.load(folder / "index.npz")
+        try:
+            with np.load(folder / "index.npz") as index:
+                index = dict(index)
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+            raise damaged(folder, f"its index.npz cannot be read ({error})") from None
         self.query_masks = index["query_masks"]
         self.query_has_mask = torch.from_numpy(index["query_has_mask"])
         self.query_lost = torch.from_numpy(index["query_lost"])
@@ -217,13 +329,34 @@ class CachedDataset(Dataset):
         self.lost_regions = torch.from_numpy(index["lost_regions"])
         self.clipped_shapes = index["clipped_shapes"]
         self.mask_rows = index["mask_rows"]
+        self.record_hashes = index["record_hashes"]
         self.native_offsets = index["native_offsets"]
         self.native_shapes = index["native_shapes"]
-        if len(self.clipped_shapes) != len(samples):
-            raise RuntimeError(f"the cache {folder} holds {len(self.clipped_shapes)} samples, the split {len(samples)}")
+        self.native_kinds = index["native_kinds"]
+        self.native_levels = index["native_levels"]
+        self.native_hashes = index["native_hashes"]
         self._frames: np.ndarray | None = None
         self._masks: np.ndarray | None = None
         self._natives: np.ndarray | None = None
+        self._open()  # the arrays' headers, checked here once
+        self._frames = self._masks = self._natives = None  # a memory map does not pickle to workers
+
+    def _open(self) -> None:
+        size = self.image_size
+        expected = {
+            "frames.npy": ((len(self.samples), size, size), np.uint16),
+            "masks.npy": ((int((self.mask_rows >= 0).sum()), (size * size + 7) // 8), np.uint8),
+        }
+        opened = {}
+        for name, (shape, dtype) in expected.items():
+            try:
+                opened[name] = np.load(self.folder / name, mmap_mode="r")
+            except (OSError, ValueError) as error:
+                raise damaged(self.folder, f"{name} cannot be opened ({error})") from None
+            if opened[name].shape != shape or opened[name].dtype != dtype:
+                raise damaged(self.folder, f"{name} holds {opened[name].dtype} {opened[name].shape}, not {np.dtype(dtype)} {shape}")
+        self._frames, self._masks = opened["frames.npy"], opened["masks.npy"]
+        self._natives = np.memmap(self.folder / "natives.bin", dtype=np.uint8, mode="r")
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -231,22 +364,24 @@ class CachedDataset(Dataset):
     def __getitem__(self, index: int) -> dict:
         return self.item(index, with_native=False)[0]
 
-    def item(self, index: int, with_native: bool) -> tuple[dict, np.ndarray | None]:
-        """The sample dict and, if asked, the cached native image (float32 [h, w] in [0, 1])."""
+    def item(self, index: int, with_native: bool) -> tuple[dict, CodedImage | np.ndarray | None]:
+        """The sample dict and, if asked, the cached native image (as :meth:`XBenchDataset.item`)."""
         if self._frames is None:  # opened in each worker: a memory map does not pickle
-            self._frames = np.load(self.folder / "frames.npy", mmap_mode="r")
-            self._masks = np.load(self.folder / "masks.npy", mmap_mode="r")
-            self._natives = np.memmap(self.folder / "natives.u16", dtype=np.uint16, mode="r")
+            self._open()
         size, num_classes = self.image_size, len(self.classes)
-        image = torch.from_numpy(self._frames[index].astype(np.float32)) / IMAGE_LEVELS
-        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
-        stored = np.flatnonzero(self.mask_rows[index] >= 0)
-        if len(stored):
-            unpacked = np.unpackbits(self._masks[self.mask_rows[index][stored]], axis=-1, count=size * size)
-            masks[stored] = torch.from_numpy(unpacked.view(bool).reshape(len(stored), size, size))
         sample = self.samples[index]
+        stored = np.flatnonzero(self.mask_rows[index] >= 0)
+        frame = np.asarray(self._frames[index])
+        packed = np.asarray(self._masks[self.mask_rows[index][stored]])
+        if _digest(frame, *packed) != self.record_hashes[index]:
+            raise damaged(self.folder, f"the frame or masks of image {sample.image_id} (sample {index}) differ from "
+                                       "what was written")
+        masks = torch.zeros(num_classes, size, size, dtype=torch.bool)
+        if len(stored):
+            unpacked = np.unpackbits(packed, axis=-1, count=size * size)
+            masks[stored] = torch.from_numpy(unpacked.view(bool).reshape(len(stored), size, size))
         record = {
-            "image": image.unsqueeze(0),
+            "image": (torch.from_numpy(frame.astype(np.float32)) / IMAGE_LEVELS).unsqueeze(0),
             "labels": torch.tensor([float(sample.labels[key]) for key in self.classes]),
             "masks": masks,
             "has_mask": self.has_mask[index].clone(),
@@ -261,8 +396,20 @@ class CachedDataset(Dataset):
             record.update(query_fields(queries, self.classes, self.phrase_row, self.query_slots))
             record.update(query_masks=torch.from_numpy(unpacked.view(bool).reshape(self.query_slots, size, size)),
                           query_has_mask=self.query_has_mask[index].clone(), query_lost=self.query_lost[index].clone())
-        if not with_native:
-            return record, None
-        start, (height, width) = int(self.native_offsets[index]), self.native_shapes[index]
-        levels = self._natives[start : start + height * width].reshape(height, width)
-        return record, levels.astype(np.float32) / np.float32(IMAGE_LEVELS)
+        return record, self.native(index) if with_native else None
+
+    def native(self, index: int) -> CodedImage | np.ndarray:
+        """The native image of sample ``index`` as decoded: codes and levels, or float32 pixels."""
+        shape, kind = tuple(int(side) for side in self.native_shapes[index]), NATIVE_KINDS[self.native_kinds[index]]
+        payload = shape[0] * shape[1] * kind.itemsize
+        levels = int(self.native_levels[index]) * 4
+        start = int(self.native_offsets[index])
+        end = start + (_padded(payload) + levels if levels else payload)
+        entry = self._natives[start:end]
+        if _digest(entry) != self.native_hashes[index]:
+            raise damaged(self.folder, f"the native image of {self.samples[index].image_id} (sample {index}) differs "
+                                       "from what was written")
+        if self.native_kinds[index] == FLOAT_KIND:
+            return np.array(entry).view(kind).reshape(shape)  # a writable copy, as decoding gives
+        return CodedImage(np.asarray(entry[:payload]).view(kind).reshape(shape),
+                          np.asarray(entry[_padded(payload) :]).view(np.float32))

@@ -7,11 +7,12 @@ image. A class's mask is the union of its boxes (filled half-open, as the refere
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from typing import Literal
 
-from xbench.data.annotation_files import read_json
+from xbench.files import read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import finding_key
@@ -54,9 +55,10 @@ class ChestXDet10(XBenchDataModule):
             by_class: dict[str, list] = defaultdict(list)
             for sym, box in zip(syms, boxes):
                 key = finding_key(spelling_set, sym, source=where)
-                if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, (int, float)) for v in box) \
-                        or not (box[2] > box[0] and box[3] > box[1]):
-                    raise ValueError(f"{where}: box {box} for {sym!r} is not [x1, y1, x2, y2] with x2 > x1, y2 > y1")
+                if not isinstance(box, list) or len(box) != 4 or not all(type(v) in (int, float) for v in box) \
+                        or not all(map(math.isfinite, box)) or not (box[2] > box[0] and box[3] > box[1]):
+                    raise ValueError(f"{where}: box {box} for {sym!r} is not [x1, y1, x2, y2] of finite numbers with "
+                                     "x2 > x1, y2 > y1; correct the entry")
                 by_class[key].append(tuple(float(v) for v in box))
             samples.append(
                 Sample(

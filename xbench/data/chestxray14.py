@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from xbench.data.annotation_files import read_csv_rows
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.io import files_by_stem
 from xbench.data.regions import Boxes, GridBoxes
@@ -65,14 +66,15 @@ class ChestXray14Boxes(XBenchDataModule):
                 stacklevel=2,
             )
         samples, boxed_unlisted = [], 0
-        for name, (_, by_class) in boxes.items():
+        for name, (line, by_class) in boxes.items():
             if entries is None:
                 labels = {key: 1 if key in by_class else -1 for key in self.supported_classes()}
             else:
                 listed = entries[name]
                 boxed_unlisted += len(set(by_class) - listed)
                 labels = {key: int(key in listed or key in by_class) for key in self.supported_classes()}
-            regions = {key: GridBoxes(Boxes.from_xywh(found), BOX_GRID, BOX_GRID) for key, found in by_class.items()}
+            grid = f"{box_file}, line {line} (image {name}, {paths[name]}; boxes on NIH's {BOX_GRID} x {BOX_GRID} grid)"
+            regions = {key: GridBoxes(Boxes.from_xywh(found), BOX_GRID, BOX_GRID, grid) for key, found in by_class.items()}
             samples.append(Sample(image_id=name, path=paths[name], labels=labels, regions=regions))
         self.notes = {
             "images": len(samples),
@@ -86,7 +88,7 @@ class ChestXray14Boxes(XBenchDataModule):
     def _read_boxes(self, box_file: Path) -> dict[str, tuple[int, dict[str, list]]]:
         """file name -> (first line, {key -> [(x, y, w, h), ...]}), in file order."""
         boxes: dict[str, tuple[int, dict[str, list]]] = {}
-        with open(box_file, newline="") as handle:
+        with open_text(box_file) as handle:
             rows = csv.reader(handle)
             header = next(rows, [])
             if header[:2] != ["Image Index", "Finding Label"]:

@@ -21,7 +21,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from xbench.data.annotation_files import read_json
+from xbench.files import open_text, read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key
@@ -51,7 +51,7 @@ class CheXlocalize(XBenchDataModule):
             for name in names
         }
         samples, seen = [], set()
-        with open(labels_csv, newline="") as handle:
+        with open_text(labels_csv) as handle:
             reader = csv.reader(handle)
             header = next(reader, [])
             columns = self._label_columns(header, labels_csv)

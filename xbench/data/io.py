@@ -1,6 +1,12 @@
-"""Reading radiographs: every loader goes through :func:`read_image`.
+"""Reading radiographs: every loader goes through :func:`read_coded` (or :func:`read_image`).
 
-The result is always a float32 array [H, W] in [0, 1] at the file's native resolution, grey.
+A decoded radiograph is a :class:`~xbench.geometry.image.CodedImage`: integer codes at the file's native resolution (its
+stored pixel values; for colour-stored grey the channel sum) and the grey level in [0, 1] of every
+possible code, made by running the pointwise decoding arithmetic (scaling; a DICOM's modality LUT,
+VOI LUT or window, clipping, MONOCHROME1 inversion) on the codes themselves. The float image is
+always ``levels[codes]`` (``CodedImage.to_float``), whether it comes from the file or from the
+decoded-image cache, which stores codes and levels: the two agree bit for bit by construction.
+
 PNG and JPEG go through Pillow; DICOM through pydicom, with JPEG Baseline decoded by Pillow and
 JPEG 2000 by pylibjpeg-openjpeg (both permissively licensed; the GPL pylibjpeg-libjpeg is not used).
 """
@@ -18,6 +24,8 @@ from pydicom.errors import InvalidDicomError
 from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGBaseline8Bit
+
+from xbench.geometry.image import CodedImage
 
 DICOM_SUFFIXES = (".dcm", ".dicom")
 
@@ -55,7 +63,12 @@ def files_by_stem(folder: Path, suffixes: tuple[str, ...] = DICOM_SUFFIXES) -> d
 
 
 def read_image(path: str | Path) -> np.ndarray:
-    """Decode ``path`` into a float32 grey image in [0, 1] (PNG/JPEG, 8 or 16 bit)."""
+    """Decode ``path`` into a float32 grey image [H, W] in [0, 1] (``read_coded(path).to_float()``)."""
+    return read_coded(path).to_float()
+
+
+def read_coded(path: str | Path) -> CodedImage:
+    """Decode ``path`` (PNG/JPEG, 8 or 16 bit, or DICOM) into its codes and their grey levels."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
@@ -64,8 +77,9 @@ def read_image(path: str | Path) -> np.ndarray:
     return read_raster(path)
 
 
-def read_raster(path: Path) -> np.ndarray:
-    """PNG/JPEG through Pillow; 8-bit scales by 255, 16-bit by 65535; colour-stored grey averages."""
+def read_raster(path: Path) -> CodedImage:
+    """PNG/JPEG through Pillow: the pixel values as codes; 8-bit levels are code / 255, 16-bit
+    code / 65535; colour-stored grey is coded by its channel sum, its level the channel mean / 255."""
     try:
         with Image.open(path) as image:
             image.load()
@@ -79,32 +93,56 @@ def read_raster(path: Path) -> np.ndarray:
     except OSError as error:
         raise ImageReadError(f"cannot decode image {path}: {error}") from error
     if mode == "RGB":
-        return pixels.mean(axis=2, dtype=np.float32) / 255
+        return CodedImage(pixels.sum(axis=2, dtype=np.uint16), np.arange(3 * 255 + 1, dtype=np.float32) / 3 / 255)
     if mode == "L":
-        return pixels.astype(np.float32) / 255
+        return CodedImage(pixels, np.arange(256, dtype=np.float32) / 255)
     if mode.startswith("I;16") or mode == "I":
         if pixels.min() < 0 or pixels.max() > 65535:
             raise ImageReadError(f"cannot decode image {path}: integer pixels outside the 16-bit range")
-        return pixels.astype(np.float32) / 65535
+        codes = pixels.astype(np.uint16)
+        return CodedImage(codes, np.arange(int(codes.max()) + 1, dtype=np.float32) / 65535)
     raise ImageReadError(f"cannot decode image {path}: unsupported pixel mode {mode!r}")
 
 
-def read_dicom(path: Path) -> np.ndarray:
-    """DICOM -> [0, 1]: Modality LUT, then VOI LUT or window if present, then MONOCHROME1
-    inversion, then scaling over the output range of the last step (the VOI LUT's or window's
-    output range, or the stored bit depth's range when there is neither)."""
+def read_dicom(path: Path) -> CodedImage:
+    """DICOM: the stored values (less the smallest, where negative) as codes, and their levels by
+    :func:`_grey_levels`."""
     dataset = _read_dataset(path)
     stored = _decode_pixels(dataset, path)
     _widen_bits_stored(dataset, stored, path)
-    values = apply_modality_lut(stored, dataset)
-    if "VOILUTSequence" in dataset:
-        values = apply_voi(values, dataset)
-        low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
-    elif "WindowCenter" in dataset and "WindowWidth" in dataset:
-        values = apply_windowing(values, dataset)
-        low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
-    else:
-        low, high = sorted(_modality_output_range(dataset))
+    _check_value_transforms(dataset, path)
+    low, high = min(int(stored.min()), 0), int(stored.max())
+    if high - low >= 2**16:
+        raise ImageReadError(
+            f"DICOM {path}: its pixel values span {high - low + 1} values, more than the 16 bits XBench reads; "
+            "store the image with 16 bits or fewer"
+        )
+    codes = stored if low == 0 else stored.astype(np.int32) - low
+    codes = codes.astype(np.uint8 if high - low < 2**8 else np.uint16, copy=False)
+    return CodedImage(codes, _grey_levels(np.arange(low, high + 1).astype(stored.dtype), dataset, path))
+
+
+def _grey_levels(values: np.ndarray, dataset: pydicom.Dataset, path: Path) -> np.ndarray:
+    """Stored values -> float32 in [0, 1], value by value: Modality LUT, then VOI LUT or window if
+    present, then scaling over the output range of the last step (the VOI LUT's or window's output
+    range, or the stored bit depth's range when there is neither), then MONOCHROME1 inversion."""
+    try:
+        values = apply_modality_lut(values, dataset)
+        if "VOILUTSequence" in dataset:
+            values = apply_voi(values, dataset)
+            low, high = 0.0, float(2 ** int(dataset.VOILUTSequence[0].LUTDescriptor[2]) - 1)
+        elif "WindowCenter" in dataset and "WindowWidth" in dataset:
+            values = apply_windowing(values, dataset)
+            low, high = _modality_output_range(dataset)  # pydicom's window maps below-window to `low`
+        else:
+            low, high = sorted(_modality_output_range(dataset))
+    except (ValueError, TypeError, IndexError) as error:  # pydicom's own checks of the LUT and window elements
+        raise ImageReadError(f"DICOM {path}: cannot apply its modality LUT, VOI LUT or window ({error})") from None
+    if not (np.isfinite(high - low) and high > low):
+        raise ImageReadError(
+            f"DICOM {path}: its pixel values map onto the degenerate range [{low}, {high}] (Modality LUT, Rescale "
+            "Slope/Intercept, VOI LUT or window): every pixel would read alike. Correct those elements."
+        )
     image = np.asarray(values, dtype=np.float32)  # exact for stored integers; in-place from here on
     image -= low
     image /= high - low
@@ -160,6 +198,41 @@ def _decode_pixels(dataset: pydicom.Dataset, path: Path) -> np.ndarray:
     if stored.ndim != 2:
         raise ImageReadError(f"DICOM {path}: expected one grey frame, got pixel array of shape {stored.shape}")
     return stored
+
+
+def _check_value_transforms(dataset: pydicom.Dataset, path: Path) -> None:
+    """The elements that turn stored values into grey levels must describe an invertible map: a
+    Rescale Slope of 0 (or not finite) makes every pixel NaN, a window of width 0 or a LUT of 0 bits
+    or no entries a constant image. Each is an error naming the file and the element."""
+
+    def numbers(keyword: str) -> list[float]:
+        value = dataset.get(keyword)
+        values = value if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
+        return [float(v) for v in values if v is not None and str(v).strip() != ""]
+
+    problems = []
+    slope, intercept = numbers("RescaleSlope"), numbers("RescaleIntercept")
+    if slope and not (np.isfinite(slope[0]) and slope[0] != 0):
+        problems.append(f"Rescale Slope (0028,1053) is {slope[0]}; it must be finite and non-zero")
+    if intercept and not np.isfinite(intercept[0]):
+        problems.append(f"Rescale Intercept (0028,1052) is {intercept[0]}")
+    if "VOILUTSequence" not in dataset and "WindowCenter" in dataset and "WindowWidth" in dataset:
+        centre, width = numbers("WindowCenter"), numbers("WindowWidth")
+        if not centre or not np.isfinite(centre[0]):
+            problems.append(f"Window Center (0028,1050) is {dataset.WindowCenter}; it must be a finite number")
+        if not width or not (np.isfinite(width[0]) and width[0] > 0):
+            problems.append(f"Window Width (0028,1051) is {dataset.WindowWidth}; it must be a positive number")
+    for keyword in ("ModalityLUTSequence", "VOILUTSequence"):
+        if keyword in dataset:
+            items = dataset[keyword].value
+            lut = items[0] if items else None
+            descriptor = list(lut.get("LUTDescriptor") or []) if lut is not None else []
+            if len(descriptor) != 3 or not 1 <= int(descriptor[2]) <= 16 or not lut.get("LUTData"):
+                problems.append(f"{keyword} holds no usable LUT (descriptor {descriptor}: entries, first value, bits "
+                                "per entry 1-16; and LUT Data must not be empty)")
+    if problems:
+        raise ImageReadError(f"DICOM {path}: {'; '.join(problems)}. The image cannot be read as grey levels; correct "
+                             "the file's header (or re-export it).")
 
 
 def _widen_bits_stored(dataset: pydicom.Dataset, stored: np.ndarray, path: Path) -> None:

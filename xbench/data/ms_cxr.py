@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Literal
 
 from xbench.data.annotation_files import read_csv_rows, split_file_path
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.queries import Query
 from xbench.data.regions import Boxes, GridBoxes
@@ -115,7 +116,8 @@ class MSCXR(XBenchDataModule):
                     f"{path}, line {image.line}: image {dicom_id} not found at {image_path} (the row's path "
                     f"{image.path} under {self.images_root}). {IMAGES_HINT}"
                 )
-            on_grid = lambda boxes: GridBoxes(boxes, image.height, image.width)  # noqa: E731
+            stated = f"{path}, line {image.line} (image_width x image_height of {dicom_id}, {image_path})"
+            on_grid = lambda boxes: GridBoxes(boxes, image.height, image.width, stated)  # noqa: E731
             phrase_boxes = {(key, text): Boxes.from_xywh(boxes) for (key, text), boxes in image.phrases.items()}
             queries = tuple(Query(text, key, on_grid(boxes)) for (key, text), boxes in phrase_boxes.items())
             regions: dict[str, list] = {}
@@ -217,7 +219,7 @@ class MSCXR(XBenchDataModule):
 
 
 def _header(path: Path) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as handle:
+    with open_text(path) as handle:
         return [name.strip() for name in next(csv.reader(handle), [])]
 
 

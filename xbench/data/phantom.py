@@ -10,15 +10,16 @@ quarter of the images are negatives. Everything follows from ``seed``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from xbench.cache import cache_root
+from xbench.files import staging_folder
 from xbench.data.chestx_det10 import ChestXDet10
 
 #: class key -> (raw ChestX-Det10 spelling, lesion radius range as a fraction of the image side)
@@ -27,7 +28,13 @@ LESIONS = {
     "mass": ("Mass", (0.06, 0.09)),
     "consolidation": ("Consolidation", (0.12, 0.17)),
 }
+#: Range of a lesion's aspect ratio (its ellipse's semi-axes are radius x aspect and radius / aspect).
+ASPECT = (0.75, 1.3)
 GENERATOR_VERSION = 1
+#: The smallest side at which every lesion covers a pixel centre: the smallest semi-axis (in the
+#: [-1, 1] frame: 2 x the nodule's smallest radius, over the aspect's extreme) must reach half a
+#: pixel's diagonal, sqrt(2) / side.
+MIN_NATIVE_SIZE = math.ceil(math.sqrt(2) / (2 * LESIONS["nodule"][1][0] * min(ASPECT[0], 1 / ASPECT[1])))
 
 
 def _ellipse(xx, yy, cx, cy, rx, ry):
@@ -61,7 +68,7 @@ def _radiograph(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[s
         cx, cy, rx, ry = lungs[int(rng.integers(0, 2))]
         angle, reach = rng.uniform(0, 2 * np.pi), rng.uniform(0, 0.6)
         lx, ly = cx + reach * rx * np.cos(angle), cy + reach * ry * np.sin(angle)
-        aspect = rng.uniform(0.75, 1.3)
+        aspect = rng.uniform(*ASPECT)
         distance = np.sqrt(_ellipse(xx, yy, lx, ly, radius * aspect, radius / aspect))
         image += 0.28 * np.clip(1.6 * (1 - distance), 0, 1)
         rows, cols = np.nonzero(distance < 1)
@@ -74,8 +81,7 @@ def _radiograph(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[s
 def generate_phantom(root: Path, num_images: int, size: int, seed: int) -> None:
     """Write ``test.json`` and ``test_data/*.png`` under ``root`` (atomically: all or nothing)."""
     root = Path(root)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    staging = staging_folder(root.parent, root.name)
     try:
         (staging / "test_data").mkdir()
         rng = np.random.default_rng(seed)
@@ -98,7 +104,8 @@ class Phantom(ChestXDet10):
 
     Args:
         root: where the files are (or will be) written; default ``$XBENCH_CACHE`` or ``~/.cache/xbench``.
-        num_images: images in the split. native_size: side of the written PNGs. seed: the generator's seed.
+        num_images: images in the split. native_size: side of the written PNGs
+        (at least :data:`MIN_NATIVE_SIZE`, so that every lesion covers a pixel). seed: the generator's seed.
     """
 
     name = "phantom"
@@ -107,6 +114,9 @@ class Phantom(ChestXDet10):
     def __init__(
         self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0, **kwargs
     ) -> None:
+        for option, value, least in (("num_images", num_images, 1), ("native_size", native_size, MIN_NATIVE_SIZE)):
+            if value < least:
+                raise ValueError(f"--data.{option} must be at least {least}; got {value}")
         if root is None:
             root = str(cache_root() / f"phantom-v{GENERATOR_VERSION}-n{num_images}-s{native_size}-seed{seed}")
         super().__init__(root=root, split="test", **kwargs)

@@ -8,13 +8,21 @@ covers ``[col, col + 1) x [row, row + 1)`` in image coordinates (origin top-left
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
+
+
+def aspect_matches(stated: tuple[int, int], actual: tuple[int, int]) -> bool:
+    """Whether a stated ``(height, width)`` has the aspect ratio of an image of ``actual`` size, up
+    to the rounding of a resize: with each side rounded to a whole pixel, ``h * W - w * H`` stays
+    within half a pixel times the larger height plus the larger width."""
+    (h, w), (height, width) = stated, actual
+    return abs(h * width - w * height) <= 0.5 * (max(h, height) + max(w, width))
 
 
 class Region(Protocol):
@@ -220,13 +228,22 @@ class MajorityVote:
 class GridBoxes:
     """Boxes annotated on a fixed ``grid_height x grid_width`` pixel grid (NIH: the 1024 x 1024
     PNGs), drawn on an image of any size by scaling x and y separately: mirrors that resize the
-    PNGs keep the original box file."""
+    PNGs keep the original box file. The image must have the grid's aspect ratio (up to a resize's
+    rounding), or the boxes would be stretched unevenly; ``source`` names the file and line that
+    state the grid, for that error."""
 
     boxes: Boxes
     grid_height: int
     grid_width: int
+    source: str = field(default="", compare=False)  # where the boxes were read, not what they are
 
     def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        if not aspect_matches((self.grid_height, self.grid_width), (height, width)):
+            raise ValueError(
+                f"{self.source}: the boxes are on a {self.grid_width} x {self.grid_height} grid (width x height) but the "
+                f"image is {width} x {height}, another aspect ratio: they would be stretched unevenly. Correct the "
+                "stated size, or use the image the annotation was made on."
+            )
         sx, sy = width / self.grid_width, height / self.grid_height
         scaled = Boxes(tuple((x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in self.boxes.xyxy))
         return scaled.to_mask(height, width)

@@ -1,5 +1,4 @@
-"""Batch geometry: the whole image resized to ``size x size`` (no crop), masks resized by area;
-and the native image capped for the decoded-image cache.
+"""Batch geometry: the whole image resized to ``size x size`` (no crop), masks resized by area.
 
 Masks are resized by exact area coverage -- the fraction of each output pixel that the region
 covers -- then binarised at ``threshold`` (gamma, default 0.5). A region never vanishes: if
@@ -21,17 +20,6 @@ def resize_image(image: np.ndarray, size: int, width: int | None = None) -> torc
         return tensor.unsqueeze(0)
     resized = F.interpolate(tensor[None, None], size=shape, mode="bilinear", antialias=True, align_corners=False)
     return resized[0].clamp_(0, 1)
-
-
-def cap_shorter_side(image: np.ndarray, shorter_side: int) -> np.ndarray:
-    """The native image, or, where its shorter side exceeds ``shorter_side``, the image shrunk (aspect
-    kept, the longer side rounded) so that its shorter side is ``shorter_side``: what the
-    decoded-image cache keeps for the models' own transforms."""
-    height, width = image.shape
-    scale = shorter_side / min(height, width)
-    if scale >= 1:
-        return image
-    return resize_image(image, round(height * scale), round(width * scale))[0].numpy()
 
 
 def area_coverage(mask: np.ndarray, out_height: int, out_width: int) -> np.ndarray:

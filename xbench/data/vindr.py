@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from xbench.data.annotation_files import read_csv_rows
+from xbench.files import open_text
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes, MajorityVote
 from xbench.findings import SPELLINGS, finding_key
@@ -130,7 +131,7 @@ class VinDrCXR(XBenchDataModule):
 
     def _read_boxes(self, box_file: Path, spelling_set: str, per_reader: bool):
         """``image -> key -> reader -> [xyxy]`` and ``image -> reader -> first line``, in file order;
-        boxes of zero width or height skipped and counted.
+        boxes of zero width or height skipped and counted; an inverted box is an error naming its line.
 
         Without ``per_reader`` (the test split, whose labels are one consensus row per image) every
         box belongs to the consensus, whatever its ``rad_id``.
@@ -158,7 +159,9 @@ class VinDrCXR(XBenchDataModule):
                 ) from None
             if not all(map(math.isfinite, (x1, y1, x2, y2))):
                 raise ValueError(f"{where}: box {corners} is not finite")
-            if not (x2 > x1 and y2 > y1):
+            if x2 < x1 or y2 < y1:
+                raise ValueError(f"{where}: box {corners} is inverted (x_max < x_min or y_max < y_min); correct the row")
+            if x2 == x1 or y2 == y1:
                 skipped += 1
                 continue
             boxes[image_id][key][reader].append((x1, y1, x2, y2))
@@ -171,7 +174,7 @@ class VinDrCXR(XBenchDataModule):
         whether the file has a row per reader (``rad_id``) or one consensus row."""
         votes: dict[str, Counter] = defaultdict(Counter)
         readers: dict[str, dict[str, int]] = defaultdict(dict)
-        with open(label_file, newline="") as handle:
+        with open_text(label_file) as handle:
             rows = csv.reader(handle)
             header = next(rows, [])
             if not header or header[0] != "image_id":

@@ -412,12 +412,12 @@ def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, n
         if not (0 <= low.item() and high.item() <= 1):
             raise ValueError(
                 f"saliency must lie in [0, 1] (min-max normalised); got values in [{low.item()}, {high.item()}]"
-                " (NaN appears as nan). Normalise with xbench.models.saliency.normalise first."
+                " (NaN appears as nan). Normalise with xbench.geometry.maps.normalise first."
             )
         lows, peaks = torch.aminmax(saliency.flatten(2), dim=-1)
         if not bool(((lows == 0) & ((peaks == 0) | (peaks == 1))).all()):
             raise ValueError(
                 "each (image, class) map must be min-max normalised: minimum exactly 0 and maximum "
                 "exactly 1, or all zeros for a constant map. Normalise with "
-                "xbench.models.saliency.normalise first."
+                "xbench.geometry.maps.normalise first."
             )

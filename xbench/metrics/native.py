@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from xbench.metrics.grounding import threshold_counts
-from xbench.models.saliency import normalise
+from xbench.geometry.maps import normalise
 
 
 def native_upsample(raw_map: Tensor, image_size: tuple[int, int]) -> Tensor:

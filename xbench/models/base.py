@@ -1,15 +1,17 @@
 """``XBenchModel``: the LightningModule every model under test subclasses.
 
-The base owns the run: ``setup`` reads the datamodule's classes and creates the metrics,
-``test_step`` upsamples and normalises the model's maps and updates the metrics, and the end of
-the epoch checks that every sample was seen exactly once, logs the summary and writes the results
-folder (with the overlays of a fixed subset of positive pairs, see ``xbench.reporting.overlays``).
-A subclass only says how to turn images into scores and maps:
+The base owns the evaluation: ``setup`` reads the datamodule's classes and creates the metrics,
+``test_step`` places and normalises the model's maps and updates the metrics, and the end of the
+epoch checks that every sample was seen exactly once, logs the summary numbers and keeps the run's
+:attr:`~XBenchModel.results` (the ``metrics.json`` payload) and :attr:`~XBenchModel.records`.
+It writes nothing: the results folder, the overlays and the W&B run are the output callback's
+(:class:`xbench.reporting.writer.ResultsWriter`, which ``xbench.test`` adds; a script adds it to its
+``Trainer``). A subclass only says how to turn images into scores and maps:
 
 - ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
   ``self.dataset_name`` already set for models whose prompts depend on the dataset).
 - ``preprocess``: its authors' input transform and map rule as a
-  :class:`~xbench.models.preprocess.Preprocess`; ``setup`` hands it to the datamodule, whose
+  :class:`~xbench.geometry.preprocess.Preprocess`; ``setup`` hands it to the datamodule, whose
   workers make ``model_input`` and its ``window`` from the native image. ``None`` (baselines, the
   Oracle): the model reads the frame image ``image`` and its maps cover the whole frame.
 - ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
@@ -27,8 +29,8 @@ map of the phrase's finding, and the results say so.
 from __future__ import annotations
 
 import warnings
+from abc import ABC
 from contextlib import contextmanager
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import lightning as L
@@ -37,11 +39,9 @@ from torch import Tensor
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
-from xbench.models.preprocess import MapUpsample, Preprocess
-from xbench.models.saliency import near_constant, normalise, place_in_frame, whole_frame
-from xbench.reporting.overlays import OverlayRecords, choose_overlay_pairs, overlay_arrays
-from xbench.reporting.results import build_results, check_writable, log_keys, write_results
-from xbench.reporting.wandb import log_run
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
+from xbench.geometry.preprocess import MapUpsample, Preprocess
+from xbench.results.payload import build_results, log_keys
 
 
 #: Phrases encoded per call at the start of a phrase-grounding run (MS-CXR has about 1,100).
@@ -73,15 +73,12 @@ class RegionCounts(PackedSyncMetric):
                              "lost_queries": self.lost_queries})
 
 
-class XBenchModel(L.LightningModule):
+class XBenchModel(L.LightningModule, ABC):
     """Base of every model under test.
 
     Args:
         upsample: how maps reach the frame, overriding the model's own rule (its ``preprocess``) for a
             study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
-        results_dir: folder that receives ``<model>__<dataset>__<time>/``; ``None`` writes nothing.
-        overlay_pairs: positive pairs per class whose image, map and region are saved for overlays
-            (the report's Fig. 2, the W&B panel); the same images for every model.
     """
 
     #: Name in results folders and tables; default: the class name in lower case.
@@ -98,28 +95,23 @@ class XBenchModel(L.LightningModule):
     #: :meth:`encode_phrases`) or ``finding`` (the map of the phrase's finding).
     query_mode: ClassVar[Literal["phrase", "finding"]] = "finding"
 
-    def __init__(
-        self, upsample: MapUpsample | None = None, results_dir: str | None = "results", overlay_pairs: int = 2
-    ) -> None:
+    def __init__(self, upsample: MapUpsample | None = None) -> None:
         super().__init__()
-        if overlay_pairs < 0:
-            raise ValueError(f"--model.overlay_pairs must be 0 or more; got {overlay_pairs}")
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
         self.save_hyperparameters(logger=False)
         if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
             raise ValueError(f"--model.upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
         self.upsample_mode = upsample
-        self.results_dir = results_dir
-        self.overlay_pairs = overlay_pairs
         self.classes: list[str] = []
         #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
         self.dataset_name: str | None = None
         #: The resolved run configuration (set by ``xbench.test``), recorded in the results.
         self.run_config: dict | None = None
-        #: The last run's results (the ``metrics.json`` payload) and where they were written.
+        #: The last run's results: the ``metrics.json`` payload, and the metrics' per-pair records
+        #: (``grounding``, ``classification``, a phrase run's ``queries`` by view) behind its tables.
         self.results: dict | None = None
-        self.results_path: Path | None = None
+        self.records: dict | None = None
 
     @classmethod
     def model_name(cls) -> str:
@@ -209,20 +201,18 @@ class XBenchModel(L.LightningModule):
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
         self.name_grounding = GroundingMetrics(len(classes), validate_args=False) if by_phrase else None
         datamodule.set_model_transform(self.preprocess)
-        if self.results_dir is not None and self.trainer.is_global_zero:
-            check_writable(Path(self.results_dir))
-        choice = choose_overlay_pairs(datamodule.samples, self.classes, self.overlay_pairs)
-        self.overlays = OverlayRecords(choice, datamodule.image_size)
 
     def run_metrics(self) -> list:
-        return [metric for metric in (self.grounding, self.classification, self.region_counts, self.overlays,
-                                      self.query_grounding, self.name_grounding) if metric is not None]
+        return [metric for metric in (self.grounding, self.classification, self.region_counts, self.query_grounding,
+                                      self.name_grounding) if metric is not None]
 
     def on_test_epoch_start(self) -> None:
         for metric in self.run_metrics():
             metric.reset()
 
     def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
+        """Score a batch; returns its ``logits`` [B, C] and the ``saliency`` [B, C, S, S] in the frame
+        (what an output callback's ``on_test_batch_end`` receives, e.g. the overlays')."""
         logits, maps = self.infer(batch)
         masks = batch["masks"]
         batch_size, num_classes = masks.shape[:2]
@@ -240,7 +230,6 @@ class XBenchModel(L.LightningModule):
         self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
-        self.overlays.update(batch["image"], saliency, masks, batch["index"], batch["image_id"])
         if self.query_grounding is not None:
             self.ground_queries(batch, maps)
         return {"logits": logits, "saliency": saliency}
@@ -279,7 +268,6 @@ class XBenchModel(L.LightningModule):
         queries = {view: metric.compute() for view, metric in (("query", self.query_grounding),
                                                                ("finding_name", self.name_grounding))
                    if metric is not None}
-        overlay_records = self.overlays.compute()
         datamodule = self.trainer.datamodule
         evaluated = classification["records"]["index"]
         if evaluated.numel() != torch.unique(evaluated).numel():
@@ -315,15 +303,15 @@ class XBenchModel(L.LightningModule):
             queries=queries,
         )
         self.results.update(self.extra_results())
+        self.records = {"grounding": grounding["records"], "classification": classification["records"],
+                        "queries": {name: values["records"] for name, values in queries.items()}}
         # Every process holds the same synced values, so no key needs a collective of its own (a
         # 21-class run logs over 600): rank_zero_only skips the reduction, sync_dist says it is meant.
         self.log_dict(log_keys(self.results), sync_dist=True, rank_zero_only=True)
-        if not self.trainer.is_global_zero:
-            return
-        overlays = overlay_arrays(overlay_records, self.classes, datamodule.image_ids())
-        if self.results_dir is not None:
-            self.results_path = write_results(
-                Path(self.results_dir), self.results, grounding["records"], classification["records"], datamodule,
-                overlays, {name: values["records"] for name, values in queries.items()},
-            )
-        log_run(self.loggers, self.results, overlays, self.results_path)
+
+
+# The base is not a model: a subclass implements ``forward`` (or ``infer``, for one that reads the
+# batch). abc has no rule for "one of two", so the base alone is marked abstract: it cannot be
+# instantiated, and the CLI does not list it. A subclass's own ``abstractmethod`` (the open_clip and
+# query-decoder families' hooks) keeps that family's base abstract in the same way.
+XBenchModel.__abstractmethods__ = frozenset({"forward"})

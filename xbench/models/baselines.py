@@ -7,10 +7,12 @@ radiologist masks and the true labels from the batch: it is a test instrument fo
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from xbench.data.augment import sample_seed
+from xbench.seeds import sample_seed
 from xbench.models.base import XBenchModel
 
 
@@ -23,6 +25,8 @@ class RandomSaliency(XBenchModel):
 
     def __init__(self, seed: int = 0, grid: int = 14, **kwargs) -> None:
         super().__init__(**kwargs)
+        if grid < 1:
+            raise ValueError(f"--model.grid must be at least 1 (the side of the noise lattice); got {grid}")
         self.seed = seed
         self.grid = grid
 
@@ -46,6 +50,8 @@ class CentrePrior(XBenchModel):
 
     def __init__(self, sigma: float = 0.25, **kwargs) -> None:
         super().__init__(**kwargs)
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise ValueError(f"--model.sigma must be a positive fraction of the image side; got {sigma}")
         self.sigma = sigma
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,7 +67,9 @@ class CentrePrior(XBenchModel):
 class Oracle(XBenchModel):
     """The mask itself as the map and the true label as a +/-10 logit (unknown labels: 0).
 
-    A test instrument: Pointing Game and best-threshold Dice must be exactly 1.
+    A test instrument: Pointing Game and best-threshold Dice must be exactly 1. A region that fills
+    the whole frame would make the mask a constant map, which the metrics count as pointing
+    nowhere; its map is a ramp over the frame instead (non-constant, every pixel inside the region).
     """
 
     instrument = True
@@ -69,4 +77,10 @@ class Oracle(XBenchModel):
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         labels = batch["labels"]
         logits = torch.where(labels == 1, 10.0, torch.where(labels == 0, -10.0, 0.0))
-        return logits, batch["masks"].float()
+        masks = batch["masks"]
+        maps = masks.float()
+        whole = masks.flatten(2).all(-1) & batch["has_mask"]
+        if whole.any():
+            ramp = torch.arange(masks[0, 0].numel(), dtype=maps.dtype, device=maps.device).view(masks.shape[-2:])
+            maps[whole] = ramp
+        return logits, maps

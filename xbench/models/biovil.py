@@ -41,11 +41,12 @@ import torchvision
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel, BertTokenizer
 
+from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
-from xbench.models.gpu import float32
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import PromptPairs, require_files
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
@@ -79,15 +80,23 @@ MAP_RADIUS = int(4.0 * MAP_SIGMA + 0.5)
 class BioViLPreprocess(Preprocess):
     """``load_image``'s stretch of the image's own range to 0..255, truncated to 8 bits, then the
     fields' resize and crop. The stretch runs on the file's integer values, recovered exactly from
-    the decoded image of an 8- or 16-bit PNG/JPEG (both sit on the 16-bit grid)."""
+    the decoded image of an 8- or 16-bit PNG/JPEG (both sit on the 16-bit grid). It is pointwise
+    once the range is known, so a coded image is stretched through its levels."""
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
-        levels = np.rint(image.astype(np.float64) * 65535).astype(np.int64)
-        low, high = levels.min(), levels.max()
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
+        pixels = image.to_float() if isinstance(image, CodedImage) else image
+        # the range of the integer values: rint(x * 65535) is monotonic, so it is that of the extremes
+        low, high = (int(np.rint(np.float64(value) * 65535)) for value in (pixels.min(), pixels.max()))
         if high == low:
             raise ValueError("BioViL: a constant image cannot be stretched to 0..255 (the authors divide by zero)")
-        stretched = (levels - low) * 255 // (high - low)
-        return super().__call__((stretched / 255).astype(np.float32), frame)
+        if isinstance(image, CodedImage):
+            return super().__call__(CodedImage(image.codes, self._stretch(image.levels, low, high)), frame)
+        return super().__call__(self._stretch(image, low, high), frame)
+
+    @staticmethod
+    def _stretch(values: np.ndarray, low: int, high: int) -> np.ndarray:
+        levels = np.rint(values.astype(np.float64) * 65535).astype(np.int64)
+        return (((levels - low) * 255 // (high - low)) / 255).astype(np.float32)
 
 
 class CXRBertProjectionHead(nn.Module):

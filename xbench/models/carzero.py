@@ -30,7 +30,7 @@ from xbench.findings import FINDINGS, display_name
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.decoder import PreNormQueryLayer
-from xbench.models.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
+from xbench.geometry.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
 
 CHECKPOINT_FILE = "CARZero_best_model.ckpt"

@@ -67,7 +67,11 @@ def safe_load(path: str | Path) -> Any:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except Exception as error:  # noqa: BLE001 -- safetensors raises its own error type for a bad header
+            raise ValueError(f"cannot read checkpoint {path} ({type(error).__name__}: {error}): a damaged or truncated "
+                             ".safetensors file; fetch it again") from error
     with open(path, "rb") as handle:
         head = handle.read(2)
     if head != b"PK" and head[:1] != b"\x80":  # a zip (torch >= 1.6) or a pickle (older torch.save)

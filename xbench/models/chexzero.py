@@ -31,10 +31,11 @@ import open_clip
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xbench.geometry.image import CodedImage
 from xbench.models.checkpoints import first_present, load_checkpoint
 from xbench.models.clip import CLIP, Saliency
-from xbench.models.gpu import float32
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
 
 #: The single model XBench runs by default, one of the ten the authors publish (checkpoints/README.md).
 CHECKPOINT_FILE = "best_64_5e-05_original_22000_0.864.pt"
@@ -56,7 +57,7 @@ class CheXzeroPreprocess(Preprocess):
         ratio = float(self.target) / max(height, width)
         return int(height * ratio), int(width * ratio)
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
         letterboxed, window = super().__call__(image, frame)
         size = (self.model_size, self.model_size)
         return F.interpolate(letterboxed[None], size=size, mode="bicubic", align_corners=False)[0], window

@@ -25,6 +25,7 @@ A subclass loads its model from local files and says where its patch tokens come
 from __future__ import annotations
 
 import warnings
+from abc import abstractmethod
 from collections.abc import Callable
 from typing import ClassVar, Literal
 
@@ -36,8 +37,8 @@ from torch import Tensor, nn
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
-from xbench.models.gpu import float32
-from xbench.models.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
 from xbench.models.text import PromptPairs
 
@@ -76,18 +77,18 @@ class OpenClipDualEncoder(PromptPairs, XBenchModel):
 
     # -- what a subclass states ----------------------------------------------------------------
 
+    @abstractmethod
     def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:
         """The open_clip model with its weights strictly loaded from ``checkpoint_dir``, and its tokenizer."""
-        raise NotImplementedError
 
+    @abstractmethod
     def embed_image(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Model input [B, 3, S, S] -> image embedding [B, D] and patch embeddings [B, h*w, D],
         both through the same final norm and projection (not L2-normalised)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def gradcam_layer(self) -> nn.Module:
         """The module whose output [B, T, width] (prefix tokens, then patches) Grad-CAM reads."""
-        raise NotImplementedError
 
     #: Set by a subclass from its model: the input side, the patch grid (h, w) and the number of
     #: tokens before the patches (class/register tokens).

@@ -59,8 +59,8 @@ from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
-from xbench.models.gpu import float32
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
 
 CHECKPOINT_FILE = "chexpert_resnet50.ckpt"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,7 +35,7 @@ from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.gpu import ChannelsLast
-from xbench.models.preprocess import Preprocess
+from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -274,8 +275,9 @@ class QueryDecoderModel(XBenchModel):
         self.register_buffer("queries", torch.zeros(0, EMBED_DIM), persistent=False)
         self.register_buffer("query_index", torch.zeros(0, dtype=torch.long), persistent=False)
 
+    @abstractmethod
     def checkpoint_file(self) -> Path:
-        raise NotImplementedError
+        """The checkpoint file under ``checkpoint_dir``."""
 
     def check_file(self, loaded: Any, file: Path) -> None:
         """A subclass's checks of the loaded file before the strict key match."""

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape
 from xbench.models.medklip import DESCRIPTIONS_FILE, MedKLIP, QueryDecoder, read_descriptions, read_json_object, resnet50_trunk
-from xbench.models.preprocess import MapUpsample
+from xbench.geometry.preprocess import MapUpsample
 
 #: The aspect of each sentence of a disease in the concept file, in file order (slots 1-8).
 ASPECTS = ("border", "fluid", "location", "opacity", "other", "patterns", "shape", "texture")

@@ -27,7 +27,7 @@ from xbench.models.base import XBenchModel
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
 from xbench.models.gpu import ChannelsLast
-from xbench.models.preprocess import MapUpsample, Preprocess
+from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.text import bert_cls_embeddings, require_files
 
 #: The authors' entity vocabulary, in the order of their query book (RadGraph observation words).

@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -52,15 +53,18 @@ from safetensors import safe_open
 from PIL import Image
 from torch import Tensor
 
+from xbench.files import open_text
+from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.grounding import FIXED_TAU_INDEX
 from xbench.metrics.native import native_pair_scores
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
-from xbench.models.saliency import place_in_frame, whole_frame
+from xbench.geometry.maps import place_in_frame, whole_frame
 
 Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]
 PROBABILITY_CLAMP = 1e-7
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)
 #: Order of a 14-entry ``prob`` tensor in a cheXlocalize pickle (their CheXpert task order).
 CHEXPERT_14 = (
     "No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Lesion", "Airspace Opacity", "Edema",
@@ -148,15 +152,25 @@ class PrecomputedSaliency(XBenchModel):
         self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
         self._file_classes: dict[Path, set[str]] = {}  # per-image file -> the findings it holds
         self._lines: dict[tuple[str, str], dict] = {}  # boxes layout: (image_id, finding) -> line
+        self._image_paths: dict[str, Path] = {}  # image_id -> its file, to check stated sizes against
+        self._native_sizes: dict[str, tuple[int, int]] = {}
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
     def build(self, classes: list[str]) -> None:
+        self.find_pairs(self.trainer.datamodule.samples, classes)
+
+    def find_pairs(self, samples: list, classes: list[str]) -> None:
+        """Find the saved output of every (image, finding) pair of ``samples`` (the datamodule's)
+        and ``classes``; the image files are what stated image sizes are checked against."""
         if not self.path.exists():
             raise FileNotFoundError(f"PrecomputedSaliency: {self.path} does not exist (the saved {self.layout} files)")
-        self._file_classes = {}
+        self.classes = list(classes)
+        self._file_classes, self._pickles, self._last_file = {}, None, None
         self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
-        image_ids = self.trainer.datamodule.image_ids()
+        image_ids = [sample.image_id for sample in samples]
+        self._image_paths = {sample.image_id: sample.path for sample in samples}
+        self._native_sizes = {}
         missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
         if missing and self.missing == "error":
             shown = ", ".join(f"({i}, {k})" for i, k in missing[:5])
@@ -207,33 +221,55 @@ class PrecomputedSaliency(XBenchModel):
     # -- reading -------------------------------------------------------------------------------
 
     def read_pair(self, image_id: str, key: str) -> SavedPair:
-        """The saved map and logit of one pair (the pair must exist)."""
+        """The saved map and logit of one pair (the pair must exist), checked: exact shapes, finite
+        values, a window inside a positive image size of the image's aspect."""
         if self.layout == "chexlocalize":
             file = self._pickle_path(image_id, key)
-            info = load_data_pickle(file)
-            prob = info["prob"]
-            if torch.is_tensor(prob) and prob.numel() == len(CHEXPERT_14):
-                prob = prob.flatten()[CHEXPERT_14.index(info["task"])]
-            width, height = (int(v) for v in info["cxr_dims"])
-            return SavedPair(torch.as_tensor(info["map"]).float().reshape(info["map"].shape[-2:]),
-                             probability_logit(float(prob)), image_size=(height, width))
-        if self.layout == "per_pair":
+            pair = _chexlocalize_pair(load_data_pickle(file), file)
+        elif self.layout == "per_pair":
             file = next(f for f in (self.path / image_id / f"{key}{ext}" for ext in (".npz", ".safetensors"))
                         if f.is_file())
             arrays, _ = _read_arrays(file)
-            return SavedPair(arrays["map"].float(), _logit(arrays, "logit", "prob", file), *_window(arrays, file))
-        file = self._image_file(image_id)
-        if self._last_file is None or self._last_file[0] != file:  # one read per image for all its classes
-            self._last_file = (file, *_read_arrays(file))
-        _, arrays, names = self._last_file
-        c = (names or self.classes).index(key)
-        logit = _logit({k: v[c] for k, v in arrays.items() if k in ("logits", "probs")}, "logits", "probs", file)
-        return SavedPair(arrays["maps"][c].float(), logit, *_window(arrays, file))
+            where = f"{file} ({image_id}, {key})"
+            pair = SavedPair(_map(arrays, "map", (), where), _logit(arrays, "logit", "prob", (), where),
+                             *_window(arrays, where))
+        else:
+            file = self._image_file(image_id)
+            if self._last_file is None or self._last_file[0] != file:  # one read per image for all its classes
+                arrays, names = _read_arrays(file)
+                self._last_file = (file, arrays, _check_per_image(arrays, names or self.classes, file))
+            _, arrays, names = self._last_file
+            c = names.index(key)
+            where = f"{file} ({image_id}, {key})"
+            pair = SavedPair(_map(arrays, "maps", (c,), where), _logit(arrays, "logits", "probs", (c,), where),
+                             *_window(arrays, where))
+        if pair.image_size is not None:
+            self._check_image_size(image_id, pair.image_size, f"{file} ({image_id}, {key})")
+        return pair
+
+    def _check_image_size(self, image_id: str, stated: tuple[int, int], where: str) -> None:
+        """A stated native size must have the aspect of the image file (within rounding: a resized
+        copy's size is fine): ``[width, height]`` for ``[height, width]`` would stretch the map."""
+        path = self._image_paths.get(image_id)
+        if path is None:  # read outside a run: no image to compare with
+            return
+        if image_id not in self._native_sizes:
+            self._native_sizes[image_id] = _header_size(path)
+        actual = self._native_sizes[image_id]
+        if not aspect_matches(stated, actual):
+            reversed_hint = (" (it reads as [width, height]: write [height, width])"
+                             if aspect_matches(stated[::-1], actual) else "")
+            raise ValueError(
+                f"{where}: the stated image size {list(stated)} (height, width) has another aspect ratio than the "
+                f"image {path}, {actual[0]} x {actual[1]} (height x width){reversed_hint}; the saved output would be "
+                "stretched unevenly. State the size of the image the output was made on, as [height, width]."
+            )
 
     def frame_map(self, image_id: str, key: str, frame: tuple[int, int]) -> tuple[Tensor, float]:
         """One pair's map on the frame's pixels [*frame] and its logit."""
         if self.layout == "boxes":
             line = self._lines[(image_id, key)]
+            self._check_image_size(image_id, line["image_size"], line["where"])
             return box_map(line["boxes"], line.get("scores"), line["image_size"], frame), line["logit"]
         pair = self.read_pair(image_id, key)
         raw = pair.map[None, None]
@@ -274,6 +310,7 @@ class PrecomputedSaliency(XBenchModel):
         if self.layout == "boxes":
             line = self._lines[(sample.image_id, key)]
             image_size = line["image_size"]
+            self._check_image_size(sample.image_id, image_size, line["where"])
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
             pair = self.read_pair(sample.image_id, key)
@@ -324,48 +361,157 @@ def _header_size(path: Path) -> tuple[int, int]:
         return image.height, image.width
 
 
+@contextmanager
+def _reading(file: Path, kind: str):
+    """A file numpy or safetensors cannot read is an error naming it and how to write it."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 -- each library raises its own types for a damaged file
+        raise ValueError(
+            f"{file} cannot be read as {kind} ({type(error).__name__}: {error}); it may be truncated or not "
+            f"{kind} at all. Write it again (numpy.savez or safetensors' save_file)."
+        ) from None
+
+
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
     """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
     if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as data:
+        with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             names = [str(v) for v in data["classes"]] if "classes" in data else None
-            return {k: torch.from_numpy(np.asarray(data[k])) for k in data.files if k != "classes"}, names
-    with safe_open(file, framework="pt") as data:
-        metadata = data.metadata() or {}
-        names = json.loads(metadata["classes"]) if "classes" in metadata else None
-        return {k: data.get_tensor(k) for k in data.keys()}, names
+            arrays = {k: torch.from_numpy(np.asarray(data[k])) for k in data.files if k != "classes"}
+    else:
+        with _reading(file, "a .safetensors file"), safe_open(file, framework="pt") as data:
+            metadata = data.metadata() or {}
+            names = json.loads(metadata["classes"]) if "classes" in metadata else None
+            arrays = {k: data.get_tensor(k) for k in data.keys()}
+    bad = [k for k, v in arrays.items() if not (v.dtype.is_floating_point or v.dtype in INTEGER_DTYPES)]
+    if bad:
+        raise ValueError(f"{file}: {bad[0]} holds {arrays[bad[0]].dtype} values, not numbers")
+    return arrays, names
 
 
 def _file_classes(file: Path, classes: list[str]) -> list[str]:
     """The findings a per-image file holds: its ``classes`` if stated, else the dataset's."""
     if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as data:
+        with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             return [str(v) for v in data["classes"]] if "classes" in data.files else classes
-    with safe_open(file, framework="pt") as data:
+    with _reading(file, "a .safetensors file"), safe_open(file, framework="pt") as data:
         metadata = data.metadata() or {}
         return json.loads(metadata["classes"]) if "classes" in metadata else classes
 
 
-def _logit(arrays: dict[str, Tensor], logit_name: str, prob_name: str, file: Path) -> float:
-    if logit_name in arrays:
-        return float(arrays[logit_name])
-    if prob_name in arrays:
-        return probability_logit(float(arrays[prob_name]))
-    raise KeyError(f"{file}: no {logit_name!r} or {prob_name!r}; save the model's scores next to its maps")
+def _shape(value: Tensor) -> str:
+    return "[" + ", ".join(map(str, value.shape)) + "]"
 
 
-def _window(arrays: dict[str, Tensor], file: Path) -> tuple:
+def _check_per_image(arrays: dict[str, Tensor], names: list[str], file: Path) -> list[str]:
+    """A per-image file holds ``maps`` [C, h, w] and ``logits`` or ``probs`` [C], C its classes."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"{file}: its classes repeat a finding: {names}")
+    count = len(names)
+    if "maps" not in arrays:
+        raise KeyError(f"{file}: no 'maps' array; a per-image file holds maps [C, h, w] (C = {count} classes)")
+    maps = arrays["maps"]
+    if maps.ndim != 3 or maps.shape[0] != count or 0 in maps.shape:
+        raise ValueError(f"{file}: maps has shape {_shape(maps)}; expected [C, h, w] = [{count}, h, w], one map per "
+                         f"class ({', '.join(names)}) with h, w >= 1")
+    for name in ("logits", "probs"):
+        if name in arrays and tuple(arrays[name].shape) != (count,):
+            raise ValueError(f"{file}: {name} has shape {_shape(arrays[name])}; expected [{count}], one per class")
+    return names
+
+
+def _map(arrays: dict[str, Tensor], name: str, index: tuple[int, ...], where: str) -> Tensor:
+    """``arrays[name][index]`` as an [h, w] float map with finite values."""
+    if name not in arrays:
+        raise KeyError(f"{where}: no {name!r} array; save the map [h, w] as {name!r}")
+    value = arrays[name][index] if index else arrays[name]
+    if value.ndim != 2 or 0 in value.shape:
+        raise ValueError(f"{where}: map {name} has shape {_shape(value)}; expected [h, w] with h, w >= 1")
+    value = value.float()
+    if not torch.isfinite(value).all():
+        raise ValueError(f"{where}: the map holds {int((~torch.isfinite(value)).sum())} NaN or infinite values; "
+                         "save finite maps")
+    return value
+
+
+def _logit(arrays: dict[str, Tensor], logit_name: str, prob_name: str, index: tuple[int, ...], where: str) -> float:
+    """The pair's score: a finite logit, or a probability in [0, 1] as its logit."""
+    for name in (logit_name, prob_name):
+        if name in arrays:
+            value = arrays[name][index] if index else arrays[name]
+            if value.numel() != 1 or value.ndim > 1:
+                raise ValueError(f"{where}: {name} has shape {_shape(value)}; expected one number")
+            return _score(float(value), name, where)
+    raise KeyError(f"{where}: no {logit_name!r} or {prob_name!r}; save the model's scores next to its maps")
+
+
+def _score(value: float, name: str, where: str) -> float:
+    if name.startswith("prob"):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{where}: {name} is {value}; a probability lies in [0, 1]")
+        return probability_logit(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {name} is {value}; save a finite logit")
+    return value
+
+
+def _image_size(values, where: str, what: str = "image_size [height, width]") -> tuple[int, int]:
+    """Two whole, positive numbers of pixels."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError):
+        numbers = []
+    if len(numbers) != 2 or not all(math.isfinite(v) and v >= 1 and v == int(v) for v in numbers):
+        raise ValueError(f"{where}: {what} must be two whole numbers of pixels >= 1; got {_listed(values)}")
+    return int(numbers[0]), int(numbers[1])
+
+
+def _listed(values) -> object:
+    return values.tolist() if isinstance(values, (Tensor, np.ndarray)) else values
+
+
+def _window(arrays: dict[str, Tensor], where: str) -> tuple:
+    """The optional window (top, left, height, width) in native pixels, and the image size it needs."""
     if "window" not in arrays:
         return None, None
     if "image_size" not in arrays:
-        raise KeyError(f"{file}: a window in native pixels needs the native image_size [height, width] beside it")
-    return tuple(float(v) for v in arrays["window"]), tuple(int(v) for v in arrays["image_size"])
+        raise KeyError(f"{where}: a window in native pixels needs the native image_size [height, width] beside it")
+    window = arrays["window"].double()
+    if tuple(window.shape) != (4,) or not torch.isfinite(window).all() or not (window[2:] > 0).all():
+        raise ValueError(f"{where}: window must be [top, left, height, width], finite, with height and width > 0; "
+                         f"got {_listed(arrays['window'])}")
+    if arrays["image_size"].ndim != 1:
+        raise ValueError(f"{where}: image_size has shape {_shape(arrays['image_size'])}; expected [2]")
+    return tuple(float(v) for v in window), _image_size(arrays["image_size"], where)
+
+
+def _chexlocalize_pair(info, file: Path) -> SavedPair:
+    """One cheXlocalize pickle: ``map`` [1, 1, h, w], ``prob`` (one number or CheXpert's 14 in
+    their task order, picked by ``task``) and ``cxr_dims`` (width, height)."""
+    if not isinstance(info, dict) or not {"map", "prob", "cxr_dims"} <= set(info):
+        raise ValueError(f"{file}: expected cheXlocalize's dict with map, prob and cxr_dims (and task)")
+    raw = torch.as_tensor(info["map"])
+    if raw.ndim != 4 or tuple(raw.shape[:2]) != (1, 1) or 0 in raw.shape:
+        raise ValueError(f"{file}: map has shape {_shape(raw)}; expected [1, 1, h, w] with h, w >= 1")
+    prob = info["prob"] if torch.is_tensor(info["prob"]) else torch.as_tensor(info["prob"], dtype=torch.float64)
+    if prob.numel() == len(CHEXPERT_14):
+        if info.get("task") not in CHEXPERT_14:
+            raise ValueError(f"{file}: 14 probabilities need the task they are read for, one of {list(CHEXPERT_14)}; "
+                             f"got task {info.get('task')!r}")
+        prob = prob.flatten()[CHEXPERT_14.index(info["task"])]
+    elif prob.numel() != 1:
+        raise ValueError(f"{file}: prob has shape {_shape(prob)}; expected one number or CheXpert's 14")
+    width, height = _image_size(_listed(info["cxr_dims"]), str(file), "cxr_dims (width, height)")
+    arrays = {"map": raw[0, 0], "prob": prob.reshape(())}
+    return SavedPair(_map(arrays, "map", (), str(file)), _logit(arrays, "logit", "prob", (), str(file)),
+                     image_size=(height, width))
 
 
 def _read_box_lines(path: Path) -> dict[tuple[str, str], dict]:
-    """(image_id, finding key) -> {boxes, scores, image_size, logit} from a JSON Lines file."""
+    """(image_id, finding key) -> {boxes, scores, image_size, logit, where} from a JSON Lines file."""
     lines: dict[tuple[str, str], dict] = {}
-    with open(path) as handle:
+    with open_text(path) as handle:
         for number, text in enumerate(handle, start=1):
             if not text.strip():
                 continue
@@ -374,22 +520,24 @@ def _read_box_lines(path: Path) -> dict[tuple[str, str], dict]:
                 line = json.loads(text)
                 pair = (str(line["image_id"]), str(line["finding"]))
                 boxes = [[float(v) for v in box] for box in line["boxes"]]
-                scores = line.get("scores")
-                image_size = tuple(int(v) for v in line["image_size"])
-                if "logit" in line:
-                    logit = float(line["logit"])
-                else:
-                    logit = probability_logit(line["prob"])
+                scores = None if line.get("scores") is None else [float(v) for v in line["scores"]]
+                image_size = _image_size(line["image_size"], where)
+                logit = _score(float(line["logit"]), "logit", where) if "logit" in line else \
+                    _score(float(line["prob"]), "prob", where)
             except (KeyError, TypeError, ValueError, json.JSONDecodeError) as error:
+                if isinstance(error, ValueError) and str(error).startswith(where):
+                    raise
                 raise ValueError(
                     f"{where}: {error!r}; each line needs image_id, finding, image_size [height, width], boxes "
                     "[[x1, y1, x2, y2], ...] and logit or prob (scores optional)"
                 ) from None
-            if any(len(box) != 4 or box[2] < box[0] or box[3] < box[1] for box in boxes):
-                raise ValueError(f"{where}: boxes must be [x1, y1, x2, y2] with x1 <= x2 and y1 <= y2; got {boxes}")
-            if scores is not None and len(scores) != len(boxes):
-                raise ValueError(f"{where}: {len(scores)} scores for {len(boxes)} boxes")
+            if any(len(box) != 4 or not all(map(math.isfinite, box)) or box[2] < box[0] or box[3] < box[1]
+                   for box in boxes):
+                raise ValueError(f"{where}: boxes must be [x1, y1, x2, y2], finite, with x1 <= x2 and y1 <= y2; "
+                                 f"got {boxes}")
+            if scores is not None and (len(scores) != len(boxes) or not all(map(math.isfinite, scores))):
+                raise ValueError(f"{where}: scores must be one finite number per box; got {scores} for {len(boxes)} boxes")
             if pair in lines:
                 raise ValueError(f"{where}: a second line for {pair}")
-            lines[pair] = {"boxes": boxes, "scores": scores, "image_size": image_size, "logit": logit}
+            lines[pair] = {"boxes": boxes, "scores": scores, "image_size": image_size, "logit": logit, "where": where}
     return lines

@@ -32,6 +32,7 @@ from xbench.models.carzero import (
 from xbench.models.chexzero import CHECKPOINT_FILE as CHEXZERO_FILE
 from xbench.models.mavl import ASPECTS, MAVLNet
 from xbench.models.medklip import COVID_ENTITY, ENTITIES, MedKLIPNet
+from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 MANIFESTS = Path(__file__).resolve().parent / "manifests"
 
@@ -472,3 +473,160 @@ def write_gloria(folder: Path, seed: int = 0, text_layers: int = 4) -> Path:
              "hyper_parameters": gloria_hyper_parameters()}
     torch.save(saved, folder / CHECKPOINT_FILE)
     return folder
+
+
+# -- transformers dual encoders (MedSigLIP, XrayCLIP, XraySigLIP, any CLIP/SigLIP folder) ------------
+
+#: The published checkpoints' ``config.json`` and ``preprocessor_config.json`` (the values that differ
+#: from transformers' defaults), as far as they could be read; docs/models/<name>.md says where each
+#: comes from. XBench itself reads the folder's own files: these only shape the parity weights.
+HF_DUAL_ENCODERS: dict[str, dict] = {
+    # google/medsiglip-448: SigLIP-400M (So400m/14) at 448 px, 64 text tokens.
+    "medsiglip": {
+        "config": {
+            "architectures": ["SiglipModel"], "model_type": "siglip",
+            "text_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16,
+                            "num_hidden_layers": 27, "max_position_embeddings": 64, "projection_size": 1152,
+                            "vocab_size": 32000, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+            "vision_config": {"hidden_size": 1152, "intermediate_size": 4304, "num_attention_heads": 16,
+                              "num_hidden_layers": 27, "image_size": 448, "patch_size": 14,
+                              "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6},
+        },
+        "preprocessor": {"image_processor_type": "SiglipImageProcessor", "processor_class": "SiglipProcessor",
+                         "do_resize": True, "size": {"height": 448, "width": 448}, "resample": 3,
+                         "do_rescale": True, "rescale_factor": 0.00392156862, "do_normalize": True,
+                         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    },
+    # StanfordAIMI/XrayCLIP__vit-b-16__laion2b-s34b-b88k: open_clip's ViT-B/16 (GELU) as CLIPModel.
+    "xray_clip": {
+        "config": {
+            "architectures": ["CLIPModel"], "model_type": "clip", "projection_dim": 512,
+            "text_config": {"hidden_size": 512, "intermediate_size": 2048, "num_attention_heads": 8,
+                            "num_hidden_layers": 12, "max_position_embeddings": 77, "vocab_size": 49408,
+                            "hidden_act": "gelu", "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1},
+            "vision_config": {"hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12,
+                              "num_hidden_layers": 12, "image_size": 224, "patch_size": 16, "hidden_act": "gelu"},
+        },
+        "preprocessor": {"image_processor_type": "CLIPImageProcessor", "processor_class": "CLIPProcessor",
+                         "do_resize": True, "size": {"shortest_edge": 224}, "resample": 3,
+                         "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
+                         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                         "image_mean": list(OPENAI_CLIP_MEAN), "image_std": list(OPENAI_CLIP_STD),
+                         "do_convert_rgb": True},
+    },
+    # StanfordAIMI/XraySigLIP__vit-l-16-siglip-384__webli: SigLIP ViT-L/16 at 384 px.
+    "xray_siglip": {
+        "config": {
+            "architectures": ["SiglipModel"], "model_type": "siglip",
+            "text_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+                            "num_hidden_layers": 24, "max_position_embeddings": 64, "vocab_size": 32000},
+            "vision_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_attention_heads": 16,
+                              "num_hidden_layers": 24, "image_size": 384, "patch_size": 16},
+        },
+        "preprocessor": {"image_processor_type": "SiglipImageProcessor", "processor_class": "SiglipProcessor",
+                         "do_resize": True, "size": {"height": 384, "width": 384}, "resample": 3,
+                         "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    },
+}
+#: Words the SigLIP test vocabulary holds whole (the rest is spelled letter by letter).
+SIGLIP_WORDS = ("no", "a", "the", "of", "photo", "chest", "left", "right", "small", "lower", "lobe", "base",
+                "at", "bilateral", "patchy", "apical")
+
+
+def write_clip_tokenizer(folder: Path) -> None:
+    """OpenAI CLIP's BPE tokenizer (49,408 tokens) in transformers' format, made from the vocabulary file
+    open_clip ships, in OpenAI's order: the 256 byte symbols, the same with ``</w>``, the merges, then
+    ``<|startoftext|>`` and ``<|endoftext|>`` (49406, 49407: the highest ids, which CLIP's legacy
+    end-of-text pooling looks for)."""
+    import gzip
+    import tempfile
+
+    from open_clip.tokenizer import bytes_to_unicode, default_bpe
+    from transformers import CLIPTokenizer
+
+    merges = gzip.open(default_bpe()).read().decode("utf-8").split("\n")[1 : 49152 - 256 - 2 + 1]
+    symbols = list(bytes_to_unicode().values())
+    vocab = [*symbols, *(s + "</w>" for s in symbols), *("".join(m.split()) for m in merges),
+             "<|startoftext|>", "<|endoftext|>"]
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "vocab.json").write_text(json.dumps({token: i for i, token in enumerate(vocab)}))
+        (Path(scratch) / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+        tokenizer = CLIPTokenizer(str(Path(scratch) / "vocab.json"), str(Path(scratch) / "merges.txt"),
+                                  pad_token="<|endoftext|>", model_max_length=77)
+        tokenizer.save_pretrained(folder)
+
+
+def write_siglip_tokenizer(folder: Path) -> int:
+    """A SentencePiece unigram model in SigLIP's layout (``<pad>`` 0, ``</s>`` 1 (end and padding),
+    ``<unk>`` 2), of the letters, digits and :data:`SIGLIP_WORDS`, saved as SigLIP's tokenizer
+    (``spiece.model``). Written piece by piece, so the ids never depend on a trainer. Its size."""
+    import tempfile
+
+    from sentencepiece import sentencepiece_model_pb2 as spm
+    from transformers import SiglipTokenizer
+
+    proto = spm.ModelProto()
+    proto.trainer_spec.model_type = spm.TrainerSpec.UNIGRAM
+    proto.trainer_spec.pad_id, proto.trainer_spec.eos_id, proto.trainer_spec.unk_id = 0, 1, 2
+    proto.trainer_spec.bos_id = -1
+    proto.normalizer_spec.name = "identity"
+    proto.normalizer_spec.add_dummy_prefix = True
+    proto.normalizer_spec.remove_extra_whitespaces = True
+    kinds = spm.ModelProto.SentencePiece
+    pieces = [("<pad>", 0.0, kinds.CONTROL), ("</s>", 0.0, kinds.CONTROL), ("<unk>", 0.0, kinds.UNKNOWN),
+              ("\u2581", -5.0, kinds.NORMAL)]
+    pieces += [(character, -8.0, kinds.NORMAL) for character in "abcdefghijklmnopqrstuvwxyz0123456789"]
+    pieces += [("\u2581" + word, -2.0, kinds.NORMAL) for word in SIGLIP_WORDS]
+    for text, score, kind in pieces:
+        piece = proto.pieces.add()
+        piece.piece, piece.score, piece.type = text, score, kind
+    proto.trainer_spec.vocab_size = len(pieces)
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "spiece.model").write_bytes(proto.SerializeToString())
+        SiglipTokenizer(str(Path(scratch) / "spiece.model")).save_pretrained(folder)
+    return len(pieces)
+
+
+def write_hf_dual_encoder(folder: Path, config: dict, preprocessor: dict, seed: int = 0) -> Path:
+    """A transformers dual-encoder folder as the hub holds one: ``config.json``,
+    ``preprocessor_config.json``, the tokenizer's files (OpenAI's BPE for CLIP, a small SentencePiece
+    for SigLIP, whose text ``vocab_size`` is set to it) and ``model.safetensors`` with seeded random
+    weights of ``config``; a SigLIP's logit bias is -2.5 (transformers initialises it to 0, which would
+    hide it). The tokenizer's end-of-text id is the one the config's text tower pools at."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import logging as hf_logging
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = json.loads(json.dumps(config))  # a copy
+    if config["model_type"] == "siglip":
+        config["text_config"]["vocab_size"] = write_siglip_tokenizer(folder)
+    else:
+        write_clip_tokenizer(folder)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
+    verbosity, progress_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()  # SigLIP's text config keeps CLIP's unused bos/eos ids, which it warns about
+    hf_logging.disable_progress_bar()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModel.from_config(AutoConfig.from_pretrained(str(folder), local_files_only=True))
+        if config["model_type"] == "siglip":
+            with torch.no_grad():
+                model.logit_scale.fill_(math.log(10.0))
+                model.logit_bias.fill_(-2.5)
+        model.save_pretrained(folder)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if progress_bar:
+            hf_logging.enable_progress_bar()
+    return folder
+
+
+def published_hf_dual_encoder(name: str, vision_layers: int = 2, text_layers: int = 1) -> tuple[dict, dict]:
+    """``config.json`` and ``preprocessor_config.json`` of the published checkpoint ``name``
+    (:data:`HF_DUAL_ENCODERS`) with fewer layers: the parity weights' shape."""
+    entry = json.loads(json.dumps(HF_DUAL_ENCODERS[name]))
+    entry["config"]["vision_config"]["num_hidden_layers"] = vision_layers
+    entry["config"]["text_config"]["num_hidden_layers"] = text_layers
+    return entry["config"], entry["preprocessor"]

@@ -1,11 +1,20 @@
 """Read pickles that may only hold data: tensors, arrays, numbers, strings and containers.
 
-``pickle.load`` calls whatever globals a file names, so a pickle from elsewhere can run code.
-:class:`DataUnpickler` admits only the globals that rebuild tensors and NumPy arrays (tensor
-storages are themselves read with ``torch.load(weights_only=True)``); any other global is refused
-before it is imported or called. Built for cheXlocalize's map pickles (``pickle.dump`` of a dict
-with a tensor map), which name exactly ``torch._utils._rebuild_tensor_v2``,
-``torch.storage._load_from_bytes`` and ``collections.OrderedDict``.
+``pickle.load`` calls whatever globals a file names, so a pickle from elsewhere can run code; and
+its BUILD, SETITEM(S), APPEND(S) and ADDITEMS steps change whatever object they are given, an
+imported function or class included (a 20-byte pickle can set ``__defaults__`` on torch's tensor
+rebuilder and so change every tensor loaded after it). :class:`DataUnpickler` admits data only:
+
+- a file may name only :data:`ALLOWED_GLOBALS`, and each name resolves to a builder here, never
+  to the library's own object; the builders check their arguments and always return a new object
+  (tensor storages are read with ``torch.load(weights_only=True)``);
+- a file may call (REDUCE) only those builders; NEWOBJ, OBJ, INST and extension codes are refused;
+- BUILD sets state only on a NumPy array or dtype the file itself built, with a dtype that holds
+  no Python objects; SETITEM(S), APPEND(S) and ADDITEMS fill only a dict, list or set the file built.
+
+Nothing outside the returned object can change. Built for cheXlocalize's map pickles
+(``pickle.dump`` of a dict with a tensor map), which name exactly ``torch._utils._rebuild_tensor_v2``,
+``torch.storage._load_from_bytes`` and ``collections.OrderedDict``; NumPy arrays and scalars load too.
 """
 
 from __future__ import annotations
@@ -19,9 +28,8 @@ import numpy as np
 import torch
 
 
-def _storage_from_bytes(data: bytes):
-    """What ``torch.storage._load_from_bytes`` does, restricted to weights and mapped to the CPU."""
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+class _Refused(Exception):
+    """A builder's arguments are not the data it builds from (becomes an UnpicklingError naming the file)."""
 
 
 def _numpy_reconstruct():
@@ -33,42 +41,191 @@ def _numpy_reconstruct():
 
 
 _RECONSTRUCT, _SCALAR = _numpy_reconstruct()
-#: (module, name) a data pickle may name -> the object it gets.
+
+
+def _plain_dtype(dtype) -> np.dtype:
+    if not isinstance(dtype, np.dtype) or dtype.hasobject:
+        raise _Refused(f"a NumPy dtype of numbers is expected, got {dtype!r}")
+    return dtype
+
+
+def _ordered_dict(*args) -> collections.OrderedDict:
+    return collections.OrderedDict(*args)
+
+
+def _storage_from_bytes(data) -> torch.TypedStorage:
+    """What ``torch.storage._load_from_bytes`` does, restricted to weights and mapped to the CPU."""
+    if type(data) is not bytes:
+        raise _Refused(f"a tensor storage is read from bytes, got {type(data).__name__}")
+    storage = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    if not isinstance(storage, torch.TypedStorage):
+        raise _Refused(f"the bytes of a tensor storage hold a {type(storage).__name__}")
+    return storage
+
+
+def _tensor(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None) -> torch.Tensor:
+    """``torch._utils._rebuild_tensor_v2`` for plain tensors: a view of a storage this file holds,
+    with no gradient, no hooks and no metadata (conjugate or negative bits)."""
+    if not isinstance(storage, torch.TypedStorage):
+        raise _Refused(f"a tensor is rebuilt from a storage, got {type(storage).__name__}")
+    if requires_grad is not False or backward_hooks or metadata:
+        raise _Refused("a tensor with gradient, hooks or metadata is not plain data")
+    integers = (storage_offset, *size, *stride)
+    if not all(type(v) is int for v in integers) or len(size) != len(stride):
+        raise _Refused(f"a tensor's offset, size and stride must be integers; got {storage_offset}, {size}, {stride}")
+    return torch._utils._rebuild_tensor(storage, storage_offset, tuple(size), tuple(stride))
+
+
+def _array(subtype, shape, typecode) -> np.ndarray:
+    """``numpy._core.multiarray._reconstruct`` for plain arrays: an empty array for BUILD to fill."""
+    if subtype is not np.ndarray:
+        raise _Refused(f"only numpy.ndarray arrays are data, got {subtype!r}")
+    return _RECONSTRUCT(np.ndarray, shape, typecode)
+
+
+def _from_buffer(buffer, dtype, shape, order) -> np.ndarray:
+    """``numpy._core.numeric._frombuffer`` (protocol 5's arrays): a copy of the file's bytes as an array."""
+    if type(buffer) not in (bytes, bytearray) or order not in ("C", "F"):
+        raise _Refused(f"an array is built from bytes in C or F order, got {type(buffer).__name__}, {order!r}")
+    return np.frombuffer(buffer, dtype=_plain_dtype(dtype)).reshape(shape, order=order).copy(order=order)
+
+
+def _dtype(spec, align=False, copy=False) -> np.dtype:
+    """``numpy.dtype`` from a type string, always a new instance (never NumPy's shared one)."""
+    if type(spec) is not str:
+        raise _Refused(f"a dtype is built from a type string, got {type(spec).__name__}")
+    return _plain_dtype(np.dtype(spec, bool(align), True))
+
+
+def _scalar(dtype, data) -> np.generic:
+    if type(data) is not bytes:
+        raise _Refused(f"a NumPy scalar is built from bytes, got {type(data).__name__}")
+    return _SCALAR(_plain_dtype(dtype), data)
+
+
+#: (module, name) a data pickle may name -> what it gets: a builder above, or NumPy's array class
+#: (only as the argument that says which array ``_reconstruct`` builds).
 ALLOWED_GLOBALS = {
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+    ("collections", "OrderedDict"): _ordered_dict,
+    ("torch._utils", "_rebuild_tensor_v2"): _tensor,
     ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
     ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("numpy.core.multiarray", "_reconstruct"): _RECONSTRUCT,
-    ("numpy._core.multiarray", "_reconstruct"): _RECONSTRUCT,
-    ("numpy.core.multiarray", "scalar"): _SCALAR,
-    ("numpy._core.multiarray", "scalar"): _SCALAR,
+    ("numpy", "dtype"): _dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _array,
+    ("numpy._core.multiarray", "_reconstruct"): _array,
+    ("numpy.core.numeric", "_frombuffer"): _from_buffer,
+    ("numpy._core.numeric", "_frombuffer"): _from_buffer,
+    ("numpy.core.multiarray", "scalar"): _scalar,
+    ("numpy._core.multiarray", "scalar"): _scalar,
 }
+#: The builders a pickle may call.
+BUILDERS = (_ordered_dict, _tensor, _storage_from_bytes, _dtype, _array, _from_buffer, _scalar)
+
+_dispatch = pickle._Unpickler.dispatch  # noqa: SLF001 -- the pure-Python unpickler's opcode table
 
 
-class DataUnpickler(pickle.Unpickler):
-    """A ``pickle.Unpickler`` that resolves only :data:`ALLOWED_GLOBALS` and names the file it refuses."""
+class DataUnpickler(pickle._Unpickler):  # noqa: SLF001
+    """An unpickler that builds data only (see the module docstring) and names the file it refuses."""
+
+    dispatch = dict(_dispatch)
 
     def __init__(self, file, source: str) -> None:
         super().__init__(file)
         self.source = source
+        self.built: dict[int, object] = {}  # id -> every object a builder made for this file (kept alive)
+
+    def refuse(self, what: str) -> pickle.UnpicklingError:
+        return pickle.UnpicklingError(
+            f"{self.source}: {what}, which is not data; only tensors, NumPy arrays, numbers, strings and "
+            "containers are read (nothing in the file was run or changed). Save maps as .npz or .safetensors instead."
+        )
 
     def find_class(self, module: str, name: str):
         allowed = ALLOWED_GLOBALS.get((module, name))
         if allowed is None:
-            raise pickle.UnpicklingError(
-                f"{self.source}: the pickle names {module}.{name}, which is not data; only tensors, NumPy arrays, "
-                "numbers, strings and containers are read (nothing in the file was run). Save maps as "
-                ".npz or .safetensors instead."
-            )
+            raise self.refuse(f"the pickle names {module}.{name}")
         return allowed
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError(f"{self.source}: persistent ids are not data (a torch.save archive? use torch.load)")
 
+    def load_reduce(self) -> None:
+        args = self.stack.pop()
+        builder = self.stack[-1]
+        if not any(builder is allowed for allowed in BUILDERS) or type(args) is not tuple:
+            raise self.refuse(f"the pickle calls {getattr(builder, '__name__', type(builder).__name__)}")
+        try:
+            built = builder(*args)
+        except (_Refused, TypeError, ValueError, RuntimeError) as error:
+            raise self.refuse(f"the pickle builds {builder.__name__[1:]} from other things ({error})") from None
+        self.built[id(built)] = built
+        self.stack[-1] = built
+
+    def load_build(self) -> None:
+        state = self.stack.pop()
+        target = self.stack[-1]
+        if id(target) not in self.built or not (type(target) is np.ndarray or isinstance(target, np.dtype)):
+            raise self.refuse(f"the pickle sets the state of {type(target).__name__} {target!r:.60}")
+        if type(target) is np.ndarray and not (type(state) is tuple and len(state) == 5
+                                               and isinstance(state[2], np.dtype) and not state[2].hasobject):
+            raise self.refuse("the pickle fills an array with Python objects")
+        try:
+            target.__setstate__(state)
+        except (TypeError, ValueError) as error:
+            raise self.refuse(f"the pickle sets a malformed state on {type(target).__name__} ({error})") from None
+        if isinstance(target, np.dtype) and target.hasobject:
+            raise self.refuse("the pickle makes a dtype that holds Python objects")
+
+    def _container(self, target, kinds: tuple[type, ...], step: str) -> None:
+        if type(target) not in kinds:
+            raise self.refuse(f"the pickle's {step} step changes {type(target).__name__} {target!r:.60}")
+
+    def load_setitem(self) -> None:
+        self._container(self.stack[-3], (dict, collections.OrderedDict), "SETITEM")
+        _dispatch[pickle.SETITEM[0]](self)
+
+    def load_setitems(self) -> None:
+        self._container(self.metastack[-1][-1], (dict, collections.OrderedDict), "SETITEMS")
+        _dispatch[pickle.SETITEMS[0]](self)
+
+    def load_append(self) -> None:
+        self._container(self.stack[-2], (list,), "APPEND")
+        _dispatch[pickle.APPEND[0]](self)
+
+    def load_appends(self) -> None:
+        self._container(self.metastack[-1][-1], (list,), "APPENDS")
+        _dispatch[pickle.APPENDS[0]](self)
+
+    def load_additems(self) -> None:
+        self._container(self.metastack[-1][-1], (set,), "ADDITEMS")
+        _dispatch[pickle.ADDITEMS[0]](self)
+
+    def load_not_data(self) -> None:
+        raise self.refuse("the pickle makes an object of a class (NEWOBJ, OBJ, INST or an extension code)")
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.BUILD[0]] = load_build
+    dispatch[pickle.SETITEM[0]] = load_setitem
+    dispatch[pickle.SETITEMS[0]] = load_setitems
+    dispatch[pickle.APPEND[0]] = load_append
+    dispatch[pickle.APPENDS[0]] = load_appends
+    dispatch[pickle.ADDITEMS[0]] = load_additems
+    for _opcode in (pickle.NEWOBJ, pickle.NEWOBJ_EX, pickle.OBJ, pickle.INST, pickle.EXT1, pickle.EXT2, pickle.EXT4):
+        dispatch[_opcode[0]] = load_not_data
+    del _opcode
+
 
 def load_data_pickle(path: Path):
-    """The object in the pickle at ``path``, rebuilt by :class:`DataUnpickler`."""
+    """The object in the pickle at ``path``, rebuilt by :class:`DataUnpickler`; a file that is not a
+    pickle, or a damaged one, is an error naming it."""
     with open(path, "rb") as handle:
-        return DataUnpickler(handle, str(path)).load()
+        try:
+            return DataUnpickler(handle, str(path)).load()
+        except pickle.UnpicklingError as error:
+            if str(error).startswith(str(path)):
+                raise
+            raise pickle.UnpicklingError(f"{path} is not a readable pickle ({error}); save it again") from None
+        except (EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as error:
+            raise pickle.UnpicklingError(
+                f"{path} is not a readable pickle ({type(error).__name__}: {error}); it may be truncated or damaged, "
+                "save it again") from None

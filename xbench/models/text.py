@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokeniz
 from transformers.utils import logging as hf_logging
 
 from xbench.cache import cache_root
+from xbench.files import atomic_write
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -53,23 +52,24 @@ def bert_from_config(folder: str | Path, what: str, **config_overrides) -> BertM
     return BertModel(config)
 
 
-def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
-    """A ``BertModel`` with the weights in ``folder``, checked against its loading report.
-
-    No weight may be missing; unexpected keys may only be the pre-training heads and the old
-    ``position_ids`` buffer (:data:`BERT_EXTRA_KEYS`). Anything else is an error naming the keys.
-    """
-    folder = require_files(folder, ("config.json",), what)
+def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tuple[str, ...] = (), **kwargs):
+    """``model_class.from_pretrained(folder)`` offline, in float32 and eval mode, checked against its
+    loading report: no weight may be missing or reshaped, and a weight of the file the model does not
+    hold may only start or end with one of ``extra_keys``. Anything else is an error naming the keys."""
     verbosity, progress_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # its load report would list the heads dropped on purpose; we check below
+    hf_logging.set_verbosity_error()  # its load report would list the keys dropped on purpose; we check below
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per model: noise a user cannot act on
     try:
-        model, info = BertModel.from_pretrained(str(folder), local_files_only=True, output_loading_info=True, **kwargs)
+        # reshaped weights come back in the report (to be named below) instead of a bare error
+        model, info = model_class.from_pretrained(str(folder), local_files_only=True, output_loading_info=True,
+                                                  ignore_mismatched_sizes=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
         if progress_bar:
             hf_logging.enable_progress_bar()
-    unexpected = [key for key in info["unexpected_keys"] if not key.startswith(BERT_EXTRA_KEYS)]
+    unexpected = [key for key in info["unexpected_keys"]
+                  if not (key.startswith(extra_keys) or key.endswith(extra_keys))] if extra_keys else list(
+        info["unexpected_keys"])
     problems = []
     if info["missing_keys"]:
         problems.append(f"missing weights: {sorted(info['missing_keys'])}")
@@ -78,8 +78,16 @@ def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
     if info.get("mismatched_keys"):
         problems.append(f"reshaped weights: {info['mismatched_keys']}")
     if problems:
-        raise ValueError(f"{what}: the BERT weights in {folder} do not match its config.json: " + "; ".join(problems))
-    return model.eval()
+        raise ValueError(f"{what}: the weights in {folder} do not match its config.json: " + "; ".join(problems))
+    return model.float().eval()
+
+
+def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
+    """A ``BertModel`` with the weights in ``folder``, checked against its loading report
+    (:func:`load_pretrained`): unexpected keys may only be the pre-training heads and the old
+    ``position_ids`` buffer (:data:`BERT_EXTRA_KEYS`)."""
+    folder = require_files(folder, ("config.json",), what)
+    return load_pretrained(BertModel, folder, what, BERT_EXTRA_KEYS, **kwargs)
 
 
 #: The files of a BERT folder that decide its outputs: weights (either format), shape, vocabulary.
@@ -157,10 +165,8 @@ def bert_cls_embeddings(
             chunks.append(output.last_hidden_state[:, 0].float())
     embeddings = torch.cat(chunks).contiguous()
     cache_file.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=cache_file.parent, suffix=".tmp")
-    os.close(handle)
-    save_file({"embeddings": embeddings}, temporary)
-    os.replace(temporary, cache_file)  # atomic: parallel processes write the same bytes
+    # atomic: parallel processes write the same bytes
+    atomic_write(cache_file, lambda path: save_file({"embeddings": embeddings}, str(path)))
     return embeddings
 
 

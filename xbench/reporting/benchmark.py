@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from xbench.findings import PAPER_CLASSES, dataset_name
-from xbench.reporting.folder import find_result_folders, read_results
+from xbench.results.folder import find_result_folders, read_results
+
+#: The sections of ``metrics.json`` the report reads, beyond every reader's (``read_results``).
+REPORT_SECTIONS = {
+    "created": (str, ()), "thresholds": (list, ()), "grounding": (dict, ("macro", "per_class", "curves")),
+    "classification": (dict, ("macro",)), "data": (dict, ("images_evaluated", "images_in_split")),
+}
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,11 @@ def perturbation_label(augment: list | dict | None, seed: int = 0) -> str | None
     return " + ".join(parts) + (f", seed {seed}" if seed else "")
 
 
+def _count(number: int, noun: str) -> str:
+    """``1 model``, ``2 models``."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def ordered_datasets(names: set[str]) -> list[str]:
     """The paper's dataset order, then any others by name."""
     paper = [d for d in PAPER_CLASSES if d in names]
@@ -113,7 +124,7 @@ class Benchmark:
                 f"no results folders (with metrics.json) under {', '.join(map(str, paths))}; "
                 "run `python -m xbench.test` or `python -m xbench.suite` first"
             )
-        return cls([Run(folder, read_results(folder)) for folder in folders])
+        return cls([Run(folder, read_results(folder, REPORT_SECTIONS)) for folder in folders])
 
     @staticmethod
     def _labels(runs: list[Run]) -> dict[str, str]:
@@ -126,6 +137,19 @@ class Benchmark:
             unique = run.model_class is not None and len(by_class[run.model_class]) == 1
             labels[run.model] = run.model_class if unique else run.model
         return labels
+
+    def scope(self) -> str:
+        """What the report is built from, as its header and the command's last line say it: every run
+        it reads (models, ceiling instruments, robustness runs), ``5 runs: 2 models and 1 ceiling
+        instrument (oracle) on 1 dataset (2 robustness runs among them)``."""
+        runs = len(self.runs) + len(self.ceilings) + len(self.perturbed)
+        models = ({m for m, _ in self.runs} | {m for m, _, _ in self.perturbed}) - set(self.instruments)
+        datasets = {d for _, d in self.runs} | {d for _, d in self.ceilings} | {d for _, d, _ in self.perturbed}
+        who = _count(len(models), "model")
+        if self.instruments:
+            who += f" and {_count(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
+        robustness = f" ({_count(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
+        return f"{_count(runs, 'run')}: {who} on {_count(len(datasets), 'dataset')}{robustness}"
 
     def get(self, model: str, dataset: str) -> Run | None:
         """The run of a model or an instrument on a dataset."""

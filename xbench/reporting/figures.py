@@ -29,7 +29,7 @@ from matplotlib.lines import Line2D
 
 from xbench.findings import display_name, short_name
 from xbench.reporting.benchmark import Benchmark
-from xbench.reporting.folder import read_overlays
+from xbench.results.folder import read_overlays
 from xbench.analysis.tables import ALL
 from xbench.metrics.names import long
 from xbench.metrics.names import metric as metric_info

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 
 from xbench.findings import display_name
 from xbench.metrics.names import metric
-from xbench.reporting.results import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
+from xbench.results.payload import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
 
 #: Added to the W&B column name of a per-class value chosen on the evaluated set itself.
 CHOSEN_SUFFIX = " (chosen on evaluated set)"
@@ -34,16 +34,20 @@ class XBenchWandbLogger(WandbLogger):
         offline: ``None`` (default): offline, unless ``WANDB_MODE`` is set (``online``, ``disabled``,
             ...), which W&B then follows.
         save_dir: where ``wandb/`` goes; ``None``: ``$WANDB_DIR`` or the working directory.
+        silent: W&B prints none of its own lines (where its files go, ``wandb leet``): ``xbench.test``
+            sets it, and its summary says where the run went.
         kwargs: anything else ``WandbLogger`` / ``wandb.init`` take (``entity``, ``tags``, ...).
     """
 
     def __init__(self, project: str = "xbench", offline: bool | None = None, save_dir: str | None = None,
-                 **kwargs) -> None:
+                 silent: bool = False, **kwargs) -> None:
         if offline is None:
             offline = "WANDB_MODE" not in os.environ
         # The summary table already shows every number; W&B need not print them again at the end. An
         # environment setting, since Lightning re-attaches copies of the logger to the run.
         os.environ.setdefault("WANDB_QUIET", "true")
+        if silent:  # a run's own setting: WANDB_SILENT is read once per process, by the first run
+            kwargs["settings"] = {**(kwargs.get("settings") or {}), "silent": True}
         super().__init__(project=project, offline=offline, save_dir=save_dir, **kwargs)
         # Lightning passes ``anonymous=None`` when unset, which W&B reads as set and warns about
         # through its own printer (no ``warnings`` filter reaches it).
@@ -106,14 +110,17 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
 
 def finish_runs(loggers: list[Logger]) -> list[str]:
     """Close the W&B runs of ``loggers`` so that the offline files are complete and a next run in
-    the same process starts its own; return the folders of the offline ones (for ``wandb sync``)."""
-    offline = []
+    the same process starts its own; return a line per run saying where it is."""
+    places = []
     for logger in wandb_loggers(loggers):
         run = logger.experiment
         if run.settings.mode in ("offline", "dryrun"):
-            offline.append(run.settings.sync_dir)
+            folder = run.settings.sync_dir
+            places.append(f"W&B run saved offline in {folder} (upload it with `wandb sync {folder}`)")
+        elif run.url:
+            places.append(f"W&B run: {run.url}")
         run.finish()
-    return offline
+    return places
 
 
 def abandon_runs(loggers: list[Logger]) -> None:

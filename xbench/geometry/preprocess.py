@@ -9,6 +9,7 @@ once here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,10 +17,13 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torchvision.transforms.v2.functional as tvF
 from PIL import Image
 from torch import Tensor
+from torchvision.transforms import InterpolationMode
 
-from xbench.models.gpu import float32
+from xbench.geometry.image import CodedImage
+from xbench.geometry.precision import float32
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,6 +46,12 @@ PIL_FILTERS = {
 CV2_FILTERS = {
     "nearest": cv2.INTER_NEAREST, "bilinear": cv2.INTER_LINEAR, "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA
 }
+#: torchvision's filters for an 8-bit tensor, as transformers maps PIL's (its ``pil_torch_interpolation_mapping``);
+#: torchvision has no box filter for tensors.
+TORCHVISION_FILTERS = {
+    "nearest": InterpolationMode.NEAREST_EXACT, "bilinear": InterpolationMode.BILINEAR,
+    "bicubic": InterpolationMode.BICUBIC, "lanczos": InterpolationMode.LANCZOS,
+}
 
 
 @dataclass(frozen=True)
@@ -50,8 +60,10 @@ class Preprocess:
     open_clip keeps pretrained configs). Picklable: the datamodule runs it in DataLoader workers
     on the decoded native-aspect image.
 
-    Calling it on a native grey image [H, W] in [0, 1] and the metric frame's side ``frame``
-    returns the model's input [3, size, size] and the window (top, left, height, width) that the
+    Calling it on a native grey image [H, W] in [0, 1] (float32, or a
+    :class:`~xbench.geometry.image.CodedImage`, which gives the same result bit for bit: every step
+    before the resize is pointwise, so it runs on the code's levels) and the metric frame's side
+    ``frame`` returns the model's input [3, size, size] and the window (top, left, height, width) that the
     input covers, in frame pixels (the frame is the whole radiograph squashed to frame x frame).
 
     Fields:
@@ -63,7 +75,11 @@ class Preprocess:
         resize_to: the side the resize aims at; ``None`` means ``size``.
         interpolation: the authors' resize filter.
         library: ``pil`` or ``cv2`` resize the 8-bit image as the authors' pipelines do (their
-            rounding included); ``torch`` resizes in float (antialiased), no 8-bit step.
+            rounding included); ``torchvision`` resizes it as an 8-bit tensor with torchvision's
+            antialiased resize (transformers' default image processors since version 5); ``torch``
+            resizes in float (antialiased), no 8-bit step.
+        crop_rounding: the centre crop's offset, half the margin ``round``-ed (torchvision's
+            ``CenterCrop``) or ``floor``-ed (transformers' image processors).
         mean, std: per-channel statistics after grey -> RGB and scaling to [0, 1].
         equalize: global histogram equalisation of the native image first (MedKLIP on RSNA DICOMs).
         map_upsample: how the model's raw map is placed onto the frame through its window.
@@ -73,7 +89,8 @@ class Preprocess:
     resize: Literal["squash", "shorter_side", "longer_side"] = "squash"
     resize_to: int | None = None
     interpolation: Literal["nearest", "bilinear", "bicubic", "area", "lanczos"] = "bilinear"
-    library: Literal["pil", "cv2", "torch"] = "pil"
+    library: Literal["pil", "cv2", "torchvision", "torch"] = "pil"
+    crop_rounding: Literal["round", "floor"] = "round"
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     equalize: bool = False
@@ -84,6 +101,12 @@ class Preprocess:
             raise ValueError(
                 f"Preprocess: size must be positive and resize_to at least size; got size={self.size}, "
                 f"resize_to={self.resize_to}"
+            )
+        filters = {"pil": PIL_FILTERS, "cv2": CV2_FILTERS, "torchvision": TORCHVISION_FILTERS}.get(self.library)
+        if filters is not None and self.interpolation not in filters:
+            raise ValueError(
+                f"Preprocess: library {self.library!r} has no {self.interpolation!r} filter; "
+                f"it has {', '.join(filters)}"
             )
 
     @property
@@ -104,14 +127,16 @@ class Preprocess:
         new_short, new_long = int(float(short) * (side / float(long))), side
         return (new_long, new_short) if height >= width else (new_short, new_long)
 
-    def __call__(self, image: np.ndarray, frame: int) -> tuple[Tensor, Tensor]:
-        """Native grey float32 [H, W] in [0, 1] -> (model input float32 [3, size, size], normalised;
+    def __call__(self, image: np.ndarray | CodedImage, frame: int) -> tuple[Tensor, Tensor]:
+        """Native grey image [H, W] in [0, 1] -> (model input float32 [3, size, size], normalised;
         window float32 [4] = (top, left, height, width) of the input in the ``frame`` x ``frame``
         metric frame, which may reach outside it where the input shows padding)."""
-        if image.ndim != 2:
+        if len(image.shape) != 2:
             raise ValueError(f"Preprocess expects a grey native image [H, W]; got shape {image.shape}")
         height, width = image.shape
         rows, columns = self.resized_shape(height, width)
+        if isinstance(image, CodedImage) and (self.equalize or self.library == "torch"):
+            image = image.to_float()
         if self.equalize:
             image = equalize_histogram(torch.from_numpy(np.ascontiguousarray(image))[None, None])[0, 0].numpy()
         resized = self._resize(image, rows, columns)
@@ -121,8 +146,9 @@ class Preprocess:
         if self.resize == "longer_side":
             padding = (pad_left, self.target - columns - pad_left, pad_top, self.target - rows - pad_top)
             resized = F.pad(resized, padding)
-        crop_top = int(round((resized.shape[0] - self.size) / 2.0))
-        crop_left = int(round((resized.shape[1] - self.size) / 2.0))
+        offset = round if self.crop_rounding == "round" else math.floor
+        crop_top = int(offset((resized.shape[0] - self.size) / 2.0))
+        crop_left = int(offset((resized.shape[1] - self.size) / 2.0))
         crop = resized[crop_top : crop_top + self.size, crop_left : crop_left + self.size]
         mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
         std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
@@ -138,9 +164,9 @@ class Preprocess:
         )
         return inputs, window
 
-    def _resize(self, image: np.ndarray, rows: int, columns: int) -> Tensor:
-        """The image at rows x columns, float32 in [0, 1]: through 8 bits for ``pil``/``cv2`` (as
-        ``ToTensor``, /255), in float for ``torch``."""
+    def _resize(self, image: np.ndarray | CodedImage, rows: int, columns: int) -> Tensor:
+        """The image at rows x columns, float32 in [0, 1]: through 8 bits for ``pil``/``cv2``/``torchvision``
+        (as ``ToTensor``, /255), in float for ``torch`` (a float image here)."""
         if self.library == "torch":
             x = torch.from_numpy(np.ascontiguousarray(image, dtype=np.float32))
             if (rows, columns) == tuple(x.shape):
@@ -153,16 +179,26 @@ class Preprocess:
                 x[None, None], size=(rows, columns), mode=self.interpolation, antialias=True, align_corners=False
             )
             return resized[0, 0].clamp_(0, 1)
-        # 8 bits as the authors hold the image: an 8-bit file's value exactly (round); after
-        # equalisation the authors' ``(255 * img).astype(np.uint8)`` truncates
-        scaled = image * np.float32(255)
-        pixels = (np.floor(scaled) if self.equalize else np.round(scaled)).clip(0, 255).astype(np.uint8)
+        if isinstance(image, CodedImage):
+            pixels = image.look_up(self._eight_bit(image.levels))
+        else:
+            pixels = self._eight_bit(image)
         if (rows, columns) != pixels.shape:
             if self.library == "pil":
                 pixels = np.array(Image.fromarray(pixels).resize((columns, rows), PIL_FILTERS[self.interpolation]))
+            elif self.library == "torchvision":  # one channel: the separable filter treats RGB's three alike
+                resized = tvF.resize(torch.from_numpy(pixels)[None], [rows, columns],
+                                     interpolation=TORCHVISION_FILTERS[self.interpolation], antialias=True)
+                return resized[0].float().div(255)
             else:
                 pixels = cv2.resize(pixels, (columns, rows), interpolation=CV2_FILTERS[self.interpolation])
         return torch.from_numpy(pixels).float().div(255)
+
+    def _eight_bit(self, image: np.ndarray) -> np.ndarray:
+        """8 bits as the authors hold the image: an 8-bit file's value exactly (round); after
+        equalisation the authors' ``(255 * img).astype(np.uint8)`` truncates. Pointwise."""
+        scaled = image * np.float32(255)
+        return (np.floor(scaled) if self.equalize else np.round(scaled)).clip(0, 255).astype(np.uint8)
 
 
 def area_weights(size_in: int, size_out: int, device: torch.device | None = None) -> Tensor:

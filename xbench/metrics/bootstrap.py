@@ -20,6 +20,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+#: The defaults of every interval: bootstrap replicates, their level, and the seed of the random
+#: streams (``xbench.analyze``'s and ``xbench.report``'s options start from them; a phrase run's
+#: own intervals use them).
+REPLICATES = 1000
+CONFIDENCE = 0.95
+SEED = 0
+
 
 def random_stream(seed: int, dataset: str, purpose: str) -> np.random.Generator:
     """The generator for one (dataset, purpose): ``"test"``, ``"validation"`` or ``"folds"``."""
@@ -52,7 +59,8 @@ def resample_weights(num_images: int, replicates: int, rng: np.random.Generator,
 def assign_folds(num_images: int, folds: int, rng: np.random.Generator) -> Tensor:
     """int64 [N]: the fold of each image, a random partition into ``folds`` near-equal parts."""
     if not 2 <= folds <= num_images:
-        raise ValueError(f"cross-fitting needs 2 <= folds <= images; got {folds} folds for {num_images} images")
+        raise ValueError(f"cross-fitting needs 2 <= folds <= images; got {folds} folds for {num_images} images: give "
+                         "--folds at most the number of images (or --validation runs)")
     fold = np.empty(num_images, dtype=np.int64)
     fold[rng.permutation(num_images)] = np.arange(num_images) % folds
     return torch.from_numpy(fold)

@@ -6,8 +6,10 @@ and as a macro mean over findings, this gives Pointing Game, Dice and IoU at tau
 both, with bootstrap percentile intervals over images, and their paired difference (phrase minus
 name, the same replicates for both, so the interval is that of the difference itself).
 
-The replicates are those of :mod:`xbench.analysis.bootstrap` over the run's images in the order
-of their sorted ids (the analysis's convention), from the stream (seed, dataset, ``"test"``).
+The replicates are those of :mod:`xbench.metrics.bootstrap` over the run's images in the order
+of their sorted ids (the analysis's convention), from the stream (seed, dataset, ``"test"``). The
+end of a phrase run computes them for ``metrics.json``; ``xbench.analyze --queries`` reads the
+same pairs back from ``queries.csv.gz``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from xbench.analysis.bootstrap import paired_difference, percentile_interval, random_stream, resample_weights
-from xbench.analysis.settings import Settings
+from xbench.metrics.bootstrap import (
+    CONFIDENCE, REPLICATES, SEED, paired_difference, percentile_interval, random_stream, resample_weights,
+)
 from xbench.metrics.grounding import FIXED_TAU_INDEX, pair_scores
 
 #: The per-pair metrics a phrase run reports with intervals (each a mean over the finding's pairs).
@@ -68,7 +71,7 @@ def _report(statistic: dict[str, Tensor], findings: Sequence[str]) -> dict:
 
 def phrase_intervals(query_records: dict[str, Tensor], name_records: dict[str, Tensor] | None,
                      image_ids: Sequence[str], evaluated: Tensor, findings: Sequence[str], dataset: str,
-                     settings: Settings = Settings()) -> dict:
+                     replicates: int = REPLICATES, confidence: float = CONFIDENCE, seed: int = SEED) -> dict:
     """Intervals of the query view (and the finding-name view and phrase minus name, where there
     is one) for a run whose ``evaluated`` sample indices name images in ``image_ids``."""
     evaluated = evaluated.cpu()
@@ -76,7 +79,7 @@ def phrase_intervals(query_records: dict[str, Tensor], name_records: dict[str, T
     order = np.argsort(ids.astype(str), kind="stable")
     row_of = torch.full((int(evaluated.max()) + 1 if len(evaluated) else 1,), -1, dtype=torch.int64)
     row_of[evaluated[torch.from_numpy(order)]] = torch.arange(len(order))
-    weights = resample_weights(len(order), settings.replicates, random_stream(settings.seed, dataset, "test"))
+    weights = resample_weights(len(order), replicates, random_stream(seed, dataset, "test"))
 
     def means(records: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         records = {name: value.cpu() for name, value in records.items()}
@@ -85,15 +88,15 @@ def phrase_intervals(query_records: dict[str, Tensor], name_records: dict[str, T
         return per_finding, per_finding.nanmean(dim=1)  # the macro mean over findings with a pair
 
     query_per_finding, query_macro = means(query_records)
-    out = {"replicates": settings.replicates, "confidence": settings.confidence, "by_query": _report(
-        {"per_finding": percentile_interval(query_per_finding, settings.confidence),
-         "macro": percentile_interval(query_macro, settings.confidence)}, findings)}
+    out = {"replicates": replicates, "confidence": confidence, "by_query": _report(
+        {"per_finding": percentile_interval(query_per_finding, confidence),
+         "macro": percentile_interval(query_macro, confidence)}, findings)}
     if name_records is not None:
         name_per_finding, name_macro = means(name_records)
         out["by_finding_name"] = _report(
-            {"per_finding": percentile_interval(name_per_finding, settings.confidence),
-             "macro": percentile_interval(name_macro, settings.confidence)}, findings)
+            {"per_finding": percentile_interval(name_per_finding, confidence),
+             "macro": percentile_interval(name_macro, confidence)}, findings)
         out["phrase_minus_name"] = _report(
-            {"per_finding": paired_difference(query_per_finding, name_per_finding, settings.confidence),
-             "macro": paired_difference(query_macro, name_macro, settings.confidence)}, findings)
+            {"per_finding": paired_difference(query_per_finding, name_per_finding, confidence),
+             "macro": paired_difference(query_macro, name_macro, confidence)}, findings)
     return out

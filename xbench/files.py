@@ -1,0 +1,111 @@
+"""Reading and writing files: errors that name the file, writes a reader never sees half done, and
+the modes the user's umask gives.
+
+Every file and folder XBench creates -- results, analyses, reports, the decoded-image cache, the
+phantom, text embeddings -- goes through :func:`atomic_write` or :func:`staging_folder`, so a
+group the user shares a folder with can read it as it could a file made by ``open``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+
+@contextmanager
+def open_text(path: Path) -> Iterator[IO[str]]:
+    """``path`` opened as UTF-8 text (a byte-order mark tolerated); bytes that are not UTF-8, or a
+    line the csv module cannot read, are an error naming the file."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            yield handle
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {error.object[error.start:error.start + 1]!r} at offset {error.start} of "
+            "the part read): is it the file as downloaded? Save it as UTF-8."
+        ) from None
+    except csv.Error as error:
+        raise ValueError(f"{path}: not a readable CSV file ({error})") from None
+
+
+def read_json(path: Path):
+    """The JSON in ``path``; an empty, truncated or non-UTF-8 file is an error naming it and the place."""
+    try:
+        with open_text(path) as handle:
+            return json.load(handle)
+    except json.JSONDecodeError as error:
+        state = "is empty" if not Path(path).stat().st_size else f"is not valid JSON ({error})"
+        raise ValueError(f"{path} {state}: was it truncated? Download or write it again.") from None
+
+
+def read_yaml(path: Path):
+    """The YAML in ``path``; a file that is not valid YAML is an error naming it and the line."""
+    try:
+        with open_text(path) as handle:
+            return yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        place = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ValueError(f"{path}{place}: not valid YAML ({problem}); fix the file") from None
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask, read without changing it (``os.umask`` can only read
+    it by setting it, a moment in which another thread's new file would get the wrong mode)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1], 8) for line in status if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):  # not Linux, or a kernel before 4.7
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
+
+
+def follow_umask(path: Path, folder: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open`` or ``mkdir`` would have: ``tempfile`` makes files
+    0600 and folders 0700, unreadable to the group a user shares results with."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~current_umask())
+
+
+def staging_folder(parent: Path, name: str) -> Path:
+    """A new hidden folder ``.name.XXXX`` under ``parent`` (made if missing) with the mode ``mkdir``
+    would give, in which a folder is built before it is renamed into place as ``name``."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}."))
+    follow_umask(staging, folder=True)
+    return staging
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call ``write`` on a temporary file beside ``path``, then rename it to ``path`` (with the mode
+    the user's umask gives a new file).
+
+    A reader never sees a half-written file: an interrupted write leaves the old file (or none). A
+    failed write (a full disk, a file-size limit) is an error naming ``path``.
+    """
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(descriptor)
+    try:
+        write(Path(temporary))
+        follow_umask(Path(temporary))
+        os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        if error.filename is not None or str(path) in str(error):
+            raise
+        raise OSError(error.errno, f"{error.strerror or error}: writing {path} failed (a full disk, a quota or a "
+                                   "file-size limit such as `ulimit -f`?); free space or lift the limit and "
+                                   "run again") from error
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,269 @@
+"""Any transformers CLIP or SigLIP checkpoint folder as a model: MedSigLIP, the CheXagent team's
+XrayCLIP and XraySigLIP encoders, and the next one a researcher has.
+
+Such a folder is what ``save_pretrained`` writes: ``config.json``, ``preprocessor_config.json``, the
+tokenizer's files and ``model.safetensors``. XBench reads every fact from it, offline (nothing is
+looked up on a hub), and runs the model as transformers defines it:
+
+- **Architecture**: ``config.json``'s ``model_type``, ``clip`` (``CLIPModel``) or ``siglip``
+  (``SiglipModel``), loaded by transformers from the folder in float32 and checked against its
+  loading report (nothing missing, reshaped or left over but the ``position_ids`` buffers older
+  versions saved).
+- **Input**: the image processor the folder's ``preprocessor_config.json`` makes, translated into a
+  :class:`~xbench.geometry.preprocess.Preprocess` (:func:`processor_preprocess`): resize rule and size,
+  centre crop (offset floored, as transformers crops), filter, the processor's own 8-bit resize
+  (torchvision's antialiased one for transformers' default processors since version 5, PIL for the
+  PIL ones), mean/std. A setting a ``Preprocess`` cannot state is an error, never approximated.
+- **Text**: the folder's own tokenizer. CLIP pads to the longest prompt with its attention mask (its
+  causal text tower pools the end-of-text token, so padding changes nothing); SigLIP pads to its
+  64 positions and gets ``input_ids`` alone, as it was trained and as Google's MedSigLIP serving
+  feeds it (the padding is part of what its last-token pooling reads).
+- **Score**, by each model's own rule: CLIP, the log-odds of the 2-way softmax over the prompt pair,
+  ``exp(logit_scale) * (cos(image, pos) - cos(image, neg))``, as XBench's other CLIPs; SigLIP, its own
+  logit of the positive prompt, ``exp(logit_scale) * cos(image, pos) + logit_bias``, whose sigmoid is
+  the model's probability that the prompt describes the image (SigLIP scores each text on its own;
+  a negative prompt has no place in its rule and is refused).
+- **Map** (``patch_text_similarity``): the cosine of each patch token of the last block with the
+  positive prompt, the token taken to the joint space the way the image embedding is. CLIP: through
+  ``post_layernorm`` and ``visual_projection``, as the class token. SigLIP has no class token: its
+  image embedding is an attention-pooling head (a learnt probe attends over the patches, then an MLP
+  with a residual); each patch goes through that head as if the probe attended to it alone (the
+  attention's value and output projections, then the head's norm, MLP and residual). ``gradcam``:
+  Grad-CAM of each finding's logit on the last block's first-norm output (as CLIP's).
+- **Phrases** (MS-CXR): the phrase in the positive prompt (and CLIP's negative), as a finding's text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
+
+from xbench.models.clip import OpenClipDualEncoder, Saliency
+from xbench.geometry.precision import float32
+from xbench.geometry.preprocess import Preprocess
+from xbench.models.text import load_pretrained, require_files
+
+#: ``config.json``'s ``model_type`` -> the transformers class and how it scores a finding.
+ARCHITECTURES = {"clip": CLIPModel, "siglip": SiglipModel}
+#: The negative prompt of a CLIP folder's pair unless one is given (CheXzero's, as XBench's other CLIPs).
+CLIP_NEGATIVE = "no {}"
+#: PIL's filter codes, as ``preprocessor_config.json`` writes ``resample``, in ``Preprocess``'s names.
+RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "area"}
+#: Weights a folder may hold beyond the model's: the ``position_ids`` buffers transformers < 4.31 saved.
+EXTRA_KEYS = ("embeddings.position_ids",)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _size(value) -> dict[str, int]:
+    """A processor's ``size``/``crop_size`` (a dict, or transformers 5's ``SizeDict``) without its empty entries."""
+    items = value.items() if hasattr(value, "items") else vars(value).items()
+    return {key: int(number) for key, number in items if number is not None}
+
+
+def processor_preprocess(folder: str | Path, what: str = "HFDualEncoder") -> Preprocess:
+    """The image processor of ``folder/preprocessor_config.json`` (as transformers' ``AutoImageProcessor``
+    makes it, its class defaults filled in) as a :class:`Preprocess` that gives its output from the
+    native image; an error for any setting it cannot state."""
+    folder = require_files(folder, ("preprocessor_config.json",), what)
+    processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    where = f"{what}: {folder / 'preprocessor_config.json'}"
+    backend = getattr(processor, "backend", "torchvision" if type(processor).__name__.endswith("Fast") else "pil")
+    if backend not in ("torchvision", "pil"):
+        raise ValueError(f"{where}: {type(processor).__name__} resizes with {backend!r}; XBench states torchvision's "
+                         "and PIL's 8-bit resizes")
+    if not processor.do_resize:
+        raise ValueError(f"{where}: do_resize is false; the model needs its input size from any radiograph")
+    if not processor.do_rescale or not math.isclose(processor.rescale_factor, 1 / 255, rel_tol=1e-6):
+        raise ValueError(f"{where}: do_rescale {processor.do_rescale}, rescale_factor {processor.rescale_factor}; "
+                         "XBench scales 8-bit values by 1/255 before mean/std")
+    if getattr(processor, "do_pad", False):
+        raise ValueError(f"{where}: do_pad is true; XBench's inputs are not padded")
+    resample = int(processor.resample)
+    if resample not in RESAMPLE:
+        raise ValueError(f"{where}: resample {resample} has no counterpart; XBench has {RESAMPLE}")
+    size = _size(processor.size)
+    if set(size) == {"shortest_edge"}:
+        resize, resize_to = "shorter_side", size["shortest_edge"]
+    elif set(size) == {"height", "width"} and size["height"] == size["width"]:
+        resize, resize_to = "squash", size["height"]
+    else:
+        raise ValueError(f"{where}: size {size}; XBench resizes the shorter side or both sides to one square size")
+    side = resize_to
+    if getattr(processor, "do_center_crop", False):
+        crop = _size(processor.crop_size)
+        if set(crop) != {"height", "width"} or crop["height"] != crop["width"] or crop["height"] > resize_to:
+            raise ValueError(f"{where}: crop_size {crop} after a resize to {resize_to}; XBench crops a square "
+                             "no larger than the resized image")
+        side = crop["height"]
+    elif resize == "shorter_side":
+        raise ValueError(f"{where}: a shorter-side resize without a centre crop gives non-square inputs")
+    mean, std = ((tuple(processor.image_mean), tuple(processor.image_std)) if processor.do_normalize
+                 else ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)))
+    return Preprocess(side, resize, resize_to=resize_to, interpolation=RESAMPLE[resample], library=backend,
+                      crop_rounding="floor", mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
+                      map_upsample="bilinear")
+
+
+def pooling_head_tokens(head: nn.Module, tokens: Tensor) -> Tensor:
+    """SigLIP's attention-pooling head applied to each token [B, N, D] on its own: the output it would
+    give if its probe attended to that token alone (value and output projections of the attention,
+    then ``h + MLP(LayerNorm(h))``) -> [B, N, D]."""
+    attention = head.attention
+    width = tokens.shape[-1]
+    values = F.linear(tokens, attention.in_proj_weight[2 * width:], attention.in_proj_bias[2 * width:])
+    pooled = attention.out_proj(values)
+    return pooled + head.mlp(head.layernorm(pooled))
+
+
+class HFDualEncoder(OpenClipDualEncoder):
+    """A transformers ``CLIPModel`` or ``SiglipModel`` folder (see the module docstring for the recipe).
+
+    Args:
+        checkpoint_dir: the folder as ``save_pretrained`` wrote it (or the hub's snapshot of it).
+        name: the model's name in results folders, tables and reports; default: the folder's name.
+        saliency: ``patch_text_similarity`` or ``gradcam``.
+        pos_template: the positive prompt; ``{}`` is replaced by the finding's text (or a phrase).
+        neg_template: a CLIP folder's negative prompt (default ``"no {}"``); a SigLIP folder refuses one.
+    """
+
+    query_mode = "phrase"
+    #: The folder's files besides the weights.
+    files: ClassVar[tuple[str, ...]] = ("config.json", "preprocessor_config.json")
+
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        name: str | None = None,
+        saliency: Saliency = "patch_text_similarity",
+        pos_template: str = "{}",
+        neg_template: str | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(checkpoint_dir, pos_template, neg_template or CLIP_NEGATIVE, saliency, **kwargs)
+        self.negative_given = neg_template is not None
+        self.label = name or Path(checkpoint_dir).expanduser().resolve().name
+        self.model_type: str | None = None
+        self._preprocess: Preprocess | None = None
+
+    def model_name(self) -> str:
+        """The run's name (``name``, else the folder's): one class serves many checkpoints."""
+        return self.label
+
+    @property
+    def preprocess(self) -> Preprocess:
+        if self._preprocess is None:
+            self._preprocess = processor_preprocess(self.checkpoint_dir, self.label)
+        return self._preprocess
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load_model(self) -> tuple[nn.Module, Callable]:
+        folder = require_files(self.checkpoint_dir, self.files, self.label)
+        if not any((folder / name).is_file() for name in WEIGHT_FILES):
+            raise FileNotFoundError(f"{self.label}: no {' or '.join(WEIGHT_FILES)} in {folder}; place the "
+                                    "checkpoint's safetensors there (docs/models/hf_dual_encoder.md)")
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"{self.label}: {folder / 'config.json'} has model_type {model_type!r}; "
+                             f"XBench runs {' and '.join(ARCHITECTURES)} dual encoders")
+        if model_type == "siglip" and self.negative_given:
+            raise ValueError(f"{self.label}: a SigLIP folder scores each prompt on its own (the sigmoid of its "
+                             "logit with its learnt bias); drop --model.neg_template, which only a CLIP pair uses")
+        model = load_pretrained(ARCHITECTURES[model_type], folder, self.label, EXTRA_KEYS)
+        config = model.config
+        if model_type == "siglip" and not config.vision_config.vision_use_head:
+            raise ValueError(f"{self.label}: {folder / 'config.json'} sets vision_use_head false: the model "
+                             "has no image embedding to score with")
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        self.model_type = model_type
+        self.check_end_of_text(tokenizer, config, folder)
+        side = config.vision_config.image_size
+        if self.preprocess.size != side:
+            raise ValueError(f"{self.label}: the processor in {folder} makes {self.preprocess.size}-pixel inputs "
+                             f"but the vision tower takes {side}")
+        return model, tokenizer
+
+    def check_end_of_text(self, tokenizer, config, folder: Path) -> None:
+        """CLIP's text tower pools the token its config calls end-of-text (or, for configs older than
+        transformers 4.31, which say 2, the highest id): the tokenizer must end each prompt with it."""
+        if self.model_type != "clip":
+            return
+        eos, expected = tokenizer.eos_token_id, config.text_config.eos_token_id
+        legacy = expected == 2
+        if (legacy and eos != max(tokenizer.get_vocab().values())) or (not legacy and eos != expected):
+            raise ValueError(
+                f"{self.label}: the tokenizer in {folder} ends prompts with id {eos} but the text tower pools "
+                + ("the highest id of each prompt" if legacy else f"id {expected} (config.json eos_token_id)")
+                + ": it would read another token; use the checkpoint's own tokenizer files")
+
+    # -- what the recipe reads -----------------------------------------------------------------
+
+    @property
+    def input_size(self) -> int:
+        return self.model.config.vision_config.image_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        side = self.input_size // self.model.config.vision_config.patch_size
+        return side, side
+
+    @property
+    def prefix_tokens(self) -> int:
+        return 1 if self.model_type == "clip" else 0
+
+    def prompt_pair(self, text: str) -> tuple[str, ...]:
+        """(positive, negative) for CLIP; (positive,) for SigLIP, which scores one prompt."""
+        pair = super().prompt_pair(text)
+        return pair if self.model_type == "clip" else pair[:1]
+
+    def embed_pairs(self, pairs: list[tuple[str, ...]]) -> dict[str, Tensor]:
+        rows = {"pos_text": self.embed_text([pair[0] for pair in pairs])}
+        if self.model_type == "clip":
+            rows["neg_text"] = self.embed_text([pair[1] for pair in pairs])
+        return rows
+
+    @torch.no_grad()
+    def embed_text(self, prompts: list[str]) -> Tensor:
+        """L2-normalised text embeddings [len(prompts), D], by the folder's tokenizer and the model's
+        padding rule (module docstring)."""
+        positions = self.model.config.text_config.max_position_embeddings
+        device = self.model.logit_scale.device
+        if self.model_type == "siglip":
+            tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=positions,
+                                    return_tensors="pt")
+            features = self.model.text_model(input_ids=tokens["input_ids"].to(device)).pooler_output
+        else:
+            tokens = self.tokenizer(prompts, padding="longest", truncation=True, max_length=positions,
+                                    return_tensors="pt")
+            output = self.model.text_model(input_ids=tokens["input_ids"].to(device),
+                                           attention_mask=tokens["attention_mask"].to(device))
+            features = self.model.text_projection(output.pooler_output)
+        return F.normalize(features.float(), dim=-1)
+
+    def pair_logits(self, image_embedding: Tensor) -> Tensor:
+        """CLIP: the recipe's pair log-odds; SigLIP: ``exp(logit_scale) * cos(image, pos) + logit_bias``
+        [B, C], in float32 also under mixed precision."""
+        if self.model_type == "clip":
+            return super().pair_logits(image_embedding)
+        image = F.normalize(image_embedding.float(), dim=-1)
+        with float32(image):
+            return self.model.logit_scale.exp() * (image @ self.pos_text.T) + self.model.logit_bias
+
+    def embed_image(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        vision = self.model.vision_model
+        output = vision(pixel_values=x)
+        if self.model_type == "clip":  # last_hidden_state is before the final norm; the class token first
+            tokens = self.model.visual_projection(vision.post_layernorm(output.last_hidden_state))
+            return tokens[:, 0], tokens[:, 1:]
+        return output.pooler_output, pooling_head_tokens(vision.head, output.last_hidden_state)
+
+    def gradcam_layer(self) -> nn.Module:
+        return self.model.vision_model.encoder.layers[-1].layer_norm1

@@ -1,0 +1,91 @@
+"""The Markdown summary of an :class:`~xbench.analysis.pipeline.Analysis` (``xbench.analyze``'s
+``summary.md``): per dataset the macro means with their intervals, paired differences, threshold
+calibration and lesion-size strata, then the recognition-vs-grounding R²."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from xbench.analysis.pipeline import Analysis, DatasetAnalysis
+from xbench.analysis.tables import ALL, MACRO
+from xbench.metrics.names import short
+from xbench.reporting.render import markdown_grid
+from xbench.reporting.table import format_interval
+
+
+def _markdown_table(headers: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
+    return [*markdown_grid(headers, rows, text_columns), ""]
+
+
+def _label(run) -> str:
+    return f"{run.label} (ceiling)" if run.run.instrument else run.label
+
+
+def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], confidence: float) -> list[str]:
+    level = f"{100 * confidence:g}%"
+    pick = lambda frame, **where: frame.loc[(frame[list(where)] == pd.Series(where)).all(1)]  # noqa: E731
+    intervals = pick(tables["intervals"], dataset=data.dataset, **{"class": MACRO})
+    shown = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated", "auroc", "auprc")
+    lines = [f"## {data.dataset} ({data.num_images} images, {len(data.runs)} models)", "",
+             f"Macro means, percent, with {level} bootstrap intervals (images resampled). "
+             "τ* is chosen on the test set itself, τcal where it is not scored. (ceiling): a test instrument, "
+             "never compared.", ""]
+    rows = []
+    for run in data.runs:
+        cells = pick(intervals, model=run.label).set_index("metric")
+        rows.append([_label(run), *(format_interval(*cells.loc[m, ["estimate", "lower", "upper"]]) for m in shown)])
+    lines += _markdown_table(["Model", *map(short, shown)], rows)
+
+    differences = tables["differences"]  # without rows (one model per dataset) it has no columns either
+    if len(differences):
+        differences = pick(differences, dataset=data.dataset, **{"class": MACRO})
+    if len(differences):
+        compared = ("pointing_game", "dice@calibrated", "auroc")
+        lines += ["Paired differences A − B (same resampled images), percentage points; "
+                  "P(A>B) = share of replicates where A is ahead, a tie counted as ½.", ""]
+        rows = []
+        for (a, b), frame in differences.groupby(["model_a", "model_b"], sort=False):
+            cells = frame.set_index("metric")
+            rows.append([f"{a} − {b}", *(
+                f"{format_interval(*cells.loc[m, ['difference', 'lower', 'upper']])} ({cells.loc[m, 'a_better']:.2f})"
+                for m in compared)])
+        lines += _markdown_table(["A − B", *(f"{short(m)} (P(A>B))" for m in compared)], rows)
+
+    calibration = pick(tables["calibration"], dataset=data.dataset, curve="dice", **{"class": MACRO})
+    lines += ["Threshold calibration, macro Dice (percent): gap = value − Dice at τ = 0.5.", ""]
+    rows = [[r.model, r.method, f"{100 * r['at_0.5']:.1f}", f"{100 * r.at_best:.1f}",
+             format_interval(r.gap_best, r.gap_best_lower, r.gap_best_upper),
+             format_interval(r.at_calibrated, r.calibrated_lower, r.calibrated_upper),
+             format_interval(r.gap_calibrated, r.gap_calibrated_lower, r.gap_calibrated_upper)]
+            for _, r in calibration.iterrows()]
+    headers = ["Model", "τ chosen by", *map(short, ("dice@0.5", "dice@best")), "gap τ*", short("dice@calibrated"),
+               "gap τcal"]
+    lines += _markdown_table(headers, rows, text_columns=2)
+
+    strata = pick(tables["strata"], dataset=data.dataset, **{"class": ALL})
+    lines += ["Lesion-size strata, all pairs pooled (percent; lesion area as a share of the image).", ""]
+    rows = []
+    for run in data.runs:
+        for metric in ("pointing_game", "dice@0.5"):
+            cells = pick(strata, model=run.label, metric=metric).set_index("stratum")
+            rows.append([_label(run), short(metric), *(
+                f"{format_interval(*cells.loc[s, ['estimate', 'lower', 'upper']])} (n={cells.loc[s, 'pairs']})"
+                for s in data.strata)])
+    lines += _markdown_table(["Model", "Metric", *data.strata], rows, text_columns=2)
+    return lines
+
+
+def analysis_markdown(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> str:
+    s = analysis.settings
+    lines = ["# XBench analysis", "",
+             f"{s.replicates} bootstrap replicates (seed {s.seed}), {100 * s.confidence:g}% percentile intervals; "
+             f"lesion-size boundaries {', '.join(f'{100 * b:g}%' for b in s.size_bins)} of the image area.", ""]
+    for data in analysis.datasets:
+        lines += _dataset_markdown(data, tables, s.confidence)
+    correlation = tables["correlation"]
+    lines += ["## Recognition vs grounding", "",
+              "R² of macro AUROC against macro grounding over (model, dataset) points.", ""]
+    rows = [[r.scope, r.grounding, str(r.points), format_interval(r.r2, r.lower, r.upper, scale=1, digits=2)]
+            for _, r in correlation.iterrows()]
+    lines += _markdown_table(["Scope", "Grounding", "Points", "R²"], rows, text_columns=2)
+    return "\n".join(lines) + "\n"

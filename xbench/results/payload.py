@@ -1,0 +1,165 @@
+"""The ``metrics.json`` payload of a run: every number, per class and macro, with the schema
+version, the chosen thresholds, counts and edge cases, the resolved config and package versions.
+
+A model computes it at the end of its test epoch (``XBenchModel.results``) from its metrics;
+:mod:`xbench.results.write` writes it into the results folder, and every reader goes through
+:func:`xbench.results.folder.read_results`. The keys: ``docs/results.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import platform
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xbench.metrics.grounding import THRESHOLDS
+from xbench.metrics.names import chosen_keys, run_keys
+from xbench.metrics.phrases import phrase_intervals
+from xbench.results.folder import SCHEMA
+
+GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
+GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
+GROUNDING_MACRO = run_keys("grounding", "macro")
+CLASSIFICATION_PER_CLASS = run_keys("classification", "per_class")
+CLASSIFICATION_MACRO = run_keys("classification", "macro")
+CHOSEN_ON_EVALUATED_SET = (
+    "grounding: every '@best' value and its '@best_tau' (the threshold maximising that metric per class); "
+    f"classification: {', '.join(chosen_keys('classification'))}"
+)
+#: The console summary's and summary.md's columns.
+PACKAGES = ("xbench", "torch", "lightning", "torchmetrics", "transformers", "open_clip_torch", "timm", "pydicom")
+
+
+
+def _number(value) -> float | int | None:
+    """A JSON-safe scalar: ints stay ints, NaN becomes null."""
+    value = value.item() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for package in PACKAGES:
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def grounding_section(grounding, classes: list[str]) -> dict:
+    """A grounding section of ``metrics.json``: macro means, per-class values and curves."""
+    return {
+        "macro": {name: _number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
+        "classes_with_pairs": _number(grounding["classes_with_pairs"]),
+        "per_class": {
+            key: {name: _number(grounding[name][c]) for name in GROUNDING_PER_CLASS} for c, key in enumerate(classes)
+        },
+        "curves": {
+            key: {name: [_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
+            for c, key in enumerate(classes)
+        },
+    }
+
+
+def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
+    """``phrase_grounding``: a phrase dataset's (image, query) pairs scored per finding as the model
+    grounds a query (its ``query_mode``) and, for a phrase-mode model, by the finding's name, with
+    intervals and the paired difference (:mod:`xbench.metrics.phrases`)."""
+    classes = list(datamodule.classes)
+    name = queries.get("finding_name")
+    return {
+        "query_mode": model.query_mode,
+        "phrases": len(datamodule.phrases),
+        "by_query": grounding_section(queries["query"], classes),
+        "by_finding_name": grounding_section(name, classes) if name is not None else None,
+        "intervals": phrase_intervals(queries["query"]["records"], name["records"] if name is not None else None,
+                                      datamodule.image_ids(), evaluated, classes, datamodule.name),
+    }
+
+
+def build_results(*, model, datamodule, grounding, classification, region_counts, config, queries=None) -> dict:
+    """The ``metrics.json`` payload of a finished run; ``queries``: a phrase dataset's query metrics
+    by view (``query``: as the model grounds a phrase; ``finding_name``: by the finding's name)."""
+    classes = list(datamodule.classes)
+    evaluated = int(classification["records"]["index"].numel())
+    return {
+        "schema": SCHEMA,
+        "model": model.model_name(),
+        "instrument": model.instrument,
+        "dataset": datamodule.name,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "classes": classes,
+        # how the model saw each image and how its maps reached the frame (the authors' rule, or
+        # --model.upsample for a study)
+        "preprocess": dataclasses.asdict(model.preprocess) if model.preprocess is not None else None,
+        "map_upsample": model.map_upsample,
+        "thresholds": [float(t) for t in THRESHOLDS],
+        "chosen_on_evaluated_set": CHOSEN_ON_EVALUATED_SET,
+        "grounding": grounding_section(grounding, classes),
+        "phrase_grounding": phrase_section(model, datamodule, queries, classification["records"]["index"])
+        if queries else None,
+        "classification": {
+            "calibrated_logits": model.calibrated_logits,
+            "macro": {name: _number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
+            "hamming_accuracy": _number(classification["hamming_accuracy"]),
+            "single_label_value_classes": _number(classification["single_label_value_classes"]),
+            "per_class": {
+                key: {name: _number(classification[name][c]) for name in CLASSIFICATION_PER_CLASS}
+                for c, key in enumerate(classes)
+            },
+        },
+        "data": {
+            "images_in_split": len(datamodule.test_set),
+            "images_evaluated": evaluated,
+            "image_size": datamodule.image_size,
+            "mask_threshold": datamodule.mask_threshold,
+            "clipped_shapes": _number(region_counts["clipped_shapes"]),
+            "lost_queries": _number(region_counts["lost_queries"]),
+            "lost_regions": {key: _number(region_counts["lost_regions"][c]) for c, key in enumerate(classes)},
+            "notes": datamodule.notes,
+        },
+        "config": config if config is not None else _hyperparameters(model, datamodule),
+        "versions": _versions(),
+    }
+
+
+def _hyperparameters(model, datamodule) -> dict:
+    """Without the CLI: each module's class path and constructor arguments (``hparams``)."""
+
+    def describe(module) -> dict:
+        kind = type(module)
+        args = {key: str(value) if isinstance(value, Path) else value for key, value in module.hparams.items()}
+        return {"class_path": f"{kind.__module__}.{kind.__qualname__}", "init_args": args}
+
+    return {"model": describe(model), "data": describe(datamodule)}
+
+
+def log_keys(results: dict) -> dict[str, float]:
+    """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ...; a
+    phrase run's views as ``phrase_grounding/by_query/...`` and ``phrase_grounding/by_finding_name/...``."""
+    sections = [("grounding", results["grounding"], GROUNDING_PER_CLASS),
+                ("classification", results["classification"], CLASSIFICATION_PER_CLASS)]
+    phrases = results.get("phrase_grounding") or {}
+    sections += [(f"phrase_grounding/{view}", phrases[view], GROUNDING_PER_CLASS)
+                 for view in ("by_query", "by_finding_name") if phrases.get(view) is not None]
+    flat: dict[str, float] = {}
+    for prefix, section, per_class_names in sections:
+        for name, value in section["macro"].items():
+            flat[f"{prefix}/{name}/macro"] = math.nan if value is None else float(value)
+        for key, values in section["per_class"].items():
+            for name in per_class_names:
+                value = values[name]
+                flat[f"{prefix}/{name}/{key}"] = math.nan if value is None else float(value)
+    return flat

@@ -1,0 +1,184 @@
+"""Writing a run's results folder: ``<model>__<dataset>__<time>/``.
+
+- ``metrics.json``: the payload (:mod:`xbench.results.payload`);
+- ``per_class.csv``: one row per class, every per-class number;
+- ``summary.md``: the tables a person reads (rendered by the caller, :mod:`xbench.reporting.summary`);
+- ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
+  the Pointing Game hit, the CNR and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
+- ``queries.csv.gz`` (a phrase dataset's run): one row per graded (image, query) and view (``query``:
+  as the model grounds the phrase; ``finding_name``: by its finding's name), with the phrase and
+  the same columns as a graded pair;
+- ``config.yaml``: the resolved configuration;
+- ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
+
+Every file is written to a temporary name and renamed, inside a folder that is itself renamed
+into place at the end: an interrupted run leaves no half file and no half folder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from xbench.files import atomic_write, staging_folder
+from xbench.findings import display_name
+from xbench.results.folder import METRICS, OVERLAYS, PAIRS, QUERIES, count_columns
+
+
+#: Images per chunk of ``pairs.csv.gz``: the table is built and written this many images at a time,
+#: so its memory stays bounded (about 1000 x C rows) whatever the dataset's size.
+PAIR_CHUNK_IMAGES = 1000
+
+
+def pair_table(results: dict, grounding_records: dict, classification_records: dict, image_ids: list[str],
+               images: slice = slice(None)) -> pd.DataFrame:
+    """One row per (image, class) evaluated, for the ``images`` rows of the classification records;
+    grounding columns empty for pairs not graded."""
+    classes = results["classes"]
+    index = classification_records["index"][images].cpu().numpy()
+    num_classes = len(classes)
+    rows = pd.DataFrame({
+        "image_index": np.repeat(index, num_classes),
+        "image_id": np.repeat(np.asarray(image_ids, dtype=object)[index], num_classes),
+        "class": np.tile(np.asarray(classes, dtype=object), len(index)),
+        "label": classification_records["labels"][images].cpu().numpy().reshape(-1),
+        "logit": classification_records["logits"][images].cpu().numpy().reshape(-1),
+    })
+    graded_index = grounding_records["index"].cpu().numpy()
+    chosen = np.flatnonzero(np.isin(graded_index, index))
+    pick = lambda name: grounding_records[name].cpu().numpy()[chosen]  # noqa: E731
+    counts = {
+        "image_index": graded_index[chosen],
+        "class": np.asarray(classes, dtype=object)[pick("class")],
+        "graded": True,
+        "region_px": pick("region"),
+        "hit": pick("hit"),
+        "cnr": pick("cnr"),
+    }
+    predicted, inter = pick("predicted"), pick("inter")
+    predicted_names, inter_names = count_columns(predicted.shape[1])
+    counts.update(zip(predicted_names, predicted.T))
+    counts.update(zip(inter_names, inter.T))
+    graded = pd.DataFrame(counts)
+    table = rows.merge(graded, on=["image_index", "class"], how="left", validate="one_to_one")
+    table["graded"] = table["graded"].eq(True)
+    integers = ["region_px", "hit", *predicted_names, *inter_names]
+    table[integers] = table[integers].astype("Int64")
+    return table
+
+
+def write_pairs(path: Path, results: dict, grounding_records: dict, classification_records: dict,
+                image_ids: list[str], chunk_images: int = PAIR_CHUNK_IMAGES) -> None:
+    """``pairs.csv.gz``: the pair table written ``chunk_images`` images at a time into one gzip stream."""
+    grounding_records = {name: values.cpu() for name, values in grounding_records.items()}
+    classification_records = {name: values.cpu() for name, values in classification_records.items()}
+    num_images = len(classification_records["index"])
+    with gzip.open(path, "wt", encoding="utf-8", newline="") as handle:
+        for start in range(0, max(num_images, 1), chunk_images):
+            images = slice(start, start + chunk_images)
+            table = pair_table(results, grounding_records, classification_records, image_ids, images)
+            table.to_csv(handle, index=False, header=start == 0)
+
+
+def query_table(results: dict, query_records: dict[str, dict], datamodule) -> pd.DataFrame:
+    """One row per graded (image, query) and view: the phrase, its finding and the pair's columns."""
+    classes, samples = results["classes"], datamodule.samples
+    tables = []
+    for view, records in query_records.items():
+        records = {name: value.cpu().numpy() for name, value in records.items()}
+        index, slot = records["index"], records["slot"]
+        phrases = [[q.text for q in samples[i].queries if q.finding in classes][k] for i, k in zip(index, slot)]
+        predicted_names, inter_names = count_columns(records["predicted"].shape[1])
+        tables.append(pd.DataFrame({
+            "image_index": index,
+            "image_id": np.asarray(datamodule.image_ids(), dtype=object)[index],
+            "query": slot,
+            "finding": np.asarray(classes, dtype=object)[records["class"]],
+            "phrase": phrases,
+            "view": view,
+            "region_px": records["region"],
+            "hit": records["hit"],
+            "cnr": records["cnr"],
+            **dict(zip(predicted_names, records["predicted"].T)),
+            **dict(zip(inter_names, records["inter"].T)),
+        }))
+    return pd.concat(tables, ignore_index=True)
+
+
+def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, **overlays)
+
+
+def claim_folder(staging: Path, results_dir: Path, name: str) -> Path:
+    """Rename the finished ``staging`` folder to ``name`` or, when a run that finished in the same
+    second holds it, ``name-1``, ``name-2``, ...: the rename itself is the claim (it fails on a
+    folder with contents), so two runs never share a name and no run replaces another's folder."""
+    for suffix in range(1000):
+        final = results_dir / (name if suffix == 0 else f"{name}-{suffix}")
+        if final.exists():
+            continue
+        try:
+            os.rename(staging, final)
+            return final
+        except OSError:
+            if not final.exists():
+                raise
+    raise RuntimeError(f"{results_dir}: 1000 results folders named {name}[-N]; clear some out")
+
+
+def check_writable(results_dir: Path, option: str) -> None:
+    """Fail before a run, not after it: ``results_dir`` (given as ``option``) must be a folder XBench
+    can write in."""
+    try:
+        Path(results_dir).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=results_dir).close()
+    except OSError as error:
+        raise ValueError(
+            f"{option} {results_dir} is not a folder XBench can write in ({error.strerror or error}); "
+            "choose another one"
+        ) from None
+
+
+def write_results(results_dir: Path, results: dict, records: dict, datamodule, summary: str,
+                  overlays: dict[str, np.ndarray] | None = None) -> Path:
+    """Write the run's folder under ``results_dir`` and return its path. ``records``: the metrics'
+    per-pair records (``grounding``, ``classification`` and a phrase run's ``queries`` by view, as
+    ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = f"{results['model']}__{results['dataset']}__{stamp}"
+    staging = staging_folder(results_dir, name)
+    try:
+        atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
+        per_class = pd.DataFrame([
+            {"class": key, "display": display_name(key),
+             **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
+             **{f"classification/{k}": v for k, v in results["classification"]["per_class"][key].items()}}
+            for key in results["classes"]
+        ])
+        atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
+        atomic_write(staging / "summary.md", lambda p: p.write_text(summary))
+        image_ids = datamodule.image_ids()
+        atomic_write(staging / PAIRS, lambda p: write_pairs(p, results, records["grounding"], records["classification"],
+                                                            image_ids))
+        atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        if overlays is not None:
+            atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
+        if records.get("queries"):
+            table = query_table(results, records["queries"], datamodule)
+            atomic_write(staging / QUERIES, lambda p: table.to_csv(p, index=False, compression="gzip"))
+        final = claim_folder(staging, results_dir, name)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
