@@ -26,3 +26,20 @@ def best_seconds(fn: Callable[[], object], device: torch.device, repeats: int) -
         synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def best_seconds_each(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int) -> dict[str, float]:
+    """``best_seconds`` of several functions, timed in turn (one call of each per round, after a
+    warm-up round): on a shared machine every figure then sees the same spells of load, so their
+    ratios are fairer than those of figures taken one after another."""
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best

@@ -240,6 +240,34 @@ def test_cnr_edge_cases_against_numpy():
     assert result["pairs"].item() == 1 and result["cnr_pairs"].item() == 0 and np.isnan(result["macro/cnr"].item())
 
 
+def cnr_test_maps(height, width, seed):
+    """Min-max normalised maps [1, 3, H, W] that stress the variance: a smooth map, one far from
+    0 with little spread (0.9 + 0.001 noise), and a high-contrast one with little noise; boxes."""
+    rng = np.random.default_rng(seed)
+    noise = rng.random((3, height, width), dtype=np.float32)
+    region = np.zeros((3, height, width), dtype=bool)
+    region[:, height // 4 : height // 2, width // 5 : 3 * width // 5] = True
+    smooth = torch.nn.functional.avg_pool2d(torch.from_numpy(noise[:1]), 9, stride=1, padding=4).numpy()[0]
+    maps = np.stack([smooth, 0.9 + 1e-3 * noise[1], np.where(region[2], 0.95, 0.05) + 1e-3 * noise[2]]).astype(np.float32)
+    flat = maps.reshape(3, -1)
+    flat -= flat.min(1, keepdims=True)
+    flat /= flat.max(1, keepdims=True)
+    flat[1, -1], flat[1, -2] = 0.0, 1.0  # the offset map keeps its extremes outside the region
+    return maps[None], region[None]
+
+
+@pytest.mark.parametrize("size", [(224, 224), (2320, 2828)], ids=["224", "native"])
+def test_cnr_equals_float64_brute_force_far_from_zero_and_at_native_size(size):
+    """CNR's float64 sums are taken in the histogram pass, block by block (a native-size map spans
+    many); they equal numpy's float64 mean and variance to 1e-9 even where sum(s^2) - n mean^2
+    would cancel (values near 0.9 with a spread of 0.001) and where the contrast is 1000 noises."""
+    maps, region = cnr_test_maps(*size, seed=sum(size))
+    records = grounding_records(torch.from_numpy(maps), torch.from_numpy(region), torch.ones(1, 3, dtype=torch.bool))
+    expected = [reference_cnr(maps[0, k], region[0, k]) for k in range(3)]
+    assert expected[2] > 300  # a high-contrast map indeed
+    np.testing.assert_allclose(records["cnr"][0].numpy(), expected, rtol=1e-9, atol=0)
+
+
 def test_queries_are_summed_into_their_findings_classes():
     """The query axis: pair (image, slot) is scored under its finding's class; several queries of
     one finding on an image each count; unused slots (-1) count nowhere. Equals the brute-force

@@ -101,4 +101,6 @@ def normalise(maps: Tensor) -> Tensor:
     low, high = flat.amin(dim=-1, keepdim=True), flat.amax(dim=-1, keepdim=True)
     spread = high - low
     # A constant map has x - low == 0 everywhere, and 0 / 1 keeps it 0: no full-size select needed.
-    return ((flat - low) / torch.where(spread > 0, spread, 1.0)).view_as(maps)
+    # Dividing in place saves a second full-size buffer (at native size, its page faults cost as
+    # much as the division).
+    return (flat - low).div_(torch.where(spread > 0, spread, 1.0)).view_as(maps)

@@ -8,9 +8,10 @@ pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every 
 
 Contrast-to-noise ratio (BioViL's grounding metric) of a graded pair: ``|mean_in - mean_out| /
 sqrt(var_in + var_out)`` of the normalised map inside and outside ``R`` (population variances),
-from the sums of ``s`` and ``s^2`` over both. A map with no contrast and no noise (a constant map)
-scores 0; a pair whose region covers the whole frame (no outside) or whose map is exactly constant
-inside and outside with a contrast (infinite CNR) has no CNR: counted, left out of its mean.
+from float64 sums gathered in the same pass over the pixels as the histograms. A map with no
+contrast and no noise (a constant map) scores 0; a pair whose region covers the whole frame (no
+outside) or whose map is exactly constant inside and outside with a contrast (infinite CNR) has no
+CNR: counted, left out of its mean.
 
 Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
 (exact under DDP) plus records of the graded pairs only (concatenated) for later analyses. A
@@ -32,11 +33,16 @@ NUM_THRESHOLDS = 101
 THRESHOLDS = torch.arange(NUM_THRESHOLDS, dtype=torch.float32) / 100
 #: Index of tau = 0.5, the fixed threshold.
 FIXED_TAU_INDEX = 50
-_CODES_PER_PAIR = 2 * NUM_THRESHOLDS
-# Codes are built in float32 before the integer cast; integers stay exact below 2**24.
-_MAX_PAIRS_PER_UPDATE = (1 << 24) // _CODES_PER_PAIR
-# CPU works through cache-sized slices of pairs; CUDA takes the batch in one slice.
-_CPU_SLICE_ELEMENTS = 1 << 20
+# A pixel's code within its pair: inside * 202 + 2 * r + (s >= tau_r), r = round(100 s) (see _scan).
+_CODES_PER_PAIR = 4 * NUM_THRESHOLDS
+# Codes are built in float32 before the integer cast, counted from their block's first pair;
+# integers stay exact below 2**24.
+_MAX_ROWS_PER_BLOCK = (1 << 24) // _CODES_PER_PAIR
+# Elements per block: on CPU each thread's share of a block keeps its temporaries in the core's
+# cache (blocks of a few MB per thread ran at memory speed); on CUDA few, large blocks keep launches
+# few. A native-size map spans several blocks.
+_CPU_BLOCK_ELEMENTS_PER_THREAD = 1 << 17
+_CUDA_BLOCK_ELEMENTS = 1 << 24
 
 
 def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
@@ -48,13 +54,59 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
 
     Returns:
         Two int64 tensors [B, C, 101]: predicted-pixel counts and intersection counts.
+    """
+    hist, _, _ = _scan(saliency, masks, moments=False)
+    return _threshold_counts(hist)
 
-    The bin of each pixel is ``r - 1 + (s >= r / 100)`` with ``r = round(100 s)``: ``100 s`` is
+
+def counts_and_moments(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`threshold_counts` and, from the same pass over the pixels, each pair's map mean and
+    population variance outside and inside ``R``: float64 [B, C, 2] each (index 0 outside, 1
+    inside), NaN where a side has no pixel.
+
+    Every pixel is ``s = tau_r + e`` with ``r = round(100 s)`` and ``e`` exact in float32
+    (``|e| <= 0.005``). The pass sums ``e`` and ``e^2`` in float64 per histogram code (pair, side,
+    ``r``, ``s >= tau_r``), so a side's sum of squared deviations from its mean ``m`` is, code by
+    code, ``n (tau_r - m)^2 + 2 (tau_r - m) sum(e) + sum(e^2)``: terms no larger than the
+    deviations themselves, without the cancellation of ``sum(s^2) - n m^2`` (a map far from 0 with
+    little spread keeps its digits), and exactly 0 for a side at one threshold value (all 0, all 1).
+    """
+    hist, sum_e, sum_e2 = _scan(saliency, masks, moments=True)
+    predicted, inter = _threshold_counts(hist)
+    shape = (*hist.shape[:2], 2, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
+    count, sum_e, sum_e2 = hist.view(shape).double(), sum_e.view(shape), sum_e2.view(shape)
+    tau = THRESHOLDS.to(device=hist.device, dtype=torch.float64).view(NUM_THRESHOLDS, 1)
+    pixels = count.sum((-2, -1))
+    mean = (count * tau + sum_e).sum((-2, -1)) / pixels
+    offset = tau - mean[..., None, None]
+    squares = (count * offset**2 + 2 * offset * sum_e + sum_e2).sum((-2, -1))
+    return predicted, inter, mean, squares.clamp(min=0) / pixels
+
+
+def _threshold_counts(hist: Tensor) -> tuple[Tensor, Tensor]:
+    """``|B_k|`` and ``|B_k & R|`` from the code histogram [B, C, 404]: the bin of code (r, above)
+    is ``r - 1 + above``, so bin k collects (k, 1) and (k + 1, 0)."""
+    by_code = hist.view(*hist.shape[:2], 2, NUM_THRESHOLDS, 2)
+    bins = by_code[..., 1].clone()
+    bins[..., :-1] += by_code[..., 1:, 0]
+    outside, inside = bins.unbind(2)
+    return _suffix_sum(outside + inside), _suffix_sum(inside)
+
+
+def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """One pass over blocks of pixels (whole pairs, or a part of one large pair): per block, a
+    histogram of the pixels' codes and, if asked, the float64 sums of ``e`` and ``e^2`` per code.
+
+    The bin of a pixel is ``r - 1 + (s >= r / 100)`` with ``r = round(100 s)``: ``100 s`` is
     within half a bin of the true bin edge, and the comparison against the float32 threshold
     ``r / 100`` (bitwise equal to ``THRESHOLDS[r]``) settles the pixels that rounding puts on the
-    wrong side. Inside-mask and outside pixels of every pair get distinct codes, so one histogram
-    over the whole batch yields both. It is an ``index_add_`` of ones, not ``torch.bincount``: on CUDA
-    bincount reads the codes' minimum and maximum back to the host, which stalls every step.
+    wrong side. It is decided on ``e = s - r / 100``, which is exact (``s`` and ``r / 100`` are
+    within a factor of 2, or ``r = 0``). A pixel's code keeps ``r`` and the comparison (the bin
+    follows from them), so ``s = tau_r + e`` holds for all pixels of a code. Returns flat
+    histograms over [pair, side, r, comparison]: int64 counts and, with ``moments``, the sums.
+
+    On CUDA the histograms are ``index_add_``, not ``torch.bincount``, which reads the codes'
+    minimum and maximum back to the host and would stall every step; on CPU bincount is faster.
     """
     if saliency.shape != masks.shape or saliency.ndim != 4:
         raise ValueError(
@@ -62,44 +114,64 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
         )
     batch, classes, height, width = saliency.shape
     pairs, pixels = batch * classes, height * width
-    if pairs > _MAX_PAIRS_PER_UPDATE:
-        raise ValueError(
-            f"{pairs} (image, class) pairs in one update exceed {_MAX_PAIRS_PER_UPDATE}; "
-            "update with smaller batches"
-        )
     device = saliency.device
+    cuda = device.type == "cuda"
     flat_saliency = saliency.reshape(pairs, pixels).float()
-    flat_masks = masks.reshape(pairs, pixels)
-    # Code of a pixel: pair * 202 + inside * 101 + bin; the "- 1" of the bin formula rides along.
-    offsets = (torch.arange(pairs, dtype=torch.float32, device=device) * _CODES_PER_PAIR - 1).unsqueeze(1)
-    if device.type == "cuda":
-        rows, columns = pairs, pixels
-    else:  # blocks of whole pairs, or of one pair's pixels for a large (native-size) map
-        columns = min(pixels, _CPU_SLICE_ELEMENTS)
-        rows = max(1, _CPU_SLICE_ELEMENTS // max(columns, 1))
-    size = min(rows, pairs) * columns  # one block's elements; the buffers are reused by every block
-    scaled, edge = torch.empty(size, device=device), torch.empty(size, device=device)
-    above = torch.empty(size, dtype=torch.bool, device=device)
-    codes = torch.empty(size, dtype=torch.int32, device=device)
-    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
+    # bool -> float conversions take a slow path on CPU; uint8 -> float is a plain vectorised cast
+    flat_masks = masks.reshape(pairs, pixels).view(torch.uint8)
+    limit = _CUDA_BLOCK_ELEMENTS if cuda else _CPU_BLOCK_ELEMENTS_PER_THREAD * torch.get_num_threads()
+    columns = max(1, min(pixels, limit))
+    rows = min(max(1, limit // columns), max(pairs, 1), _MAX_ROWS_PER_BLOCK)
+    size = rows * columns  # one block's elements at most; the buffers are reused by every block
+    # int16 codes where a block's codes fit: CPU bincount reads them faster (index_add_ takes int32)
+    small = not cuda and rows * _CODES_PER_PAIR <= torch.iinfo(torch.int16).max
+    codes = torch.empty(size, dtype=torch.int16 if small else torch.int32, device=device)
+    floats = torch.empty(4, size, device=device)
+    wide = torch.empty(2, size if moments else 0, dtype=torch.float64, device=device)
+    offsets = (torch.arange(rows, dtype=torch.float32, device=device) * _CODES_PER_PAIR).unsqueeze(1)
     ones = torch.ones((), dtype=torch.int64, device=device).expand(size)
+    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
+    sums = torch.zeros(2 if moments else 0, pairs * _CODES_PER_PAIR, dtype=torch.float64, device=device)
+
+    def views(count: int, width: int) -> tuple:
+        n = count * width
+        return (*(b[:n].view(count, width) for b in floats), codes[:n], *(b[:n] for b in wide))
+
+    full = views(rows, columns)
     for start in range(0, pairs, rows):
         stop = min(start + rows, pairs)
+        span = slice(start * _CODES_PER_PAIR, stop * _CODES_PER_PAIR)
         for left in range(0, pixels, columns):
             right = min(left + columns, pixels)
-            n = (stop - start) * (right - left)
-            block = (stop - start, right - left)
-            s = flat_saliency[start:stop, left:right]
-            y = torch.mul(s, 100, out=scaled[:n].view(block))
-            torch.round(y, out=y)
-            torch.ge(s, torch.div(y, 100, out=edge[:n].view(block)), out=above[:n].view(block))
-            y.add_(above[:n].view(block)).add_(flat_masks[start:stop, left:right], alpha=NUM_THRESHOLDS)
-            y.add_(offsets[start:stop])
-            hist.index_add_(0, codes[:n].copy_(y.view(-1)), ones[:n])
-    hist = hist.view(batch, classes, 2, NUM_THRESHOLDS)
-    inside = hist[:, :, 1]
-    predicted = _suffix_sum(hist[:, :, 0] + inside)
-    return predicted, _suffix_sum(inside)
+            count = stop - start
+            r, e, c, inside_float, block_codes, e_wide, e_square = (
+                full if (count, right - left) == (rows, columns) else views(count, right - left))
+            s, inside = flat_saliency[start:stop, left:right], flat_masks[start:stop, left:right]
+            torch.mul(s, 100, out=r).round_()
+            torch.div(r, 100, out=e)
+            torch.sub(s, e, out=e)  # exact
+            torch.ge(e, 0, out=c)  # 1.0 where s >= r / 100
+            c.add_(r, alpha=2).add_(inside_float.copy_(inside), alpha=2 * NUM_THRESHOLDS)
+            if count > 1:
+                c.add_(offsets[:count])
+            block_codes.copy_(c.view(-1))
+            weighted = ()
+            if moments:  # e in float64: bincount and index_add_ sum in their weights' type
+                torch.mul(e_wide.copy_(e.view(-1)), e_wide, out=e_square)
+                weighted = ((sums[0], e_wide), (sums[1], e_square))
+            if cuda:
+                hist[span].index_add_(0, block_codes, ones[: block_codes.numel()])
+                for total, weight in weighted:
+                    total[span].index_add_(0, block_codes, weight)
+            else:
+                length = count * _CODES_PER_PAIR
+                hist[span] += torch.bincount(block_codes, minlength=length)
+                for total, weight in weighted:
+                    total[span] += torch.bincount(block_codes, weight, minlength=length)
+    shape = (batch, classes, _CODES_PER_PAIR)
+    if not moments:
+        return hist.view(shape), None, None
+    return hist.view(shape), sums[0].view(shape), sums[1].view(shape)
 
 
 def _suffix_sum(hist: Tensor) -> Tensor:
@@ -116,22 +188,14 @@ def pair_scores(predicted: Tensor, inter: Tensor) -> tuple[Tensor, Tensor]:
     return dice, iou
 
 
-def contrast_to_noise(saliency: Tensor, masks: Tensor) -> Tensor:
-    """CNR (float64 [P]) of P maps [P, H, W] against their regions [P, H, W]; NaN where undefined."""
-    s = saliency.flatten(1).double()
-    inside = masks.flatten(1)
-    pixels = s.shape[1]
-    count_in = inside.sum(1).double()
-    count_out = pixels - count_in
-    sum_all, square_all = s.sum(1), (s * s).sum(1)
-    sum_in = (s * inside).sum(1)
-    square_in = (s * s * inside).sum(1)
-    mean_in, mean_out = sum_in / count_in, (sum_all - sum_in) / count_out
-    var_in = (square_in / count_in - mean_in**2).clamp(min=0)
-    var_out = ((square_all - square_in) / count_out - mean_out**2).clamp(min=0)
-    contrast, noise = (mean_in - mean_out).abs(), (var_in + var_out).sqrt()
+def contrast_to_noise(mean: Tensor, variance: Tensor) -> Tensor:
+    """CNR from the map's mean and variance outside and inside ``R`` ([..., 2], as
+    :func:`counts_and_moments` gives them); NaN where undefined (a side without pixels, or no noise
+    with a contrast)."""
+    contrast = (mean[..., 1] - mean[..., 0]).abs()
+    noise = variance.sum(-1).sqrt()
     cnr = torch.where(noise > 0, contrast / noise, torch.where(contrast == 0, 0.0, float("nan")))
-    return torch.where(count_out > 0, cnr, float("nan"))
+    return torch.where(contrast.isnan(), float("nan"), cnr)
 
 
 def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict[str, Tensor]:
@@ -147,18 +211,17 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict
     are exactly the top bin; a hit is any of them inside ``R`` (ties count symmetrically). A
     constant map normalises to all zeros, has an empty top bin, and is a miss.
     """
-    predicted, inter = threshold_counts(saliency, masks)
+    predicted, inter, mean, variance = counts_and_moments(saliency, masks)
     region = inter[..., 0]
     has_mask = has_mask.bool()
     graded = has_mask & (region > 0)
     top = predicted[..., -1]
     dice, iou = pair_scores(predicted, inter)
     keep = graded.unsqueeze(-1)
-    # Only graded pairs (a few percent of a multi-label dataset's) get a CNR. Selecting them costs
-    # one device-to-host sync per step: nonzero must learn their number.
+    cnr = torch.where(graded, contrast_to_noise(mean, variance), float("nan"))
+    # The records keep the graded pairs only; selecting them costs one device-to-host sync per step
+    # (nonzero must learn their number).
     graded_pairs = graded.nonzero(as_tuple=True)
-    cnr = torch.full(graded.shape, float("nan"), dtype=torch.float64, device=saliency.device)
-    cnr[graded_pairs] = contrast_to_noise(saliency[graded_pairs], masks[graded_pairs])
     return {
         "graded": graded,
         "empty_mask": has_mask & (region == 0),
