@@ -370,13 +370,23 @@ def assert_bf16_mixed_close_to_fp32(model, image: torch.Tensor) -> None:
 
 
 
-def assert_gradcam_stays_float32_under_bf16_mixed(model, image: torch.Tensor) -> None:
-    """Grad-CAM under bf16-mixed warns and runs in float32: outputs equal the fp32 pass exactly."""
-    with torch.no_grad():
-        expected = model(image)
-        with MixedPrecision("bf16-mixed", "cpu").forward_context(), pytest.warns(UserWarning, match="float32"):
-            outputs = model(image)
-    assert all(torch.equal(got, want) for got, want in zip(outputs, expected))
+def assert_cam_declaration(model, model_input: torch.Tensor, native: tuple | None = None) -> None:
+    """The model's declared CAM layer (``cam_target``) is on the path of its scores and covers its
+    input: Grad-CAM there, run as Lightning's test loop runs it (under no_grad), gives the model's
+    own logits (to float rounding: a forward with gradients may take other kernels) and maps on the
+    native maps' grid, finite, not all zero. ``native``: the model's (logits, maps) of
+    ``model_input`` where a fixture has them. (Equality with the library: tests/test_explainers.py.)"""
+    saved = model.explainer
+    try:
+        with torch.no_grad():
+            logits, native = native or model(model_input)
+            model.explainer = "gradcam"
+            cam_logits, maps = model.explain(model_input)
+    finally:
+        model.explainer = saved
+    torch.testing.assert_close(cam_logits, logits, rtol=1e-5, atol=1e-5)
+    assert maps.shape == native.shape, (tuple(maps.shape), tuple(native.shape))
+    assert torch.isfinite(maps).all() and (maps >= 0).all() and maps.amax() > 0
 
 
 #: A subprocess that has not finished by then has hung: the test fails with its output instead of

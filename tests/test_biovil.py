@@ -13,6 +13,7 @@ from transformers import BertConfig
 
 from xbench.models.biovil import IMAGE_FILE, BioViL, gaussian_smooth
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
+from xbench.models.explainers import CamTarget
 from xbench.geometry.preprocess import Preprocess
 from xbench.models.random_weights import LETTER_VOCAB, MANIFESTS, write_biovil
 
@@ -151,8 +152,15 @@ def test_biovil_t_published_image_layout_loads_and_drops_only_the_prior_image_po
     assert set(loaded) == {key for key in shapes if not key.startswith("encoder.vit_pooler.")}
     assert all(torch.equal(loaded[key], state[key]) for key in loaded)
     inputs = torch.rand(1, 3, 64, 64, generator=generator)
+    # the CAM layer BioViL-T declares (as BioViL's, from the model: image_model.<path>) runs once, on a grid
+    kept = []
+    layer = CamTarget(BioViLT.cam_target.layer.removeprefix("image_model."), "").module(image)
+    handle = layer.register_forward_hook(lambda module, args, output: kept.append(output.shape))
     with torch.no_grad():
         before = image(inputs)
+    handle.remove()
+    assert BioViLT.cam_target.layer.startswith("image_model.") and len(kept) == 1 and len(kept[0]) == 4
+    with torch.no_grad():
         image.encoder.missing_previous_emb.add_(1.0)
         assert not torch.allclose(image(inputs), before)
     key = next(key for key in shapes if key.startswith("encoder.vit_pooler."))

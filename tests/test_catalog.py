@@ -20,8 +20,8 @@ def class_path(cls: type) -> str:
 
 
 def config_class_paths(folder: str) -> set[str]:
-    """The class paths the configs of ``lightning_configs/<folder>`` name (an overlay such as
-    ``gradcam.yaml`` names none: it sets options of the model before it)."""
+    """The class paths the configs of ``lightning_configs/<folder>`` name (an overlay names none: it
+    sets options of the class before it)."""
     key = {"models": "model", "data": "data"}[folder]
     sections = [yaml.safe_load(path.read_text())[key] for path in (CONFIGS / folder).glob("*.yaml")]
     return {section["class_path"] for section in sections if "class_path" in section}

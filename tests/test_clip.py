@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file, save_file
 
-from conftest import assert_bf16_mixed_close_to_fp32, assert_gradcam_stays_float32_under_bf16_mixed, run_args
+from conftest import assert_bf16_mixed_close_to_fp32, run_args
 from xbench.findings import FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, manifest
 from xbench.models.clip import CLIP, finding_text
@@ -21,7 +21,6 @@ from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from xbench.models.random_weights import clip_state
 from xbench.test import main
 
-REPO = Path(__file__).resolve().parents[1]
 MANIFEST = json.loads((Path(__file__).parent / "clip.keys.json").read_text())
 # OpenAI CLIP's statistics, as specs/models/clip.md states them.
 MEAN = torch.tensor([0.48145466, 0.4578275, 0.40821073]).view(1, 3, 1, 1)
@@ -187,9 +186,11 @@ def test_transform_is_open_clips_own(tiny_folder, shape):
 
 
 def test_gradcam_equals_a_hand_computation(tiny_folder):
-    model = load(tiny_folder, saliency="gradcam")
+    """``--model.explainer gradcam`` on CLIP's declared layer (the tokens entering the last block's
+    attention), explaining the pair logit, restated by hand."""
+    model = load(tiny_folder, explainer="gradcam")
     image = torch.rand(2, 1, 32, 32)
-    logits, maps = model(to_input(image))
+    logits, maps = model.explain(to_input(image))
     assert maps.shape == (2, 3, 4, 4) and maps.abs().sum() > 0
 
     clip = reference("xbench-tiny-clip", tiny_folder).requires_grad_(False)
@@ -216,19 +217,9 @@ def test_gradcam_equals_a_hand_computation(tiny_folder):
             torch.testing.assert_close(maps[b, c], cam, rtol=1e-4, atol=1e-6)
 
 
-def test_gradcam_under_inference_mode_says_what_to_do(tiny_folder):
-    model = load(tiny_folder, saliency="gradcam")
-    with torch.inference_mode(), pytest.raises(RuntimeError, match="lightning_configs/models/gradcam.yaml"):
-        model(to_input(torch.rand(1, 1, 32, 32)))
-
-
 def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
     image = torch.rand(2, 1, 32, 32, generator=torch.Generator().manual_seed(0))
     assert_bf16_mixed_close_to_fp32(load(tiny_folder), to_input(image))
-
-
-def test_gradcam_runs_in_float32_under_bf16_mixed(tiny_folder):
-    assert_gradcam_stays_float32_under_bf16_mixed(load(tiny_folder, saliency="gradcam"), to_input(torch.rand(2, 1, 32, 32)))
 
 
 def test_every_paper_class_has_prompt_text():
@@ -244,15 +235,11 @@ def test_every_paper_class_has_prompt_text():
         CLIP(pos_template="a photo")
 
 
-@pytest.mark.parametrize("extra", [[], ["--config", str(REPO / "lightning_configs" / "models" / "gradcam.yaml")],
-                                   ["--trainer.precision", "bf16-mixed"]],
-                         ids=["similarity", "gradcam", "similarity-bf16"])
+@pytest.mark.parametrize("extra", [[], ["--trainer.precision", "bf16-mixed"]], ids=["fp32", "bf16"])
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
     results = main(run_args("clip", "phantom", phantom_root, tmp_path, *extra, "--model.checkpoint_dir", str(tiny_folder),
                             "--model.arch", "xbench-tiny-clip", "--data.batch_size", "4"))
     assert results["model"] == "clip" and results["data"]["images_evaluated"] == 9
-    gradcam = "--config" in extra
-    assert results["config"]["model"]["init_args"]["saliency"] == ("gradcam" if gradcam else "patch_text_similarity")
     assert results["config"]["trainer"]["precision"] == ("bf16-mixed" if "--trainer.precision" in extra else "32-true")
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)

@@ -116,7 +116,7 @@ def test_siglip_scores_and_maps_are_transformers_own(folders):
     head on its own, cosine with the prompt. The mask transformers 5's tokenizer offers would change
     the text embedding: the padding rule is not a formality."""
     model, reference = load(folders["siglip"]), transformers_model(folders["siglip"])
-    assert model.prompts["pleural_effusion"] == ("pleural effusion",) and model.prefix_tokens == 0
+    assert model.prompts["pleural_effusion"] == ("pleural effusion",) and model.cam_target.prefix_tokens == 0
     image = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     tokens = model.tokenizer([finding.replace("_", " ") for finding in CLASSES], padding="max_length",
                              max_length=64, return_tensors="pt")
@@ -136,7 +136,7 @@ def test_clip_scores_and_maps_are_transformers_own(folders):
     """CLIP: the logit is the positive minus the negative prompt's ``logits_per_image`` (the log-odds of
     the pair's softmax); the map is each patch token through ``post_layernorm`` and ``visual_projection``."""
     model, reference = load(folders["clip"]), transformers_model(folders["clip"])
-    assert model.prompts["nodule"] == ("nodule", "no nodule") and model.prefix_tokens == 1
+    assert model.prompts["nodule"] == ("nodule", "no nodule") and model.cam_target.prefix_tokens == 1
     image = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     texts = [text for key in CLASSES for text in (key.replace("_", " "), "no " + key.replace("_", " "))]
     tokens = model.tokenizer(texts, padding="longest", return_tensors="pt")
@@ -161,10 +161,15 @@ def test_a_phrase_is_grounded_as_a_finding_text_is(folders):
 
 
 def test_siglip_gradcam_reads_the_last_block_without_a_class_token(folders):
-    """Grad-CAM of SigLIP's logit on the last block's first norm, over all tokens (no class token)."""
-    model = load(folders["siglip"], saliency="gradcam")
+    """``--model.explainer gradcam`` on SigLIP: its logit on the last block's first norm, over all
+    tokens (no class token), by hand; a CLIP folder's declaration (after its class token) is on its
+    scores' path too."""
+    from conftest import assert_cam_declaration
+
+    assert_cam_declaration(load(folders["clip"]), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)))
+    model = load(folders["siglip"], explainer="gradcam")
     image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    logits, maps = model(image)
+    logits, maps = model.explain(image)
     captured = {}
     layer = model.model.vision_model.encoder.layers[-1].layer_norm1
     handle = layer.register_forward_hook(lambda module, inputs, output: captured.setdefault("x", output))

@@ -17,7 +17,7 @@ import torch
 from transformers import BertModel, BertTokenizer
 
 import xbench.models.text as text_module
-from conftest import assert_bf16_mixed_close_to_fp32, run_args
+from conftest import assert_bf16_mixed_close_to_fp32, assert_cam_declaration, run_args
 from xbench.findings import OWN_FINDINGS, PAPER_CLASSES
 from xbench.models.checkpoints import CheckpointMismatchError, extract_state_dict, load_state_dict_strict, manifest
 from xbench.models.mavl import MAVL, AttentionPool2d, MAVLNet
@@ -258,6 +258,12 @@ def test_missing_files_and_keys_are_named(medklip_files, mavl_files, tmp_path):
 
 
 # -- the query book and the text step ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["medklip", "mavl"])
+def test_the_declared_cam_layer_is_on_the_scores_path(name, request):
+    run = request.getfixturevalue(f"{name}_run")
+    assert_cam_declaration(request.getfixturevalue(f"{name}_model"), images(), (run["logits"], run["maps"]))
+
 
 def test_medklip_scores_with_the_full_book_and_the_subset_differs(medklip_model, medklip_run, bert_dir):
     full = reference_embeddings(bert_dir, medklip_texts())  # file order = entity order; "eumonia" is pneumonia

@@ -8,7 +8,10 @@ own prompt style for phrases (``encode_phrases``) and grounds it with the classe
 - KAD, DeViDe: a phrase is decoded alone, as a query set of one, so its map does not depend on the
   batch's other phrases (which it would if decoded with them: queries attend to each other).
 - Every phrase model: a phrase's map does not depend on which rows are sliced beside it, and the
-  classes' text side is back in place after ``phrase_maps``.
+  classes' text side is back in place after ``phrase_maps``; with a CAM explainer (CLIP's Grad-CAM;
+  KAD's and DeViDe's, each phrase decoded alone) too.
+- Each of these models' declared CAM layer is on its scores' path and covers its input
+  (``conftest.assert_cam_declaration``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import BertConfig, BertModel
+
+from conftest import assert_cam_declaration
 
 from xbench.findings import finding_text
 from xbench.models import random_weights
@@ -82,8 +87,8 @@ def clip_family(name: str, folder, **kwargs):
             torch.save(state, folder / CHEXZERO_FILE)
             return CheXzero(checkpoint_dir=str(folder), arch=TINY_CLIP), 32
         save_file(state, folder / "open_clip_model.safetensors")
-        saliency = "gradcam" if name == "clip_gradcam" else "patch_text_similarity"
-        return CLIP(checkpoint_dir=str(folder), arch=TINY_CLIP, saliency=saliency), 32
+        explainer = "gradcam" if name == "clip_gradcam" else "native"
+        return CLIP(checkpoint_dir=str(folder), arch=TINY_CLIP, explainer=explainer), 32
     # BiomedCLIP: test_biomedclip's tiny geometry (timm's test_vit, a 1-layer BERT)
     model_cfg = random_weights.BIOMEDCLIP_CONFIG["model_cfg"]
     config = {**random_weights.BIOMEDCLIP_CONFIG, "model_cfg": {
@@ -131,7 +136,8 @@ TEXT_MODELS = ["clip", "clip_gradcam", "biomedclip", "chexzero", "biovil", "carz
 def text_model(request, tmp_path_factory):
     model, side, phrase_of = build_model(request.param, tmp_path_factory.mktemp(request.param))
     pixels = torch.rand(2, 3, side, side, generator=torch.Generator().manual_seed(1))
-    logits, maps = model(pixels)
+    with torch.no_grad():
+        logits, maps = model.explain(pixels)
     return request.param, model, pixels, phrase_of, maps
 
 
@@ -146,7 +152,12 @@ def test_a_class_prompt_as_a_phrase_gives_the_class_map(text_model):
     # a phrase's map does not depend on the rows beside it, and the classes' text side is back
     close(model.phrase_maps(pixels, rows_of(encoded, [1, 2, 0]))[:, :1], other)
     close(model.phrase_maps(pixels, rows_of(model.encode_phrases([PHRASE]), [0])), other)
-    close(model(pixels)[1], maps)
+    close(model.explain(pixels)[1], maps)
+
+
+def test_the_declared_cam_layer_is_on_the_scores_path(text_model):
+    name, model, pixels, *_ = text_model
+    assert_cam_declaration(model, pixels)
 
 
 @pytest.mark.parametrize("name, pos_template", [("clip", "{}"), ("biomedclip", "this is a photo of {}"),
@@ -215,6 +226,20 @@ def test_each_phrase_is_decoded_as_a_query_set_of_its_own(query_model):
     with model.text_side({"queries": encoded["queries"], "query_index": torch.tensor([0, 1, 2])}):
         together = model(pixels)[1][:, 1:2]
     assert (together - alone).abs().max() > 1e-5, "decoded together, queries would interact: the test shows nothing"
+
+
+def test_a_cam_explains_each_phrase_decoded_alone(query_model):
+    model, pixels = query_model
+    assert_cam_declaration(model, pixels)
+    encoded = model.encode_phrases(["pneumothorax", "lung nodule"])
+    model.explainer = "gradcam"
+    try:
+        with torch.no_grad():
+            both = model.phrase_maps(pixels, rows_of(encoded, [0, 1]))
+            with model.text_side({"queries": encoded["queries"][1:2], "query_index": torch.tensor([0])}):
+                close(both[:, 1:], model.explain(pixels)[1], atol=1e-6)
+    finally:
+        model.explainer = "native"
 
 
 # -- which models ground phrases ---------------------------------------------------------------------

@@ -15,6 +15,8 @@ on a code host):
   ``xbench/metrics/names.py``.
 - ``<!-- xbench:classes rsna -->``: a dataset's classes, names and raw spellings, from
   ``xbench/findings.py``.
+- ``<!-- xbench:cam-targets -->``: the table of every model's CAM layer and class score, from each
+  model class's ``cam_target`` (``xbench/models/explainers.py``).
 
 A directive that cannot be served (a missing file, heading or page) stops the build.
 """
@@ -54,6 +56,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 return metric_names()
             if name == "classes":
                 return dataset_classes(args[0])
+            if name == "cam-targets":
+                return cam_targets()
         except (IndexError, OSError, LookupError) as error:
             raise DirectiveError(f"{here}: {match[0]}: {error}") from error
         raise DirectiveError(f"{here}: unknown directive {match[0]}")
@@ -237,4 +241,23 @@ def dataset_classes(dataset: str) -> str:
         raw = ", ".join(f"`{spelled}`" for spelled, found in spellings.items() if found == key)
         finding = FINDINGS[key]
         rows.append(f"| `{key}` | {finding.display} | {finding.short} | {raw} | {'yes' if key in defaults else ''} |")
+    return "\n".join(rows)
+
+
+# -- the models' CAM declarations ---------------------------------------------------------------
+
+
+def cam_targets() -> str:
+    from xbench import catalog
+
+    rows = ["| model | layer a CAM reads | tokens before the patches | class score it explains |", "|---|---|---|---|"]
+    for cls in catalog.models():
+        by_kind = getattr(cls, "cam_targets", None) or {"": cls.cam_target}
+        for kind, target in by_kind.items():
+            name = f"`{cls.__name__}`" + (f" ({kind} folder)" if kind else "")
+            if target is None:
+                rows.append(f"| {name} | none: native maps only | | |")
+            else:
+                prefix = "convolutional" if target.prefix_tokens is None else str(target.prefix_tokens)
+                rows.append(f"| {name} | `{target.layer}` | {prefix} | {target.score} |")
     return "\n".join(rows)

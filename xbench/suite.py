@@ -15,9 +15,8 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
       - {config: [lightning_configs/data/rsna.yaml, lightning_configs/augment/rotate10.yaml],
          settings: {data.root: datasets/rsna}}
 
-An entry's ``config`` may list several files, composed in order (``--config`` repeated): a
-dataset with an augment pipeline, a model with ``gradcam.yaml``. Its label joins their names
-(``rsna+rotate10``).
+An entry's ``config`` may list several files, composed in order (``--config`` repeated), such as
+a dataset with an augment pipeline. Its label joins their names (``rsna+rotate10``).
 
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
@@ -79,7 +78,10 @@ class Entry:
 
     @property
     def label(self) -> str:
-        return "+".join(config.stem for config in self.configs)
+        """The configs' names joined (``rsna+rotate10``), and a model's CAM explainer, as its results
+        name it (``clip+gradcam``): a run with other maps, and another cost, than the native one."""
+        explainer = self.settings.get("model.explainer", "native")
+        return "+".join([*(config.stem for config in self.configs), *([explainer] if explainer != "native" else [])])
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from xbench.cli import run
 from xbench.data.base import XBenchDataModule
 from xbench.files import read_yaml
 from xbench.models.base import XBenchModel
+from xbench.models.explainers import NATIVE
 from xbench.reporting.summary import print_summary
 from xbench.reporting.wandb import abandon_runs, finish_runs
 from xbench.reporting.writer import ResultsWriter
@@ -114,6 +115,13 @@ class XBenchCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(ResultsWriter, "results")
+
+    def before_instantiate_classes(self) -> None:
+        """A CAM explainer needs gradients: the trainer's inference mode is turned off for it (the
+        run's recorded config says so), instead of the run failing at its first batch."""
+        explainer = ((self.config.get("model") or {}).get("init_args") or {}).get("explainer", NATIVE)
+        if explainer != NATIVE and self.config.trainer.inference_mode:
+            self.config.trainer.inference_mode = False
 
     @property
     def writer(self) -> ResultsWriter:

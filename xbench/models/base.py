@@ -17,6 +17,9 @@ It writes nothing: the results folder, the overlays and the W&B run are the outp
 - ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
   (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
   the window of the frame its input shows.
+- ``cam_target``: where a CAM explainer (``--model.explainer gradcam``, ...) reads it, as a
+  :class:`~xbench.models.explainers.CamTarget` (layer, token layout, class score); the base's
+  :meth:`~XBenchModel.explain` then gives that explainer's maps in place of ``forward``'s.
 
 Phrase grounding (a dataset whose images carry free-text queries, such as MS-CXR): a model whose
 text side encodes free text sets ``query_mode = "phrase"`` and implements ``encode_phrases``, which
@@ -41,6 +44,7 @@ from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
+from xbench.models.explainers import NATIVE, CamTarget, Explainer, cam_maps, check_explainer, explainer_record
 from xbench.results.payload import build_results, log_keys
 
 
@@ -79,6 +83,9 @@ class XBenchModel(L.LightningModule, ABC):
     Args:
         upsample: how maps reach the frame, overriding the model's own rule (its ``preprocess``) for a
             study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
+        explainer: which method makes the maps: ``native`` (the model's own) or a CAM method of the
+            grad-cam library on the model's declared layer (``gradcam``, ``gradcam++``, ``hirescam``,
+            ``xgradcam``, ``layercam``, ``eigencam``, ``scorecam``; :mod:`xbench.models.explainers`).
     """
 
     #: Name in results folders and tables; default: the class name in lower case.
@@ -94,8 +101,11 @@ class XBenchModel(L.LightningModule, ABC):
     #: How a free-text query is grounded: ``phrase`` (the text side encodes the phrase, see
     #: :meth:`encode_phrases`) or ``finding`` (the map of the phrase's finding).
     query_mode: ClassVar[Literal["phrase", "finding"]] = "finding"
+    #: Where a CAM explainer reads the model (layer, token layout, class score); ``None``: the model
+    #: has no network to explain and runs only with its native maps.
+    cam_target: ClassVar[CamTarget | None] = None
 
-    def __init__(self, upsample: MapUpsample | None = None) -> None:
+    def __init__(self, upsample: MapUpsample | None = None, explainer: Explainer = NATIVE) -> None:
         super().__init__()
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
@@ -103,6 +113,8 @@ class XBenchModel(L.LightningModule, ABC):
         if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
             raise ValueError(f"--model.upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
         self.upsample_mode = upsample
+        check_explainer(type(self), explainer)
+        self.explainer = explainer
         self.classes: list[str] = []
         #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
         self.dataset_name: str | None = None
@@ -116,6 +128,15 @@ class XBenchModel(L.LightningModule, ABC):
     @classmethod
     def model_name(cls) -> str:
         return cls.name or cls.__name__.lower()
+
+    def run_name(self) -> str:
+        """The name of a run's results, report row and W&B run: the model's name, joined by a CAM
+        explainer's (``clip+gradcam++``); the model's name alone for its native maps."""
+        return self.model_name() if self.explainer == NATIVE else f"{self.model_name()}+{self.explainer}"
+
+    def explainer_results(self) -> dict:
+        """``metrics.json``'s ``explainer`` section (:func:`~xbench.models.explainers.explainer_record`)."""
+        return explainer_record(self)
 
     @property
     def map_upsample(self) -> MapUpsample:
@@ -160,14 +181,19 @@ class XBenchModel(L.LightningModule, ABC):
 
     def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
         """Maps [B, T, h, w] of the T phrases whose text side ``rows`` holds (rows of
-        :meth:`encode_phrases`): ``forward`` with the phrases in place of the classes. A model whose
+        :meth:`encode_phrases`): :meth:`explain` with the phrases in place of the classes. A model whose
         prompts are decoded together (KAD's query set) grounds each phrase on its own instead."""
         with self.text_side(rows):
-            return self(model_input)[1]
+            return self.explain(model_input)[1]
+
+    def explain(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
+        """Logits and the maps of the run's explainer: ``forward``'s own, or a CAM method's on the
+        declared layer, explaining each logit (:func:`~xbench.models.explainers.cam_maps`)."""
+        return self(model_input) if self.explainer == NATIVE else cam_maps(self, model_input)
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
-        return self(batch["image"] if self.preprocess is None else batch["model_input"])
+        return self.explain(batch["image"] if self.preprocess is None else batch["model_input"])
 
     def extra_results(self) -> dict:
         """Sections this model adds to ``metrics.json`` at the end of a run, each under its own

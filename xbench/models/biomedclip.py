@@ -17,7 +17,8 @@ import open_clip
 from torch import Tensor, nn
 
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
-from xbench.models.clip import OpenClipDualEncoder, Saliency
+from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
+from xbench.models.explainers import CamTarget
 from xbench.models.text import require_files
 
 
@@ -44,16 +45,17 @@ class BiomedCLIP(OpenClipDualEncoder):
     #: The text tower the weights were trained with; open_clip's defaults (mean pooling) load the
     #: same tensors without complaint, so a config without these is refused.
     text_tower: ClassVar[dict[str, str]] = {"hf_pooler_type": "cls_last_hidden_state_pooler", "hf_proj_type": "mlp"}
+    #: The tokens entering the last block's attention (after its first norm), class token first.
+    cam_target: ClassVar[CamTarget] = CamTarget("model.visual.trunk.blocks.-1.norm1", PAIR_LOGIT, prefix_tokens=1)
 
     def __init__(
         self,
         checkpoint_dir: str = "checkpoints/biomedclip",
-        saliency: Saliency = "patch_text_similarity",
         pos_template: str = "this is a photo of {}",
         neg_template: str = "this is a photo of no {}",
         **kwargs,
     ) -> None:
-        super().__init__(checkpoint_dir, pos_template, neg_template, saliency, **kwargs)
+        super().__init__(checkpoint_dir, pos_template, neg_template, **kwargs)
 
     def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:
         folder = require_files(self.checkpoint_dir, self.files, "BiomedCLIP").resolve()
@@ -101,6 +103,3 @@ class BiomedCLIP(OpenClipDualEncoder):
         features = visual.trunk.forward_features(x)  # every token through the trunk's final norm
         pooled = visual.trunk.forward_head(features)
         return visual.head(pooled), visual.head(features[:, self.prefix_tokens:])
-
-    def gradcam_layer(self) -> nn.Module:
-        return self.model.visual.trunk.blocks[-1].norm1

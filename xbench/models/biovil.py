@@ -45,6 +45,7 @@ from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
+from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import PromptPairs, require_files
@@ -205,6 +206,9 @@ class BioViL(PromptPairs, XBenchModel):
 
     calibrated_logits: ClassVar[bool] = False  # a difference of two cosines, no temperature: a ranking
     query_mode = "phrase"
+    #: The ResNet-50's layer4, the grid the projector maps to the joint space (BioViL-T's too).
+    cam_target: ClassVar[CamTarget] = CamTarget(
+        "image_model.encoder.encoder.layer4", "the prompt pair's margin cos(image, pos) - cos(image, neg)")
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=480, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",
         mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), map_upsample="nearest",

@@ -30,6 +30,7 @@ from xbench.findings import FINDINGS, display_name
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.decoder import PreNormQueryLayer
+from xbench.models.explainers import CamTarget
 from xbench.geometry.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
 
@@ -348,6 +349,10 @@ class CARZero(XBenchModel):
         INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2",
         mean=CXR_MAE_MEAN, std=CXR_MAE_STD, map_upsample="nearest",
     )
+    #: The tokens entering the ViT's last attention (after its first norm), class token first.
+    cam_target: ClassVar[CamTarget] = CamTarget(
+        "network.img_encoder.model.blocks.-1.norm1", "the authors' score (s_i2t + s_t2i) / 2 of the class's prompt",
+        prefix_tokens=1)
     #: The sizes the network is built with (tests swap in a tiny one).
     architecture: ClassVar[Architecture] = Architecture()
 

@@ -17,7 +17,7 @@ What the authors' code does (``rajpurkarlab/CheXzero`` at 5c341db), and XBench w
   softmax of the two cosines, without the model's ``logit_scale``; its log-odds are
   ``cos(image, pos) - cos(image, neg)``.
 - **Map**: the authors take none. XBench's is CLIP's patch-text similarity (``xbench.models.clip``)
-  on the 7x7 patch grid, covering the 320 letterbox.
+  on the 7x7 patch grid, covering the 320 letterbox; a CAM explainer reads CLIP's layer.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from torch import Tensor, nn
 
 from xbench.geometry.image import CodedImage
 from xbench.models.checkpoints import first_present, load_checkpoint
-from xbench.models.clip import CLIP, Saliency
+from xbench.models.clip import CLIP
+from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
 
@@ -77,18 +78,20 @@ class CheXzero(CLIP):
         size=320, resize="longer_side", interpolation="lanczos", library="pil", mean=CHEXZERO_MEAN,
         std=CHEXZERO_STD, map_upsample="bilinear",
     )
+    #: CLIP's layer; the score is the authors' temperature-free pair margin.
+    cam_target: ClassVar[CamTarget] = CamTarget(CLIP.cam_target.layer, "the prompt pair's log-odds without a "
+                                                "temperature, cos(image, pos) - cos(image, neg)", prefix_tokens=1)
 
     def __init__(
         self,
         checkpoint_dir: str = "checkpoints/chexzero",
         checkpoint_file: str = CHECKPOINT_FILE,
         arch: str = "ViT-B-32-quickgelu",
-        saliency: Saliency = "patch_text_similarity",
         pos_template: str = "{}",
         neg_template: str = "no {}",
         **kwargs,
     ) -> None:
-        super().__init__(checkpoint_dir, arch, saliency, pos_template, neg_template, **kwargs)
+        super().__init__(checkpoint_dir, arch, pos_template, neg_template, **kwargs)
         self.checkpoint_file = checkpoint_file
 
     def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:

@@ -10,24 +10,21 @@
   pair, or a model's own template), filled with the finding's text (:func:`xbench.findings.finding_text`).
   ``logit = s * (cos(image, pos) - cos(image, neg))`` with ``s = exp(logit_scale)``: the log-odds
   of the 2-way softmax over the pair, never a softmax across findings (they are multi-label).
-- **Saliency** (``saliency=``): ``patch_text_similarity``, the cosine between each patch token
-  (through the same final norm and projection as the image embedding) and the positive prompt;
-  or ``gradcam``, Grad-CAM of each finding's logit on the tokens entering the last block's
-  attention (after its first norm). Grad-CAM needs gradients, so the trainer must run with
-  ``inference_mode: false`` (``lightning_configs/models/gradcam.yaml``); it always runs in float32
-  (under ``bf16-mixed`` too, with a warning: bf16 gradients leave errors larger than the map).
+- **Map** (native): ``patch_text_similarity``, the cosine between each patch token (through the
+  same final norm and projection as the image embedding) and the positive prompt. A CAM explainer
+  (``--model.explainer gradcam``, ...: :mod:`xbench.models.explainers`) reads the tokens entering
+  the last block's attention (after its first norm) and explains each finding's pair logit.
 - **Phrase grounding**: a report phrase takes the finding text's place in the prompt pair
-  (:meth:`OpenClipDualEncoder.encode_phrases`); both saliency modes read the pair as for a finding.
+  (:meth:`OpenClipDualEncoder.encode_phrases`); every explainer reads the pair as for a finding.
 
 A subclass loads its model from local files and says where its patch tokens come from.
 """
 
 from __future__ import annotations
 
-import warnings
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import open_clip
 import torch
@@ -39,37 +36,29 @@ from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
-from xbench.models.saliency import ActivationCapture, grad_cam, patch_text_similarity
+from xbench.models.explainers import CamTarget
+from xbench.models.saliency import patch_text_similarity
 from xbench.models.text import PromptPairs
 
-Saliency = Literal["patch_text_similarity", "gradcam"]
+#: What a CAM explainer explains in an open_clip dual encoder (CLIP, BiomedCLIP).
+PAIR_LOGIT = "the prompt pair's log-odds, exp(logit_scale) * (cos(image, pos) - cos(image, neg))"
+
 
 class OpenClipDualEncoder(PromptPairs, XBenchModel):
     """A CLIP-style dual encoder built with open_clip (see the module docstring for the recipe).
 
     Args:
         checkpoint_dir: the folder holding the model's files (``checkpoints/README.md``).
-        saliency: ``patch_text_similarity`` or ``gradcam``.
         pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text
             (or a report phrase, in phrase grounding).
     """
 
     query_mode = "phrase"
 
-    def __init__(
-        self,
-        checkpoint_dir: str,
-        pos_template: str,
-        neg_template: str,
-        saliency: Saliency = "patch_text_similarity",
-        **kwargs,
-    ) -> None:
+    def __init__(self, checkpoint_dir: str, pos_template: str, neg_template: str, **kwargs) -> None:
         super().__init__(**kwargs)
-        if saliency not in ("patch_text_similarity", "gradcam"):
-            raise ValueError(f"saliency must be 'patch_text_similarity' or 'gradcam'; got {saliency!r}")
         self.set_templates(pos_template, neg_template)
         self.checkpoint_dir = checkpoint_dir
-        self.saliency = saliency
         self.model: nn.Module | None = None
         self.tokenizer: Callable[[list[str]], Tensor] | None = None
         #: class key -> (positive prompt, negative prompt), set by ``build``.
@@ -86,15 +75,9 @@ class OpenClipDualEncoder(PromptPairs, XBenchModel):
         """Model input [B, 3, S, S] -> image embedding [B, D] and patch embeddings [B, h*w, D],
         both through the same final norm and projection (not L2-normalised)."""
 
-    @abstractmethod
-    def gradcam_layer(self) -> nn.Module:
-        """The module whose output [B, T, width] (prefix tokens, then patches) Grad-CAM reads."""
-
-    #: Set by a subclass from its model: the input side, the patch grid (h, w) and the number of
-    #: tokens before the patches (class/register tokens).
+    #: Set by a subclass from its model: the input side and the patch grid (h, w).
     input_size: int
     grid: tuple[int, int]
-    prefix_tokens: int
 
     # -- the shared recipe ---------------------------------------------------------------------
 
@@ -128,29 +111,8 @@ class OpenClipDualEncoder(PromptPairs, XBenchModel):
             return self.model.logit_scale.exp() * (image @ self.pos_text.T - image @ self.neg_text.T)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        if self.saliency == "gradcam":
-            return self.gradcam(x)
         image_embedding, patches = self.embed_image(x)
         return self.pair_logits(image_embedding), patch_text_similarity(patches.float(), self.pos_text, self.grid)
-
-    def gradcam(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        if torch.is_inference_mode_enabled():
-            raise RuntimeError(
-                f"{type(self).__name__}(saliency='gradcam') needs gradients, which inference mode turns off: "
-                "add --config lightning_configs/models/gradcam.yaml (it sets trainer.inference_mode: false), "
-                "or use Trainer(inference_mode=False) from a script"
-            )
-        if torch.is_autocast_enabled(x.device.type):
-            warnings.warn(
-                f"{type(self).__name__}(saliency='gradcam') runs in float32 under mixed precision: a Grad-CAM map "
-                "sums gradient x activation terms that cancel, and bf16 gradients leave errors larger than the map",
-                stacklevel=2,
-            )
-        with torch.enable_grad(), float32(x), ActivationCapture(self.gradcam_layer()) as capture:
-            image_embedding, _ = self.embed_image(x)
-            logits = self.pair_logits(image_embedding)
-            maps = grad_cam(capture.activation, logits, self.grid, self.prefix_tokens)
-        return logits.detach(), maps.detach()
 
 
 class CLIP(OpenClipDualEncoder):
@@ -168,17 +130,19 @@ class CLIP(OpenClipDualEncoder):
     #: The authors' file names, in open_clip's order of preference (same tensors, two formats).
     weight_files: ClassVar[tuple[str, ...]] = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
     layout: ClassVar[CheckpointLayout] = CheckpointLayout()
+    #: The tokens entering the last block's attention (after its first norm), class token first.
+    cam_target: ClassVar[CamTarget] = CamTarget("model.visual.transformer.resblocks.-1.ln_1", PAIR_LOGIT,
+                                                 prefix_tokens=1)
 
     def __init__(
         self,
         checkpoint_dir: str = "checkpoints/clip",
         arch: str = "ViT-B-16-quickgelu",
-        saliency: Saliency = "patch_text_similarity",
         pos_template: str = "{}",
         neg_template: str = "no {}",
         **kwargs,
     ) -> None:
-        super().__init__(checkpoint_dir, pos_template, neg_template, saliency, **kwargs)
+        super().__init__(checkpoint_dir, pos_template, neg_template, **kwargs)
         self.arch = arch
 
     def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:
@@ -201,12 +165,7 @@ class CLIP(OpenClipDualEncoder):
     def grid(self) -> tuple[int, int]:
         return tuple(self.model.visual.grid_size)
 
-    prefix_tokens = 1
-
     def embed_image(self, x: Tensor) -> tuple[Tensor, Tensor]:
         visual = self.model.visual
         pooled, tokens = visual(x)  # tokens: the last block's patch tokens through ln_post
         return pooled, tokens @ visual.proj
-
-    def gradcam_layer(self) -> nn.Module:
-        return self.model.visual.transformer.resblocks[-1].ln_1

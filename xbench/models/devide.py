@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from xbench.models.kad import EMBED_DIM, QueryDecoderModel
+from xbench.models.explainers import CamTarget
+from xbench.models.kad import EMBED_DIM, QUERY_LOGIT, QueryDecoderModel
 
 
 def _named(**modules: nn.Module) -> nn.ModuleDict:
@@ -114,6 +115,9 @@ class DeViDe(QueryDecoderModel):
         "(xbench/models/manifests/devide.keys.json). Run `python -m xbench.inspect_checkpoint FILE "
         "--json devide.keys.json` and report the file's layout so the model can follow it."
     )
+    #: The tokens entering the ViT's last attention (after its first norm), class token first.
+    cam_target: ClassVar[CamTarget] = CamTarget("image_encoder.vit.encoder.layer.-1.layernorm_before", QUERY_LOGIT,
+                                                prefix_tokens=1)
 
     def __init__(self, checkpoint_dir: str = "checkpoints/devide", **kwargs) -> None:
         super().__init__(checkpoint_dir, **kwargs)

@@ -59,6 +59,7 @@ from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
+from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer, require_files
@@ -164,6 +165,9 @@ class GLoRIA(XBenchModel):
 
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
     query_mode = "phrase"
+    #: The ResNet-50's layer3: the regions of the local score, and through layer4 the global vector.
+    cam_target: ClassVar[CamTarget] = CamTarget(
+        "network.img_encoder.model.layer3", "the authors' score (global + local) / 2 of the class's prompt")
     preprocess: ClassVar[Preprocess] = Preprocess(
         INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",

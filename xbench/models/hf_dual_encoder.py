@@ -28,8 +28,8 @@ looked up on a hub), and runs the model as transformers defines it:
   ``post_layernorm`` and ``visual_projection``, as the class token. SigLIP has no class token: its
   image embedding is an attention-pooling head (a learnt probe attends over the patches, then an MLP
   with a residual); each patch goes through that head as if the probe attended to it alone (the
-  attention's value and output projections, then the head's norm, MLP and residual). ``gradcam``:
-  Grad-CAM of each finding's logit on the last block's first-norm output (as CLIP's).
+  attention's value and output projections, then the head's norm, MLP and residual). A CAM
+  explainer reads the last block's first-norm output (as CLIP's) and explains each finding's logit.
 - **Phrases** (MS-CXR): the phrase in the positive prompt (and CLIP's negative), as a finding's text.
 """
 
@@ -46,13 +46,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
-from xbench.models.clip import OpenClipDualEncoder, Saliency
+from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
+from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import load_pretrained, require_files
 
 #: ``config.json``'s ``model_type`` -> the transformers class and how it scores a finding.
 ARCHITECTURES = {"clip": CLIPModel, "siglip": SiglipModel}
+#: What a CAM explainer explains in a SigLIP folder: its logit of the positive prompt.
+SIGLIP_LOGIT = "the positive prompt's logit, exp(logit_scale) * cos(image, pos) + logit_bias"
 #: The negative prompt of a CLIP folder's pair unless one is given (CheXzero's, as XBench's other CLIPs).
 CLIP_NEGATIVE = "no {}"
 #: PIL's filter codes, as ``preprocessor_config.json`` writes ``resample``, in ``Preprocess``'s names.
@@ -129,7 +132,6 @@ class HFDualEncoder(OpenClipDualEncoder):
     Args:
         checkpoint_dir: the folder as ``save_pretrained`` wrote it (or the hub's snapshot of it).
         name: the model's name in results folders, tables and reports; default: the folder's name.
-        saliency: ``patch_text_similarity`` or ``gradcam``.
         pos_template: the positive prompt; ``{}`` is replaced by the finding's text (or a phrase).
         neg_template: a CLIP folder's negative prompt (default ``"no {}"``); a SigLIP folder refuses one.
     """
@@ -137,17 +139,23 @@ class HFDualEncoder(OpenClipDualEncoder):
     query_mode = "phrase"
     #: The folder's files besides the weights.
     files: ClassVar[tuple[str, ...]] = ("config.json", "preprocessor_config.json")
+    #: Where a CAM explainer reads a folder of each ``model_type``: the tokens entering the last
+    #: block's attention (after its first norm), as CLIP's; a CLIP folder's class token first
+    #: (SigLIP has none); the score is the model's own logit.
+    cam_targets: ClassVar[dict[str, CamTarget]] = {
+        "clip": CamTarget("model.vision_model.encoder.layers.-1.layer_norm1", PAIR_LOGIT, prefix_tokens=1),
+        "siglip": CamTarget("model.vision_model.encoder.layers.-1.layer_norm1", SIGLIP_LOGIT, prefix_tokens=0),
+    }
 
     def __init__(
         self,
         checkpoint_dir: str,
         name: str | None = None,
-        saliency: Saliency = "patch_text_similarity",
         pos_template: str = "{}",
         neg_template: str | None = None,
         **kwargs,
     ) -> None:
-        super().__init__(checkpoint_dir, pos_template, neg_template or CLIP_NEGATIVE, saliency, **kwargs)
+        super().__init__(checkpoint_dir, pos_template, neg_template or CLIP_NEGATIVE, **kwargs)
         self.negative_given = neg_template is not None
         self.label = name or Path(checkpoint_dir).expanduser().resolve().name
         self.model_type: str | None = None
@@ -216,8 +224,9 @@ class HFDualEncoder(OpenClipDualEncoder):
         return side, side
 
     @property
-    def prefix_tokens(self) -> int:
-        return 1 if self.model_type == "clip" else 0
+    def cam_target(self) -> CamTarget:
+        """The declaration for the folder's ``model_type`` (:attr:`cam_targets`)."""
+        return self.cam_targets[self.model_type]
 
     def prompt_pair(self, text: str) -> tuple[str, ...]:
         """(positive, negative) for CLIP; (positive,) for SigLIP, which scores one prompt."""
@@ -264,6 +273,3 @@ class HFDualEncoder(OpenClipDualEncoder):
             tokens = self.model.visual_projection(vision.post_layernorm(output.last_hidden_state))
             return tokens[:, 0], tokens[:, 1:]
         return output.pooler_output, pooling_head_tokens(vision.head, output.last_hidden_state)
-
-    def gradcam_layer(self) -> nn.Module:
-        return self.model.vision_model.encoder.layers[-1].layer_norm1

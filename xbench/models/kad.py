@@ -34,6 +34,7 @@ from xbench.findings import finding_text
 from xbench.models.base import XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
 from xbench.models.decoder import PreNormQueryLayer
+from xbench.models.explainers import NATIVE, CamTarget
 from xbench.models.gpu import ChannelsLast
 from xbench.geometry.preprocess import Preprocess
 from xbench.models.text import bert_from_config, load_tokenizer
@@ -227,6 +228,9 @@ class QueryDecoder(nn.Module):
 
 # -- the family and KAD ---------------------------------------------------------------------------
 
+#: What a CAM explainer explains in the query-decoder family.
+QUERY_LOGIT = "the query decoder's logit l1 - l0 of the class's prompt query"
+
 #: Old transformers (< 4.31) saved BERT's ``position_ids`` buffer; newer ones neither save nor expect it.
 POSITION_IDS_DROP = DeclaredDrop(
     "bert_model.embeddings.position_ids", "a buffer transformers < 4.31 saved; rebuilt by BertModel", is_arange
@@ -345,8 +349,13 @@ class QueryDecoderModel(XBenchModel):
 
     def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
         """Maps [B, T, h, w]: each phrase decoded as a query set of its own, so that its map does not
-        depend on the other phrases of the batch (queries attend to each other); the image encoder
-        runs once."""
+        depend on the other phrases of the batch (queries attend to each other); for the native maps
+        the image encoder runs once, a CAM explainer explains each phrase's own decoding."""
+        if self.explainer != NATIVE:
+            alone = torch.zeros(1, dtype=torch.long, device=model_input.device)
+            return torch.cat([super(QueryDecoderModel, self).phrase_maps(model_input, {"queries": query[None],
+                                                                                     "query_index": alone})
+                              for query in rows["queries"]], dim=1)
         tokens, grid = self.image_encoder(model_input)
         return torch.cat([self.decode(tokens, grid, query[None])[1] for query in rows["queries"]], dim=1)
 
@@ -364,6 +373,8 @@ class KAD(ChannelsLast, QueryDecoderModel):
     """
 
     VARIANTS: ClassVar[tuple[int, ...]] = (224, 512, 1024)
+    #: The ResNet's last stage the tokens come from (layer3 at 224, layer4 at 512 and 1024).
+    cam_target: ClassVar[CamTarget] = CamTarget("image_encoder.res_features", QUERY_LOGIT)
 
     def __init__(
         self, checkpoint_dir: str = "checkpoints/kad", variant: int = 224, channels_last: bool = True, **kwargs

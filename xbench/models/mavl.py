@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape
+from xbench.models.explainers import CamTarget
 from xbench.models.medklip import DESCRIPTIONS_FILE, MedKLIP, QueryDecoder, read_descriptions, read_json_object, resnet50_trunk
 from xbench.geometry.preprocess import MapUpsample
 
@@ -134,6 +135,10 @@ class MAVL(MedKLIP):
 
     #: The authors' map rule: bilinear with ``align_corners=True`` onto the 224 image.
     map_rule: ClassVar[MapUpsample] = "bilinear_align_corners"
+    #: The ResNet-50's layer3, which the decoder attends over and the attention pooling reads.
+    cam_target: ClassVar[CamTarget] = CamTarget(
+        "net.backbone", "the class's logit by `scoring`: the classifier's l1 - l0 (feature) or the log-odds of the "
+        "slot-averaged text score (text)")
     checkpoint_layout: ClassVar[CheckpointLayout] = CheckpointLayout(
         section="model",
         strip_prefix="module.",  # trained under Accelerate/DDP

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from xbench.models.base import XBenchModel
 from xbench.models.decoder import PreNormQueryLayer
+from xbench.models.explainers import CamTarget
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
 from xbench.models.gpu import ChannelsLast
 from xbench.geometry.preprocess import MapUpsample, Preprocess
@@ -201,6 +202,9 @@ class MedKLIP(ChannelsLast, XBenchModel):
 
     #: The authors' map rule: their grounding scripts repeat each attention cell (nearest).
     map_rule: ClassVar[MapUpsample] = "nearest"
+    #: The ResNet-50's layer3, the grid the decoder attends over.
+    cam_target: ClassVar[CamTarget] = CamTarget(
+        "net.res_features", "the query decoder's logit l1 - l0 of the class's entity (the highest of several)")
     checkpoint_layout: ClassVar[CheckpointLayout] = CheckpointLayout(
         section="model",
         strip_prefix="module.",  # the authors saved an nn.DataParallel

@@ -53,6 +53,18 @@ class Run:
         return perturbation_label(data.get("augment"), data.get("augment_seed") or 0)
 
     @property
+    def explainer(self) -> dict:
+        """Which method made the maps (``metrics.json``'s ``explainer``: ``name``, ``label``); results
+        written before explainers were recorded hold the model's own maps."""
+        return self.results.get("explainer") or {"name": "native", "label": None}
+
+    @property
+    def base_model(self) -> str:
+        """The model's name without its explainer's (``clip`` for ``clip+gradcam++``)."""
+        label = self.explainer["label"]
+        return self.model if label is None else self.model.removesuffix(f"+{self.explainer['name']}")
+
+    @property
     def instrument(self) -> bool:
         return bool(self.results.get("instrument"))
 
@@ -128,14 +140,17 @@ class Benchmark:
 
     @staticmethod
     def _labels(runs: list[Run]) -> dict[str, str]:
-        """Model labels: the class name (``MedKLIP``) where it names one model, else the model name."""
+        """Model labels: the class name (``MedKLIP``) where it names one model, else the model name;
+        a CAM explainer's maps are a row of their own, ``CLIP · Grad-CAM++``."""
         by_class: dict[str | None, set[str]] = {}
         for run in runs:
-            by_class.setdefault(run.model_class, set()).add(run.model)
+            by_class.setdefault(run.model_class, set()).add(run.base_model)
         labels = {}
         for run in runs:
             unique = run.model_class is not None and len(by_class[run.model_class]) == 1
-            labels[run.model] = run.model_class if unique else run.model
+            label = run.model_class if unique else run.base_model
+            explainer = run.explainer["label"]
+            labels[run.model] = label if explainer is None else f"{label} · {explainer}"
         return labels
 
     def scope(self) -> str:

@@ -80,9 +80,18 @@ def summary_footnotes(results: dict) -> list[str]:
         "map, averaged over the pairs where it is defined (a constant map scores 0; a region covering the frame, or a "
         "map exactly constant inside and outside, has none).",
         *calibration,
+        *_explainer_notes(results.get("explainer")),
         *_phrase_notes(results.get("phrase_grounding")),
     ]
     return notes
+
+
+def _explainer_notes(explainer: dict | None) -> list[str]:
+    """Which CAM method made the maps, and of what; nothing for the model's own maps."""
+    if not explainer or explainer["label"] is None:
+        return []
+    return [f"Maps: {explainer['label']} ({explainer['library']}) on the layer {explainer['layer']}, explaining "
+            f"{explainer['score']}. After the library's ReLU, a map without positive evidence is constant (a miss)."]
 
 
 def _phrase_notes(phrases: dict | None) -> list[str]:

@@ -5,7 +5,9 @@
 ``$WANDB_DIR``) that ``wandb sync wandb/offline-run-*`` uploads later; ``WANDB_MODE=online`` or
 ``--trainer.logger.init_args.offline false`` logs online; ``--trainer.logger false`` turns it off.
 
-At the end of a run :func:`log_run` adds, to any Lightning ``WandbLogger``: the resolved config,
+At the end of a run :func:`log_run` names the run ``<model>__<dataset>`` (the model's name joined by
+a CAM explainer's, ``clip+gradcam++``, so each explainer's maps are a run of their own) and adds, to
+any Lightning ``WandbLogger``: the resolved config and the explainer,
 the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, the Dice- and
 IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs.
 """
@@ -87,7 +89,8 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
     for logger in targets:
         run = logger.experiment
         run.name = f"{results['model']}__{results['dataset']}"
-        run.config.update({"xbench": results["config"], "results_folder": None if folder is None else str(folder),
+        run.config.update({"xbench": results["config"], "explainer": results["explainer"],
+                           "results_folder": None if folder is None else str(folder),
                            "chosen_on_evaluated_set": results["chosen_on_evaluated_set"]}, allow_val_change=True)
         run.summary.update(log_keys(results))
         media = {"per_class": wandb.Table(columns=columns, data=rows)}

@@ -96,7 +96,9 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
     evaluated = int(classification["records"]["index"].numel())
     return {
         "schema": SCHEMA,
-        "model": model.model_name(),
+        "model": model.run_name(),
+        # which method made the maps: the model's own ("native") or a CAM method on a declared layer
+        "explainer": model.explainer_results(),
         "instrument": model.instrument,
         "dataset": datamodule.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
