@@ -44,12 +44,18 @@ def evaluate(indices, batch_size, queries=False):
     return grounding.compute(), classification.compute()
 
 
-def _worker(rank, world, port, shares, out_path, queries=False):
+def _worker(rank, world, port, cases, out_path):
+    """Every case of one world size in one process group (a spawn costs each process an import of
+    torch): a case's ``shares`` give this rank its sample indices; rank 0 saves each case's results."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        g, c = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
+        results = {}
+        for name, (shares, queries) in cases.items():
+            g, c = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
+            results[name] = {"g": dict(g.items()), "c": dict(c.items())}
+        results["collectives"] = count_collectives(rank)
         if rank == 0:
-            torch.save({"g": dict(g.items()), "c": dict(c.items())}, out_path)
+            torch.save(results, out_path)
     finally:
         dist.destroy_process_group()
 
@@ -71,79 +77,74 @@ def assert_same(a, b):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize(
-    "shares",
-    [
-        [list(range(0, 12)), list(range(12, 17))],
-        [list(range(0, 17, 3)), [1, 4, 7], [2, 5, 8, 10, 11, 13, 14, 16]],
-        [list(range(16)), [16], []],
-    ],
-    ids=["2-proc", "3-proc", "3-proc-one-empty"],
-)
-def test_ddp_equals_single_process(tmp_path, shares):
-    assert sorted(i for share in shares for i in share) == list(range(NUM_SAMPLES))
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(len(shares), free_port(), shares, out), nprocs=len(shares), join=True)
-    distributed = torch.load(out, weights_only=True)
-    g, c = evaluate(list(range(NUM_SAMPLES)), batch_size=4)
-    assert_same(dict(g.items()), distributed["g"])
-    assert_same(dict(c.items()), distributed["c"])
+CASES = {
+    2: {"2-proc": ([list(range(0, 12)), list(range(12, 17))], False),
+        # (image, query) pairs summed into their findings' classes
+        "2-proc-queries": ([list(range(0, 17, 2)), list(range(1, 17, 2))], True)},
+    3: {"3-proc": ([list(range(0, 17, 3)), [1, 4, 7], [2, 5, 8, 10, 11, 13, 14, 16]], False),
+        "3-proc-one-empty": ([list(range(16)), [16], []], False)},
+}
 
 
-def test_ddp_equals_single_process_with_queries(tmp_path):
-    """(image, query) pairs summed into their findings' classes: 2 processes give one's numbers."""
-    shares = [list(range(0, 17, 2)), list(range(1, 17, 2))]
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, free_port(), shares, out, True), nprocs=2, join=True)
-    distributed = torch.load(out, weights_only=True)
-    g, _ = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=True)
-    assert int(g["pairs"][-1]) == 0 and int(g["pairs"].sum()) > 0  # no query of the last finding
-    assert_same(dict(g.items()), distributed["g"])
+@pytest.fixture(scope="module", params=sorted(CASES), ids=lambda world: f"{world}-proc")
+def distributed(request, tmp_path_factory):
+    """Rank 0's results of every case of one world size, from one spawn."""
+    world, cases = request.param, CASES[request.param]
+    for shares, _ in cases.values():
+        assert len(shares) == world and sorted(i for share in shares for i in share) == list(range(NUM_SAMPLES))
+    out = tmp_path_factory.mktemp("ddp") / "rank0.pt"
+    mp.spawn(_worker, args=(world, free_port(), cases, out), nprocs=world, join=True)
+    return world, torch.load(out, weights_only=True)
+
+
+def test_ddp_equals_single_process(distributed):
+    """Split unevenly (one process may get nothing), with and without queries: one process's numbers."""
+    world, results = distributed
+    for name, (_, queries) in CASES[world].items():
+        g, c = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=queries)
+        if queries:
+            assert int(g["pairs"][-1]) == 0 and int(g["pairs"].sum()) > 0, name  # no query of the last finding
+        assert_same(dict(g.items()), results[name]["g"])
+        assert_same(dict(c.items()), results[name]["c"])
 
 
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather", "all_gather_object", "gather", "reduce")
 
 
-def _count_worker(rank, world, port, out_path):
+def count_collectives(rank):
     """Each metric of a 21-class run, fed different amounts per process, counts the collectives
     its ``compute`` makes."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        classes, batch = 21, 3 + 2 * rank
-        generator = torch.Generator().manual_seed(rank)
-        s = torch.rand(batch, classes, 6, 6, generator=generator)
-        s = (s - s.amin((2, 3), keepdim=True)) / (s.amax((2, 3), keepdim=True) - s.amin((2, 3), keepdim=True))
-        masks = torch.rand(batch, classes, 6, 6, generator=generator) < 0.5
-        has = torch.rand(batch, classes, generator=generator) < 0.3
-        index = torch.arange(batch) + 100 * rank
-        grounding, classification = GroundingMetrics(classes), ClassificationMetrics(classes)
-        grounding.update(s, masks, has, index)
-        classification.update(torch.randn(batch, classes, generator=generator), (has * 1).long(), index)
-        counts = {}
-        for name, metric in (("grounding", grounding), ("classification", classification)):
-            calls = []
-            originals = {fn: getattr(dist, fn) for fn in COLLECTIVES}
+    classes, batch = 21, 3 + 2 * rank
+    generator = torch.Generator().manual_seed(rank)
+    s = torch.rand(batch, classes, 6, 6, generator=generator)
+    s = (s - s.amin((2, 3), keepdim=True)) / (s.amax((2, 3), keepdim=True) - s.amin((2, 3), keepdim=True))
+    masks = torch.rand(batch, classes, 6, 6, generator=generator) < 0.5
+    has = torch.rand(batch, classes, generator=generator) < 0.3
+    index = torch.arange(batch) + 100 * rank
+    grounding, classification = GroundingMetrics(classes), ClassificationMetrics(classes)
+    grounding.update(s, masks, has, index)
+    classification.update(torch.randn(batch, classes, generator=generator), (has * 1).long(), index)
+    counts = {}
+    for name, metric in (("grounding", grounding), ("classification", classification)):
+        calls = []
+        originals = {fn: getattr(dist, fn) for fn in COLLECTIVES}
+        for fn, original in originals.items():
+            setattr(dist, fn, lambda *a, _fn=fn, _original=original, **k: calls.append(_fn) or _original(*a, **k))
+        try:
+            metric.compute()
+        finally:
             for fn, original in originals.items():
-                setattr(dist, fn, lambda *a, _fn=fn, _original=original, **k: calls.append(_fn) or _original(*a, **k))
-            try:
-                metric.compute()
-            finally:
-                for fn, original in originals.items():
-                    setattr(dist, fn, original)
-            counts[name] = calls
-        if rank == 0:
-            torch.save(counts, out_path)
-    finally:
-        dist.destroy_process_group()
+                setattr(dist, fn, original)
+        counts[name] = calls
+    return counts
 
 
-def test_end_of_run_sync_makes_one_collective_per_dtype(tmp_path):
+def test_end_of_run_sync_makes_one_collective_per_dtype(distributed):
     """torchmetrics syncs each state on its own (a barrier and two all-gathers: 51 collectives for
     the grounding metric's 17 states, 9 for classification's 3). The packed sync sends the sum states
     of a dtype together (int64, float64) and the records as their row counts plus one tensor per
-    dtype (grounding: int64, float64, int32; classification: int64, float32, int8)."""
-    out = tmp_path / "counts.pt"
-    mp.spawn(_count_worker, args=(2, free_port(), out), nprocs=2, join=True)
-    counts = torch.load(out, weights_only=True)
-    assert counts["grounding"] == ["all_gather"] * 6
-    assert counts["classification"] == ["all_gather"] * 4
+    dtype (grounding: int64, float64, int32; classification: int64, float32, int8), on 2 processes
+    and on 3."""
+    _, results = distributed
+    assert results["collectives"]["grounding"] == ["all_gather"] * 6
+    assert results["collectives"]["classification"] == ["all_gather"] * 4
