@@ -1,9 +1,6 @@
 """The whole path, files -> DataModule -> model -> metrics -> results folder, through the CLI."""
 
-import gzip
 import json
-import math
-import os
 import subprocess
 import sys
 from argparse import ArgumentError
@@ -11,14 +8,13 @@ import typing
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from conftest import CONFIGS, SUBPROCESS_SAFETY_TIMEOUT, only_folder, run_args
+from conftest import SUBPROCESS_SAFETY_TIMEOUT, only_folder, run_args
 from xbench.data.phantom import Phantom
 from xbench.models.baselines import RandomSaliency
 from xbench.test import count_before_fraction, main
@@ -84,38 +80,6 @@ def test_unknown_config_key_is_a_clear_error(phantom_root, tmp_path):
     """From a script, main raises; the command line turns it into one line (tests/test_bad_inputs.py)."""
     with pytest.raises(ArgumentError, match="imagesize"):
         main(cli_args("oracle", phantom_root, tmp_path, "--data.imagesize", "64"))
-
-
-def test_ddp_two_processes_count_every_image_once(phantom_root, tmp_path):
-    """9 images over 2 processes (trainer/ddp.yaml on CPUs: gloo), the decoded-image cache on: the same
-    pairs and metrics as one process, also with a seeded augmentation (every process draws the same
-    perturbation for the same image)."""
-    rotate = ("--config", str(CONFIGS / "augment" / "rotate10.yaml"))
-    one = main(cli_args("random", phantom_root, tmp_path / "one", *rotate))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
-               *cli_args("random", phantom_root, tmp_path / "two", *rotate),
-               "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
-    assert two["data"]["images_evaluated"] == one["data"]["images_evaluated"] == 9
-    for section in ("grounding", "classification"):
-        for key, values in one[section]["per_class"].items():
-            for name, value in values.items():
-                other = two[section]["per_class"][key][name]
-                if isinstance(value, int) or value is None:
-                    assert other == value, (section, key, name)
-                else:
-                    assert math.isclose(other, value, rel_tol=0, abs_tol=1e-12), (section, key, name)
-    with gzip.open(only_folder(tmp_path / "two") / "pairs.csv.gz", "rt") as handle:
-        assert sorted(pd.read_csv(handle)["image_index"].unique()) == list(range(9))
-    # the overlay pairs, recorded on both processes, all reach rank 0 in the same order
-    with np.load(only_folder(tmp_path / "one") / "overlays.npz") as single, \
-            np.load(only_folder(tmp_path / "two") / "overlays.npz") as split:
-        assert len(single["image_id"]) > 0 and sorted(single.files) == sorted(split.files)
-        for name in single.files:
-            np.testing.assert_array_equal(single[name], split[name])
 
 
 class Bf16Random(RandomSaliency):

@@ -122,25 +122,45 @@ def test_analysis_reads_queries_as_pairs(tmp_path):
     assert math.isclose(cnr.loc["pneumonia", "estimate"], expected, abs_tol=1e-12)
 
 
-def test_ddp_two_processes_score_every_query_once(tmp_path):
-    """MS-CXR over 2 processes (gloo): the same query pairs and phrase-grounding values as one process."""
+def test_ddp_two_processes_count_every_image_and_query_once(tmp_path):
+    """MS-CXR's 3 images over 2 processes (trainer/ddp.yaml on CPUs: gloo), the decoded-image cache on,
+    a seeded augmentation (every process draws the same perturbation for the same image): the same
+    pairs, query pairs, metrics, intervals and overlays as one process. (One DDP launch serves both
+    the image and the query axis: each launch costs its processes an import of the stack.)"""
     root, _, _ = model_cli_dataset("ms_cxr", tmp_path, tmp_path)
-    one = main(run_args("random", "ms_cxr", root, tmp_path / "one", "--data.batch_size", "1"))
+    arguments = ("--data.batch_size", "1", "--config", str(CONFIGS / "augment" / "rotate10.yaml"))
+    one = main(run_args("random", "ms_cxr", root, tmp_path / "one", *arguments))
     command = [sys.executable, "-m", "xbench.test", "--config", str(CONFIGS / "trainer" / "ddp.yaml"),
-               *run_args("random", "ms_cxr", root, tmp_path / "two", "--data.batch_size", "1"),
+               *run_args("random", "ms_cxr", root, tmp_path / "two", *arguments),
                "--trainer.accelerator", "cpu", "--trainer.devices", "2"]
     done = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                           text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
-    two = json.loads((only_folder(tmp_path / "two") / "metrics.json").read_text())
-    for key, values in one["phrase_grounding"]["by_query"]["per_class"].items():
-        for name, value in values.items():
-            other = two["phrase_grounding"]["by_query"]["per_class"][key][name]
-            assert other == value or math.isclose(other, value, abs_tol=1e-12), (key, name)
+    folders = {run: only_folder(tmp_path / run) for run in ("one", "two")}
+    two = json.loads((folders["two"] / "metrics.json").read_text())
+    assert two["data"]["images_evaluated"] == one["data"]["images_evaluated"] == 3
+    sections = [(one[name]["per_class"], two[name]["per_class"]) for name in ("grounding", "classification")]
+    sections.append((one["phrase_grounding"]["by_query"]["per_class"], two["phrase_grounding"]["by_query"]["per_class"]))
+    for single, split in sections:
+        assert single.keys() == split.keys()
+        for key, values in single.items():
+            for name, value in values.items():
+                other = split[key][name]
+                if isinstance(value, int) or value is None:
+                    assert other == value, (key, name)
+                else:
+                    assert math.isclose(other, value, rel_tol=0, abs_tol=1e-12), (key, name)
     assert two["phrase_grounding"]["intervals"] == one["phrase_grounding"]["intervals"]
-    tables = [pd.read_csv(only_folder(tmp_path / run) / "queries.csv.gz") for run in ("one", "two")]
+    tables = [pd.read_csv(folders[run] / "queries.csv.gz") for run in ("one", "two")]
     pd.testing.assert_frame_equal(*tables)
     assert len(tables[0]) == 5 and np.array_equal(tables[0]["image_index"], [0, 0, 1, 2, 2])
+    pairs = pd.read_csv(folders["two"] / "pairs.csv.gz")
+    assert sorted(pairs["image_index"].unique()) == list(range(3))
+    # the overlay pairs, recorded on both processes, all reach rank 0 in the same order
+    with np.load(folders["one"] / "overlays.npz") as single, np.load(folders["two"] / "overlays.npz") as split:
+        assert len(single["image_id"]) > 0 and sorted(single.files) == sorted(split.files)
+        for name in single.files:
+            np.testing.assert_array_equal(single[name], split[name])
 
 
 def test_finding_means_equal_a_loop_over_resampled_pairs():
