@@ -148,7 +148,7 @@ def test_gradcam_keeps_the_authors_score(small_folder, small_arch):
 @pytest.mark.parametrize("data", CLI_DATASETS)
 def test_cli_end_to_end(data, small_folder, small_arch, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
-    ChestX-Det10, RSNA and MS-CXR fixtures: every image evaluated, metrics in range, MS-CXR's
+    the MS-CXR fixture (``CLI_DATASETS``): every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
     from conftest import model_cli_dataset, run_args
     from xbench.test import main

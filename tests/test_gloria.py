@@ -140,7 +140,7 @@ def test_letterbox_and_crop_are_the_authors(height, width, rows, columns):
 @pytest.mark.parametrize("data", CLI_DATASETS)
 def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
-    ChestX-Det10, RSNA and MS-CXR fixtures: every image evaluated, metrics in range, MS-CXR's
+    the MS-CXR fixture (``CLI_DATASETS``): every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
     from conftest import run_model_cli
 
