@@ -39,7 +39,7 @@ from torch import Tensor
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
-from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.results.payload import build_results, log_keys
 
@@ -226,21 +226,26 @@ class XBenchModel(L.LightningModule, ABC):
             )
         torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
                             f"{type(self).__name__} produced non-finite logits or maps")
-        saliency = self.frame_saliency(maps, batch)
-        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
+        saliency, seen = self.frame_saliency(maps, batch)
+        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"], seen=seen)
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
         if self.query_grounding is not None:
             self.ground_queries(batch, maps)
         return {"logits": logits, "saliency": saliency}
 
-    def frame_saliency(self, maps: Tensor, batch: dict) -> Tensor:
-        """Maps [B, K, h, w] on the model's grid -> normalised saliency [B, K, S, S] in the frame."""
+    def frame_saliency(self, maps: Tensor, batch: dict) -> tuple[Tensor, Tensor | None]:
+        """Maps [B, K, h, w] on the model's grid -> normalised saliency [B, K, S, S] in the frame, and
+        the frame pixels the model saw [B, S, S] (``None``: all; CNR takes only these)."""
         batch_size, frame = maps.shape[0], tuple(batch["masks"].shape[-2:])
-        windows = whole_frame(batch_size, frame, maps.device) if self.preprocess is None else batch["window"]
+        if self.preprocess is None:
+            windows, seen = whole_frame(batch_size, frame, maps.device), None
+        else:
+            windows = batch["window"]
+            seen = seen_pixels(windows, frame)
         # a map that points nowhere becomes all zeros: the metrics count it as constant, a miss
         saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
-        return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
+        return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0), seen
 
     def ground_queries(self, batch: dict, class_maps: Tensor) -> None:
         """Score a phrase dataset's (image, query) pairs: the map of each query's finding name and,
@@ -258,8 +263,8 @@ class XBenchModel(L.LightningModule, ABC):
             by_phrase = maps.gather(1, position.clamp(max=maps.shape[1] - 1)[..., None, None].expand(-1, -1, *grid))
             scored = [(self.query_grounding, by_phrase), (self.name_grounding, by_name)]
         for metric, maps in scored:
-            metric.update(self.frame_saliency(maps, batch), batch["query_masks"], batch["query_has_mask"],
-                          batch["index"], query_class)
+            saliency, seen = self.frame_saliency(maps, batch)
+            metric.update(saliency, batch["query_masks"], batch["query_has_mask"], batch["index"], query_class, seen)
 
     def on_test_epoch_end(self) -> None:
         grounding = self.grounding.compute()
