@@ -21,6 +21,8 @@ dataset's own files, findings as canonical keys from ``xbench.findings``):
   outside every box (no boxes: a constant map, a Pointing Game miss).
 
 Probabilities become logits as ``log(p / (1 - p))`` with ``p`` clamped to [1e-7, 1 - 1e-7].
+A map is read in float32, or in float64 where it was saved so; the metric frame is float32, so a
+float64 map is rounded to float32 before it is placed (docs/saved-outputs.md: the measured effect).
 Each map is resized onto the metric frame (the whole image squashed to S x S) bilinearly
 (``align_corners=False``), or, where the file states a window, placed into the frame through it
 (:func:`xbench.models.saliency.place_in_frame`); maps of different sizes in one batch therefore
@@ -33,8 +35,9 @@ With ``native_protocol=True`` the run also scores every pair with a region at th
 size by cheXlocalize's protocol (:mod:`xbench.metrics.native`) and writes per-class means under
 ``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
 XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
-pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header. This
-pass reads each pair once more after the test loop, in every process (not split under DDP).
+pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header; a float64
+map stays float64 for cheXlocalize's binarisations, as in their code. This pass reads each pair
+once more after the test loop, in every process (not split under DDP).
 """
 
 from __future__ import annotations
@@ -422,13 +425,14 @@ def _check_per_image(arrays: dict[str, Tensor], names: list[str], file: Path) ->
 
 
 def _map(arrays: dict[str, Tensor], name: str, index: tuple[int, ...], where: str) -> Tensor:
-    """``arrays[name][index]`` as an [h, w] float map with finite values."""
+    """``arrays[name][index]`` as an [h, w] map with finite values: float64 as saved (cheXlocalize's
+    protocol computes in it), any other type as float32."""
     if name not in arrays:
         raise KeyError(f"{where}: no {name!r} array; save the map [h, w] as {name!r}")
     value = arrays[name][index] if index else arrays[name]
     if value.ndim != 2 or 0 in value.shape:
         raise ValueError(f"{where}: map {name} has shape {_shape(value)}; expected [h, w] with h, w >= 1")
-    value = value.float()
+    value = value.double() if value.dtype == torch.float64 else value.float()
     if not torch.isfinite(value).all():
         raise ValueError(f"{where}: the map holds {int((~torch.isfinite(value)).sum())} NaN or infinite values; "
                          "save finite maps")
