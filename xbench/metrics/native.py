@@ -1,4 +1,10 @@
-"""cheXlocalize's protocol beside XBench's: each (image, finding) pair scored at the image's native size.
+"""Peers' native-resolution protocols: cheXlocalize's beside XBench's, and hi-ml's phrase grounding.
+
+hi-ml (BioViL's ``ImageTextInferenceEngine``) places a map at the image's native resolution
+(:func:`himl_native_saliency`) and leaves the pixels outside the model's centre crop out (NaN);
+a phrase run with ``--model.phrase_protocol hi-ml`` scores its queries there, against their boxes
+drawn at that size (``xbench.models.base``).
+
 
 cheXlocalize upsamples a raw map bilinearly (``align_corners=False``) to the radiograph's own size,
 min-max normalises it, and compares it with the radiologist mask drawn at that size. Here the
@@ -16,6 +22,9 @@ same map gives, on the same pixels:
 
 Per-class thresholds chosen on validation are XBench's calibrated tau: read the IoU curve at the
 tau a validation run chose (``xbench.report``), no separate binarisation is needed.
+
+cheXlocalize's code compares a float32 map with a tuned threshold read from a CSV (a float64
+scalar); numpy before 2.0 (their pins) compares in float32, as here; numpy 2 in float64.
 """
 
 from __future__ import annotations
@@ -27,8 +36,14 @@ import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
 
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels
+from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.metrics.grounding import threshold_counts
-from xbench.geometry.maps import normalise
+
+#: ``F.interpolate``'s mode and ``align_corners`` for each map rule, as hi-ml calls it (its
+#: ``nearest`` is torch's: source cell ``floor(i * cells / size)``).
+HIML_INTERPOLATION = {"nearest": ("nearest", None), "bilinear": ("bilinear", False),
+                      "bilinear_align_corners": ("bilinear", True)}
 
 
 def native_upsample(raw_map: Tensor, image_size: tuple[int, int]) -> Tensor:
@@ -112,3 +127,48 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
         "iou_otsu": _iou(theirs["otsu"], mask),
         "argmax_hit": bool(mask.flatten()[first_max]),
     }
+
+
+def himl_window(preprocess: Preprocess | None, image_size: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """Where hi-ml's ``convert_similarity_to_image_size`` puts a map on an image of ``image_size``
+    (height, width): (top, left, height, width) in native pixels. A shorter-side resize to ``R``
+    and a centre crop of ``C``: the square of side ``int(C * shorter / R)``, its margins split
+    ``floor`` before, ``ceil`` after; no crop (a map over the whole image): the whole image.
+    ``None`` where hi-ml has no rule (a letterboxed or squashed-and-cropped input)."""
+    height, width = image_size
+    if preprocess is None or (preprocess.resize == "squash" and preprocess.target == preprocess.size):
+        return 0, 0, height, width
+    if preprocess.resize != "shorter_side":
+        return None
+    side = int(preprocess.size * min(height, width) / preprocess.target)
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+def himl_native_saliency(maps: Tensor, preprocess: Preprocess | None, window: Tensor | None, frame: tuple[int, int],
+                         image_size: tuple[int, int], rule: MapUpsample) -> tuple[Tensor, Tensor]:
+    """One image's raw maps [1, K, h, w] placed at its native ``image_size`` as hi-ml does and
+    min-max normalised (a map that points nowhere all zeros), and the pixels the model saw [1, H, W].
+
+    The maps are interpolated onto :func:`himl_window` by the model's rule (``F.interpolate``, as
+    hi-ml); the pixels outside, NaN in hi-ml's map, take the minimum of the pixels inside (so the
+    normalised map is hi-ml's, min-max normalised over its pixels that are not NaN) and are not seen. Where
+    hi-ml has no rule, the model's own ``window`` [4] in the ``frame`` (the batch's; ``None`` only
+    for a model without a preprocess, which hi-ml's rule covers) is scaled to native pixels and the
+    maps placed through it (:func:`~xbench.geometry.maps.place_in_frame`).
+    """
+    height, width = image_size
+    placement = himl_window(preprocess, image_size)
+    if placement is None:
+        scale = torch.tensor([height / frame[0], width / frame[1]] * 2, dtype=torch.float64, device=window.device)
+        native = (window.double() * scale)[None]
+        placed, seen = place_in_frame(maps, native, image_size, rule), seen_pixels(native, image_size)
+    else:
+        top, left, rows, columns = placement
+        mode, align_corners = HIML_INTERPOLATION[rule]
+        inner = F.interpolate(maps.float(), size=(rows, columns), mode=mode, align_corners=align_corners)
+        placed = inner.amin(dim=(-2, -1), keepdim=True).expand(*maps.shape[:2], height, width).clone()
+        placed[..., top : top + rows, left : left + columns] = inner
+        seen = torch.zeros(1, height, width, dtype=torch.bool, device=maps.device)
+        seen[:, top : top + rows, left : left + columns] = True
+    saliency = normalise(placed)
+    return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0), seen

@@ -37,8 +37,10 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from xbench.data.io import header_size
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
+from xbench.metrics.native import himl_native_saliency
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.results.payload import build_results, log_keys
@@ -79,6 +81,11 @@ class XBenchModel(L.LightningModule, ABC):
     Args:
         upsample: how maps reach the frame, overriding the model's own rule (its ``preprocess``) for a
             study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
+        phrase_protocol: how a phrase dataset's queries are scored: ``xbench`` (default: in the
+            metric frame, as every pair) or ``hi-ml`` (BioViL's phrase grounding: the map and the
+            query's boxes at the image's native size, the pixels outside the model's crop in
+            neither of CNR's sides; :func:`~xbench.metrics.native.himl_native_saliency`). The
+            results record it under ``phrase_grounding.protocol``.
     """
 
     #: Name in results folders and tables; default: the class name in lower case.
@@ -95,7 +102,8 @@ class XBenchModel(L.LightningModule, ABC):
     #: :meth:`encode_phrases`) or ``finding`` (the map of the phrase's finding).
     query_mode: ClassVar[Literal["phrase", "finding"]] = "finding"
 
-    def __init__(self, upsample: MapUpsample | None = None) -> None:
+    def __init__(self, upsample: MapUpsample | None = None,
+                 phrase_protocol: Literal["xbench", "hi-ml"] = "xbench") -> None:
         super().__init__()
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
@@ -103,6 +111,9 @@ class XBenchModel(L.LightningModule, ABC):
         if upsample not in (None, "nearest", "bilinear", "bilinear_align_corners"):
             raise ValueError(f"--model.upsample must be nearest, bilinear or bilinear_align_corners; got {upsample!r}")
         self.upsample_mode = upsample
+        if phrase_protocol not in ("xbench", "hi-ml"):
+            raise ValueError(f"--model.phrase_protocol must be xbench or hi-ml; got {phrase_protocol!r}")
+        self.phrase_protocol = phrase_protocol
         self.classes: list[str] = []
         #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
         self.dataset_name: str | None = None
@@ -196,6 +207,12 @@ class XBenchModel(L.LightningModule, ABC):
         # A phrase dataset's queries: scored by the model's grounding of each phrase (its query_mode)
         # and, for a phrase-mode model, also by the map of the phrase's finding name, on the same pairs.
         phrases = list(getattr(datamodule, "phrases", []))
+        if self.phrase_protocol == "hi-ml" and not phrases:
+            warnings.warn(f"--model.phrase_protocol hi-ml has no effect on {self.dataset_name}: it has no "
+                          "phrase queries", stacklevel=1)
+        if self.phrase_protocol == "hi-ml" and phrases and getattr(datamodule, "augment", None) is not None:
+            raise ValueError("--model.phrase_protocol hi-ml scores the image as read, at its native size; it cannot "
+                             "follow --data.augment. Drop one of them.")
         by_phrase = phrases and self.query_mode == "phrase"
         self.phrase_text = self.encode_all_phrases(phrases) if by_phrase else None
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
@@ -262,9 +279,39 @@ class XBenchModel(L.LightningModule, ABC):
             position = torch.searchsorted(phrase_ids.to(query_phrase.device), query_phrase.clamp(min=0))
             by_phrase = maps.gather(1, position.clamp(max=maps.shape[1] - 1)[..., None, None].expand(-1, -1, *grid))
             scored = [(self.query_grounding, by_phrase), (self.name_grounding, by_name)]
+        native = self.native_queries(batch) if self.phrase_protocol == "hi-ml" else None
         for metric, maps in scored:
+            if native is not None:
+                self.ground_queries_natively(metric, maps, batch, native)
+                continue
             saliency, seen = self.frame_saliency(maps, batch)
             metric.update(saliency, batch["query_masks"], batch["query_has_mask"], batch["index"], query_class, seen)
+
+    def native_queries(self, batch: dict) -> list[tuple[int, tuple[int, int], Tensor]]:
+        """Per image of the batch with queries: its row, native (height, width) from the file's
+        header, and its queries' boxes drawn at that size, bool [1, Q, H, W] (every query of a run's
+        finding, in slot order)."""
+        samples, found = self.trainer.datamodule.samples, []
+        for b, index in enumerate(batch["index"].tolist()):
+            queries = [query for query in samples[index].queries if query.finding in self.classes]
+            if queries:
+                image_size = header_size(samples[index].path)
+                masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) for query in queries])
+                found.append((b, image_size, masks[None].to(batch["index"].device)))
+        return found
+
+    def ground_queries_natively(self, metric: GroundingMetrics, maps: Tensor, batch: dict,
+                                native: list[tuple[int, tuple[int, int], Tensor]]) -> None:
+        """hi-ml's protocol: each image's query maps at its native size (:meth:`native_queries`),
+        one image at a time (native sizes differ)."""
+        frame = tuple(batch["masks"].shape[-2:])
+        for b, image_size, masks in native:
+            slots = masks.shape[1]
+            window = batch["window"][b] if self.preprocess is not None else None
+            saliency, seen = himl_native_saliency(maps[b : b + 1, :slots], self.preprocess, window, frame, image_size,
+                                                  self.map_upsample)
+            metric.update(saliency, masks, masks.flatten(2).any(-1), batch["index"][b : b + 1],
+                          batch["query_class"][b : b + 1, :slots], seen)
 
     def on_test_epoch_end(self) -> None:
         grounding = self.grounding.compute()

@@ -53,10 +53,10 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 from safetensors import safe_open
-from PIL import Image
 from torch import Tensor
 
 from xbench.files import open_text
+from xbench.data.io import header_size
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.grounding import FIXED_TAU_INDEX
@@ -257,7 +257,7 @@ class PrecomputedSaliency(XBenchModel):
         if path is None:  # read outside a run: no image to compare with
             return
         if image_id not in self._native_sizes:
-            self._native_sizes[image_id] = _header_size(path)
+            self._native_sizes[image_id] = header_size(path)
         actual = self._native_sizes[image_id]
         if not aspect_matches(stated, actual):
             reversed_hint = (" (it reads as [width, height]: write [height, width])"
@@ -317,7 +317,7 @@ class PrecomputedSaliency(XBenchModel):
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
             pair = self.read_pair(sample.image_id, key)
-            image_size = pair.image_size or _header_size(sample.path)
+            image_size = pair.image_size or header_size(sample.path)
             raw = pair.map
             if pair.window is not None:
                 raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
@@ -351,17 +351,6 @@ class PrecomputedSaliency(XBenchModel):
                 "chexlocalize_hit_rate": float(np.mean([r["argmax_hit"] for r in rows])),
             }
         return {"native_threshold": self.native_threshold, "per_class": per_class}
-
-
-def _header_size(path: Path) -> tuple[int, int]:
-    """(height, width) of an image file from its header, for saved maps that do not state it."""
-    if path.suffix.lower() == ".dcm":
-        import pydicom  # noqa: PLC0415
-
-        header = pydicom.dcmread(path, stop_before_pixels=True)
-        return int(header.Rows), int(header.Columns)
-    with Image.open(path) as image:
-        return image.height, image.width
 
 
 @contextmanager
