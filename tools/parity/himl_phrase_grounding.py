@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("tests/golden/himl_phrase_grounding.npz"))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(args.authors_repo / "hi-ml-multimodal" / "src"))
-    from health_multimodal.vlp import ImageTextInferenceEngine  # noqa: PLC0415 (their code, from the given clone)
+    from health_multimodal.vlp import ImageTextInferenceEngine  # their code, from the given clone
 
     rng = np.random.default_rng(SEED)
     arrays, cases = {}, []
