@@ -6,19 +6,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xbench.metrics import GroundingMetrics, THRESHOLDS, grounding_records, threshold_counts
+from xbench.metrics import GroundingMetrics, THRESHOLDS, grounding, grounding_records, threshold_counts
 
 TAUS = [np.float32(k / 100) for k in range(101)]
 EDGE_VALUES = np.array([0.29, 0.5, 1.0, 0.0, 0.01, 0.53, 0.09, 0.33, 0.99], dtype=np.float32)
 
 
-def reference_cnr(smap, region):
-    """CNR with numpy's mean and (population) variance; None where it is undefined: no pixel
-    outside the region, or no noise with a contrast (an infinite ratio)."""
+def reference_cnr(smap, region, seen=None):
+    """CNR with numpy's mean and (population) variance over the ``seen`` pixels (default all);
+    None where it is undefined: no seen pixel inside or outside the region, or no noise with a
+    contrast (an infinite ratio)."""
     smap = smap.astype(np.float64)
-    if region.all():
+    seen = np.ones_like(region) if seen is None else seen
+    inside, outside = smap[region & seen], smap[~region & seen]
+    if not inside.size or not outside.size:
         return None
-    inside, outside = smap[region], smap[~region]
     contrast = abs(inside.mean() - outside.mean())
     noise = np.sqrt(np.var(inside) + np.var(outside))
     if noise == 0:
@@ -26,9 +28,9 @@ def reference_cnr(smap, region):
     return contrast / noise
 
 
-def reference(s, m, has, pair_class=None, num_classes=None):
+def reference(s, m, has, pair_class=None, num_classes=None, seen=None):
     """Brute force: a Python loop per image, pair and threshold with ``>=``; pair ``(b, k)`` counts
-    under class ``pair_class[b, k]`` (default ``k``)."""
+    under class ``pair_class[b, k]`` (default ``k``); CNR over the pixels ``seen[b]`` (default all)."""
     B, K = s.shape[:2]
     C = K if num_classes is None else num_classes
     out = {k: np.zeros(C, dtype=np.int64) for k in ("pairs", "hits", "const", "tied", "empty", "region", "cnr_pairs")}
@@ -46,7 +48,7 @@ def reference(s, m, has, pair_class=None, num_classes=None):
                 out["empty"][c] += 1
                 continue
             smap = s[b, k]
-            cnr = reference_cnr(smap, region)
+            cnr = reference_cnr(smap, region, None if seen is None else seen[b])
             if cnr is not None:
                 out["cnr_pairs"][c] += 1
                 out["cnr"][c] += cnr
@@ -114,10 +116,11 @@ def make_batch(rng, B, C, H, W, p_mask=0.8, edge_fraction=0.2):
     return s, m, has
 
 
-def run_metric(batches, num_classes):
+def run_metric(batches, num_classes, seen=None):
     metric = GroundingMetrics(num_classes)
     for s, m, has, index in batches:
-        metric.update(torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(has), torch.as_tensor(index))
+        metric.update(torch.from_numpy(s), torch.from_numpy(m), torch.from_numpy(has), torch.as_tensor(index),
+                      seen=None if seen is None else torch.from_numpy(seen[index]))
     return metric.compute()
 
 
@@ -191,6 +194,35 @@ def test_metric_matches_brute_force(shape):
         assert records["hit"][i].item() == hit
         assert records["predicted"][i].tolist() == preds
         assert records["inter"][i].tolist() == inters
+
+
+@pytest.mark.parametrize("block", [None, 5], ids=["blocks-of-pairs", "several-blocks-a-map"])
+def test_cnr_takes_only_the_pixels_the_model_saw(block, monkeypatch):
+    """With ``seen`` (a window per image: a centre crop, one edge, all, none of a region), CNR is the
+    brute-force one over the seen pixels alone; every other value is the one without ``seen``. Also
+    where a map spans several blocks of the pass (blocks shrunk to 5 elements a thread)."""
+    if block is not None:
+        monkeypatch.setattr(grounding, "_CPU_BLOCK_ELEMENTS_PER_THREAD", block)
+    shape = (3, 4, 9, 7)
+    rng = np.random.default_rng(sum(shape))
+    batch, _, height, width = shape
+    s, m, has = make_batch(rng, *shape)
+    has[0, 0], m[0, 0] = True, False
+    m[0, 0, :, : width // 4] = True  # a region the model never saw: no CNR
+    seen = np.zeros((batch, height, width), dtype=bool)
+    seen[0, :, width // 4 :] = True
+    seen[1, 1:, 2:-1] = True
+    seen[2:] = True  # all
+    result = run_metric([(s, m, has, np.arange(batch))], shape[1], seen)
+    ref, rows = reference(s, m, has, seen=seen)
+    check_against_reference(result, ref)
+    assert has[0, 0] and np.isnan(result["records"]["cnr"][0].item())
+    np.testing.assert_allclose(result["records"]["cnr"].numpy(), [row[-1] for row in rows], rtol=1e-9, atol=1e-9)
+    everything = run_metric([(s, m, has, np.arange(batch))], shape[1])
+    for name in ("predicted", "inter", "hit"):
+        assert torch.equal(result["records"][name], everything["records"][name]), name
+    assert not np.allclose(everything["records"]["cnr"].nan_to_num().numpy(),
+                           result["records"]["cnr"].nan_to_num().numpy())
 
 
 def test_record_states_hold_only_the_graded_pairs():

@@ -25,6 +25,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,3 +86,23 @@ def test_run_matches_the_authors(parity, image):
         found = parity.run(setting)[item.key]
         shares = common.differences(parity.model_name, found, parity.golden[item.key], parity.model.map_upsample)
         assert max(shares.values()) <= 1, (parity.model_name, item.name, setting, shares)
+
+
+@pytest.mark.parametrize("parity", ["gloria"], indirect=True)
+def test_gloria_figure_map_matches_the_authors(parity):
+    """``--model.attention_map figure``: GLoRIA's map is the first panel of the authors' attention
+    figures (their ``get_attn_maps`` per image and prompt, the maximum over ``[CLS]`` and the
+    words), at the zero-shot map's tolerance, through the path a run takes, on the square PNG and
+    the wide crop (the map is computed on the model's input; the windows are checked above)."""
+    inputs = [parity.inputs[0], parity.inputs[3]]
+    parity.model.attention_map = "figure"
+    try:
+        found = run_xbench(parity.model, {item.key: item.path for item in inputs}, cache=False, num_workers=0,
+                           batch_size=common.BATCH_SIZE)
+    finally:
+        parity.model.attention_map = "zero_shot"
+    for item in inputs:
+        golden = parity.golden[item.key]
+        shares = common.differences("gloria", found[item.key], {**golden, "maps": golden["figure"]}, "bilinear")
+        assert max(shares.values()) <= 1, (item.name, shares)
+        assert not np.allclose(golden["figure"], golden["maps"], atol=1e-4)  # another map indeed

@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -19,6 +20,10 @@ from xbench.analysis import analyze
 from xbench.analysis.settings import Settings
 from xbench.analyze import main as analyze_main
 from xbench.data.ms_cxr import MSCXR
+from xbench.data.regions import Boxes
+from xbench.geometry.preprocess import Preprocess
+from xbench.metrics import grounding_records
+from xbench.metrics.native import himl_native_saliency
 from xbench.models.base import XBenchModel
 from xbench.reporting.writer import ResultsWriter
 from xbench.test import main
@@ -184,3 +189,101 @@ def test_finding_means_equal_a_loop_over_resampled_pairs():
                 expected = sum(drawn) / len(drawn) if drawn else math.nan
                 got = means[r, f, m].item()
                 assert (math.isnan(got) and math.isnan(expected)) or math.isclose(got, expected, abs_tol=1e-12)
+
+
+HIML = np.load(Path(__file__).parent / "golden" / "himl_phrase_grounding.npz")
+
+
+def test_himl_placement_and_cnr_equal_their_code():
+    """``--model.phrase_protocol hi-ml``'s native map is hi-ml's ``convert_similarity_to_image_size``
+    (tests/golden/himl_phrase_grounding.npz, made by tools/parity/himl_phrase_grounding.py): the same
+    pixels unseen (their NaN), the same values on the rest once min-max normalised, and CNR over
+    the seen pixels equal to the plain float64 one on their map, on every transform and aspect."""
+    meta = json.loads(str(HIML["meta"]))
+    for i, case in enumerate(meta["cases"]):
+        width, height = case["image_width_height"]
+        rule = case["interpolation"]
+        preprocess = None if case["crop_size"] is None else Preprocess(
+            case["crop_size"], "shorter_side", resize_to=case["resize_size"], map_upsample=rule)
+        saliency, seen = himl_native_saliency(torch.from_numpy(HIML[f"{i}_map"])[None, None], preprocess, None,
+                                              (64, 64), (height, width), rule)
+        theirs = HIML[f"{i}_native"]
+        assert np.array_equal(seen[0].numpy(), ~np.isnan(theirs)), case["name"]
+        low, high = np.nanmin(theirs), np.nanmax(theirs)
+        np.testing.assert_allclose(saliency[0, 0].numpy()[seen[0]], ((theirs - low) / (high - low))[seen[0]],
+                                   rtol=0, atol=1e-7, err_msg=case["name"])
+        box, _ = Boxes((tuple(HIML[f"{i}_box"].tolist()),)).to_mask(height, width)
+        records = grounding_records(saliency, torch.from_numpy(box)[None, None], torch.ones(1, 1, dtype=torch.bool),
+                                    seen)
+        assert records["cnr"].item() == pytest.approx(float(HIML[f"{i}_cnr"]), rel=1e-6), case["name"]
+    # hi-ml has no rule for a letterbox: the model's window at native size, here the whole image
+    letterbox = Preprocess(16, "longer_side")
+    _, window = letterbox(np.zeros((30, 20), dtype=np.float32), 64)
+    _, seen = himl_native_saliency(torch.rand(1, 2, 4, 4), letterbox, window, (64, 64), (30, 20), "bilinear")
+    assert seen.all()
+
+
+class CroppedPointsAtText(PointsAtText):
+    """:class:`PointsAtText` through a centre crop of the shorter side (the fixture's 64 x 48
+    images: the 48 x 48 centre, columns 8..55), its maps on the crop placed by ``nearest``."""
+
+    name = "cropped_points_at_text"
+    preprocess = Preprocess(32, "shorter_side", resize_to=32, map_upsample="nearest")
+
+
+class FrameOutputs(L.Callback):
+    def __init__(self) -> None:
+        self.batches = []
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.batches.append((outputs["saliency"], batch["masks"], batch["has_mask"]))
+
+
+def plain_cnr(saliency: np.ndarray, region: np.ndarray, seen: np.ndarray) -> float:
+    inside, outside = saliency[region & seen].astype(np.float64), saliency[~region & seen].astype(np.float64)
+    return abs(inside.mean() - outside.mean()) / np.sqrt(inside.var() + outside.var())
+
+
+def test_both_protocols_through_a_run(tmp_path):
+    """A cropping model on the MS-CXR fixture. XBench's protocol: CNR of every class pair is the
+    plain one over the frame pixels the crop covers (columns 8..55 of the 64 x 64 frame). hi-ml's:
+    each query is scored at the image's native 48 x 64 against its boxes drawn there (their areas),
+    the map a 6 x 6 block per cell on columns 8..55 and the rest unseen; Pointing Game, Dice at 0.5
+    and CNR equal those computed by hand on that map; the results say which protocol scored them."""
+    def run(protocol: str, *callbacks) -> XBenchModel:
+        model = CroppedPointsAtText(phrase_protocol=protocol)
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            use_distributed_sampler=False, callbacks=list(callbacks))
+        trainer.test(model, datamodule=ms_cxr(tmp_path, batch_size=2), verbose=False)
+        return model
+
+    frame = FrameOutputs()
+    xbench_run = run("xbench", frame)
+    seen = np.zeros((64, 64), dtype=bool)
+    seen[:, 8:56] = True
+    expected = [plain_cnr(s.numpy(), m.numpy(), seen) for saliency, masks, has in frame.batches
+                for s, m, h in zip(saliency.flatten(0, 1), masks.flatten(0, 1), has.flatten()) if h and m.any()]
+    np.testing.assert_allclose(xbench_run.records["grounding"]["cnr"].numpy(), expected, rtol=1e-9)
+    assert xbench_run.results["phrase_grounding"]["protocol"] == "xbench"
+
+    himl_run = run("hi-ml")
+    assert himl_run.results["phrase_grounding"]["protocol"] == "hi-ml"
+    records = himl_run.records["queries"]["query"]
+    boxes_of = {}
+    for row in MS_CXR_CLI_ROWS:
+        boxes_of.setdefault((row["dicom_id"], row["label_text"]), []).append(row)
+    phrases = list(dict.fromkeys(row["label_text"] for row in MS_CXR_CLI_ROWS))
+    anchors = himl_run.encode_phrases(phrases)["anchor"].numpy()
+    native_seen = np.zeros((48, 64), dtype=bool)
+    native_seen[:, 8:56] = True
+    for i, (dicom_id, phrase) in enumerate(boxes_of):
+        region = np.zeros((48, 64), dtype=bool)
+        for row in boxes_of[dicom_id, phrase]:
+            region[row["y"] : row["y"] + row["h"], row["x"] : row["x"] + row["w"]] = True
+        row, column = anchors[phrases.index(phrase)]
+        peak = np.zeros((48, 64), dtype=bool)
+        peak[6 * row : 6 * row + 6, 8 + 6 * column : 8 + 6 * column + 6] = True
+        assert records["region"][i].item() == region.sum()
+        assert records["hit"][i].item() == bool((peak & region).any())
+        assert records["inter"][i, 50].item() == (peak & region).sum()
+        assert records["cnr"][i].item() == pytest.approx(plain_cnr(peak.astype(float), region, native_seen), rel=1e-9)

@@ -4,6 +4,7 @@ wherever the definitions agree; where they differ, by how much."""
 
 import importlib.util
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from conftest import real_file, run_args
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key
 from xbench.metrics.grounding import FIXED_TAU_INDEX
-from xbench.metrics.native import native_pair_scores, native_upsample, otsu_threshold
+from xbench.metrics.native import chexlocalize_segmentations, native_pair_scores
 from xbench.models.precomputed import PrecomputedSaliency, probability_logit
 from xbench.test import main
 
@@ -77,19 +78,46 @@ def test_native_scores_agree_with_their_code(real_pairs):
 
 
 def test_otsu_agrees_with_their_code(real_pairs):
-    """The Otsu level equals OpenCV's on every map, and the pixel-wise binary map equals theirs:
-    cheXlocalize fills the contours of that map, which changes nothing on maps without holes, as
-    all 20 here (a map with a hole inside a blob would differ; README)."""
+    """The Otsu level equals OpenCV's on every map, and the Otsu segmentation -- contours of the
+    pixels above it filled, single pixels dropped -- is theirs pixel for pixel (by digest), as is
+    the fixed-threshold one; so are the IoUs."""
+    tool = load_tool()
     for (cxr_id, task), (saved, mask, golden) in real_pairs.items():
-        upsampled = native_upsample(saved.map, tuple(mask.shape))
-        normalised = ((upsampled - upsampled.min()) / (upsampled.max() - upsampled.min())).numpy()
-        levels = np.uint8(255 * normalised)
-        level, _ = cv2.threshold(levels, 0, int(levels.max()), cv2.THRESH_OTSU)
-        scores = native_pair_scores(saved.map, mask)
-        assert scores["otsu_level"] == otsu_threshold(torch.from_numpy(levels)) == int(level), (cxr_id, task)
-        assert int((levels > level).sum()) == golden["otsu_pixels"], (cxr_id, task)
+        theirs = chexlocalize_segmentations(saved.map, tuple(mask.shape), GOLDEN["fixed_threshold"])
+        levels = np.uint8(255 * theirs["normalised"].numpy())
+        assert theirs["otsu_level"] == int(cv2.threshold(levels, 0, 255, cv2.THRESH_OTSU)[0]), (cxr_id, task)
+        for name in ("otsu", "fixed"):
+            segmentation = theirs[name].numpy()
+            assert int(segmentation.sum()) == golden[f"{name}_pixels"], (cxr_id, task, name)
+            assert tool.segmentation_digest(segmentation) == golden[f"{name}_digest"], (cxr_id, task, name)
         if golden["mask_pixels"]:
+            scores = native_pair_scores(saved.map, mask)
             assert scores["iou_otsu"] == pytest.approx(golden["iou_otsu"], abs=1e-12), (cxr_id, task)
+
+
+def test_crafted_maps_segment_as_their_code(tmp_path):
+    """Maps with holes, islands in holes, isolated pixels, two-pixel and diagonal components, thin
+    lines, border blobs and upsampled noise, written as their pickles and read back as a run reads
+    them: both segmentations equal theirs pixel for pixel. A float64 map is binarised in float64,
+    as by their code; the same map rounded to float32 would not be (so this test sees the precision)."""
+    crafted = GOLDEN["crafted"]
+    reader = PrecomputedSaliency(str(tmp_path), layout="chexlocalize")
+    for row in crafted:
+        raw = torch.tensor(row["map"], dtype=getattr(torch, row["dtype"]))
+        with open(tmp_path / f"{row['name']}_Cardiomegaly_map.pkl", "wb") as handle:
+            pickle.dump({"map": raw[None, None], "prob": 0.5, "task": "Cardiomegaly", "cxr_dims": row["cxr_dims"]},
+                        handle)
+    for row in crafted:
+        saved = reader.read_pair(row["name"], "cardiomegaly")
+        assert saved.map.dtype == getattr(torch, row["dtype"]), row["name"]
+        theirs = chexlocalize_segmentations(saved.map, saved.image_size, GOLDEN["fixed_threshold"])
+        for name in ("otsu", "fixed"):
+            expected = np.array([[c == "1" for c in line] for line in row[name]])
+            assert np.array_equal(theirs[name].numpy(), expected), (row["name"], name)
+    holes = np.array([[c == "1" for c in line] for line in crafted[0]["otsu"]])
+    assert holes[6, 6] and holes[5, 5] and not holes[2, 20]  # a filled hole, its island; a dropped pixel
+    rounded = chexlocalize_segmentations(saved.map.float(), saved.image_size, GOLDEN["fixed_threshold"])
+    assert saved.map.dtype == torch.float64 and not torch.equal(rounded["fixed"], theirs["fixed"])
 
 
 def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):

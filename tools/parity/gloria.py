@@ -11,7 +11,10 @@ images (so XBench's logit is theirs before a per-class standardisation that keep
 
 The map: the word-region attention that ``get_local_similarities`` computes and discards, captured
 from their ``attention_fn`` during that very call, the maximum over the prompt's words (the words
-of their text tower's ``sents``, between ``[CLS]`` and ``[SEP]``), as their attention figures' first panel.
+of their text tower's ``sents``, between ``[CLS]`` and ``[SEP]``): XBench's default map. And the
+figure map (``--model.attention_map figure``): their ``get_attn_maps`` on each image with each
+prompt (the training path's ``local_loss``, whose word slots are ``[CLS]`` and the words), the
+maximum over those slots, as ``build_attention_images`` takes it for the first panel of their figures.
 
 Adapted to run today, each without changing a computed value:
 
@@ -181,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
             return weighted, attention
 
         loss.gloria_loss.attention_fn = recording
-        logits, maps = [], []
+        logits, maps, figure_maps = [], [], []
+        regions, _ = model.image_encoder_forward(images)
         for key in classes:
             captured.clear()
             logits.append(api.get_similarities(model, images, processed[key], similarity_type="both")[:, 0])
@@ -191,9 +195,17 @@ def main(argv: list[str] | None = None) -> None:
             )
             words = sents[0].index("[SEP]") - 1
             maps.append(attention[:, :words].amax(dim=1).numpy())
+            text_words, _, sents = model.text_encoder_forward(
+                processed[key]["caption_ids"], processed[key]["attention_mask"], processed[key]["token_type_ids"]
+            )
+            figure_maps.append(np.stack([  # build_attention_images: attn.max(dim=1) of one image's attn_maps
+                model.get_attn_maps(regions[i : i + 1], text_words, sents)[0].max(dim=1).values[0].numpy()
+                for i in range(len(paths))
+            ]))
         loss.gloria_loss.attention_fn = attention_fn
         logits = np.stack(logits, axis=1)
         maps = np.stack(maps, axis=1)
+        figure_maps = np.stack(figure_maps, axis=1)
         standardised = api.zero_shot_classification(model, images, processed).to_numpy()
     expected = (logits - logits.mean(axis=0)) / logits.std(axis=0)
     if not np.allclose(standardised, expected, atol=1e-4):
@@ -202,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     per_image = {}
     for index, (item, path) in enumerate(zip(inputs, paths)):
         per_image[item.key] = {"logits": logits[index].astype(np.float32), "maps": maps[index].astype(np.float32),
-                          "window": crop_window(model, path)}
+                               "window": crop_window(model, path), "figure": figure_maps[index].astype(np.float32)}
     commit = subprocess.run(
         ["git", "-C", str(args.authors_repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -222,6 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         "adaptations": "BERT built from the local config (weights from the checkpoint); no ImageNet download; "
                        "position_ids dropped after an arange check; training-only modules not imported",
         "map": "attention_fn's word-region attention inside get_local_similarities, max over the prompt's words",
+        "figure": "get_attn_maps (local_loss: [CLS] and the words) per image and prompt, max over those slots",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     save_golden(args.out / "gloria.npz", per_image, classes, meta)

@@ -6,6 +6,7 @@ cheXlocalize's native-size protocol normalise with them, and saved outputs are p
 - :func:`near_constant`: a raw map that points nowhere, decided on the model's own grid;
 - :func:`place_in_frame`: a map covering its input's window, placed into the frame by the model's
   rule (``MapUpsample``), the frame pixels the model never saw taking the map's minimum;
+  :func:`seen_pixels`: which frame pixels it saw (CNR leaves the others out);
 - :func:`normalise`: min-max to [0, 1], a constant map all zeros.
 """
 
@@ -43,6 +44,22 @@ def whole_frame(batch: int, frame: tuple[int, int], device: torch.device) -> Ten
     return windows
 
 
+def _window_offset(size: int, start: Tensor, extent: Tensor) -> tuple[Tensor, Tensor]:
+    """Per frame pixel of one axis: its centre's offset from the window's start [B, size] (float64
+    frame pixels), and whether the centre lies in the window (``0 <= offset < extent``)."""
+    offset = torch.arange(size, dtype=torch.float64, device=start.device) + 0.5 - start
+    return offset, (offset >= 0) & (offset < extent)
+
+
+def seen_pixels(windows: Tensor, frame: tuple[int, int]) -> Tensor:
+    """Bool [B, *frame]: the frame pixels whose centre lies in each sample's window (top, left,
+    height, width) -- those :func:`place_in_frame` gives the map's values; the model never saw the rest."""
+    windows = windows.double()
+    rows = _window_offset(frame[0], windows[:, :1], windows[:, 2:3])[1]
+    columns = _window_offset(frame[1], windows[:, 1:2], windows[:, 3:4])[1]
+    return rows[:, :, None] & columns[:, None, :]
+
+
 def _axis_weights(size: int, start: Tensor, extent: Tensor, cells: int, mode: MapUpsample) -> tuple[Tensor, Tensor]:
     """Float64 [B, size, cells] sampling weights of one frame axis per sample, and which frame
     pixels each window covers [B, size]; built on the windows' device (no step waits for the host).
@@ -53,9 +70,8 @@ def _axis_weights(size: int, start: Tensor, extent: Tensor, cells: int, mode: Ma
     first and last cell centres, as ``F.interpolate(align_corners=True)``.
     """
     start, extent = start.double()[:, None], extent.double()[:, None]
-    offset = torch.arange(size, dtype=torch.float64, device=start.device) + 0.5 - start  # frame px into the window
+    offset, inside = _window_offset(size, start, extent)
     position = offset * cells / extent  # in cells
-    inside = (position >= 0) & (position < cells)
     if mode == "nearest":
         source = position.floor()
     elif mode == "bilinear":

@@ -8,10 +8,12 @@ pixels inside ``R`` give, by suffix sums, ``|B_k|`` and ``|B_k & R|`` for every 
 
 Contrast-to-noise ratio (BioViL's grounding metric) of a graded pair: ``|mean_in - mean_out| /
 sqrt(var_in + var_out)`` of the normalised map inside and outside ``R`` (population variances),
-from float64 sums gathered in the same pass over the pixels as the histograms. A map with no
-contrast and no noise (a constant map) scores 0; a pair whose region covers the whole frame (no
-outside) or whose map is exactly constant inside and outside with a contrast (infinite CNR) has no
-CNR: counted, left out of its mean.
+from float64 sums gathered in the same pass over the pixels as the histograms. Only the pixels
+the model saw enter either side: frame pixels outside its window (``seen``) are in neither, as in
+hi-ml's phrase grounding, where they are NaN. A map with no contrast and no noise (a constant map)
+scores 0; a pair with no seen pixel on a side (a region covering the whole frame, or one the model
+never saw) or whose map is exactly constant inside and outside with a contrast (infinite CNR) has
+no CNR: counted, left out of its mean.
 
 Everything a result needs is a sum over (image, class) pairs, so the metric's states are sums
 (exact under DDP) plus records of the graded pairs only (concatenated) for later analyses. A
@@ -33,11 +35,13 @@ NUM_THRESHOLDS = 101
 THRESHOLDS = torch.arange(NUM_THRESHOLDS, dtype=torch.float32) / 100
 #: Index of tau = 0.5, the fixed threshold.
 FIXED_TAU_INDEX = 50
-# A pixel's code within its pair: inside * 202 + 2 * r + (s >= tau_r), r = round(100 s) (see _scan).
-_CODES_PER_PAIR = 4 * NUM_THRESHOLDS
+# A pixel's code within its pair: side * 202 + 2 * r + (s >= tau_r), r = round(100 s) (see _scan);
+# its side is inside R (1) or not (0), plus 2 where the model never saw it (when CNR is asked with
+# the seen pixels).
+_CODES_PER_SIDE = 2 * NUM_THRESHOLDS
 # Codes are built in float32 before the integer cast, counted from their block's first pair;
 # integers stay exact below 2**24.
-_MAX_ROWS_PER_BLOCK = (1 << 24) // _CODES_PER_PAIR
+_MAX_CODES_PER_BLOCK = 1 << 24
 # Elements per block: on CPU each thread's share of a block keeps its temporaries in the core's
 # cache (blocks of a few MB per thread ran at memory speed); on CUDA few, large blocks keep launches
 # few. A native-size map spans several blocks.
@@ -59,10 +63,13 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
     return _threshold_counts(hist)
 
 
-def counts_and_moments(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = None
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """:func:`threshold_counts` and, from the same pass over the pixels, each pair's map mean and
     population variance outside and inside ``R``: float64 [B, C, 2] each (index 0 outside, 1
-    inside), NaN where a side has no pixel.
+    inside), NaN where a side has no pixel. ``seen`` (bool [B, H, W], default all): the pixels the
+    moments take; the others (frame pixels outside the model's window) are in neither side, and
+    still in the counts.
 
     Every pixel is ``s = tau_r + e`` with ``r = round(100 s)`` and ``e`` exact in float32
     (``|e| <= 0.005``). The pass sums ``e`` and ``e^2`` in float64 per histogram code (pair, side,
@@ -71,10 +78,10 @@ def counts_and_moments(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor,
     deviations themselves, without the cancellation of ``sum(s^2) - n m^2`` (a map far from 0 with
     little spread keeps its digits), and exactly 0 for a side at one threshold value (all 0, all 1).
     """
-    hist, sum_e, sum_e2 = _scan(saliency, masks, moments=True)
+    hist, sum_e, sum_e2 = _scan(saliency, masks, moments=True, seen=seen)
     predicted, inter = _threshold_counts(hist)
-    shape = (*hist.shape[:2], 2, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
-    count, sum_e, sum_e2 = hist.view(shape).double(), sum_e.view(shape), sum_e2.view(shape)
+    shape = (*hist.shape[:2], -1, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
+    count, sum_e, sum_e2 = (part.view(shape)[:, :, :2] for part in (hist.double(), sum_e, sum_e2))  # seen sides
     tau = THRESHOLDS.to(device=hist.device, dtype=torch.float64).view(NUM_THRESHOLDS, 1)
     pixels = count.sum((-2, -1))
     mean = (count * tau + sum_e).sum((-2, -1)) / pixels
@@ -84,16 +91,17 @@ def counts_and_moments(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor,
 
 
 def _threshold_counts(hist: Tensor) -> tuple[Tensor, Tensor]:
-    """``|B_k|`` and ``|B_k & R|`` from the code histogram [B, C, 404]: the bin of code (r, above)
-    is ``r - 1 + above``, so bin k collects (k, 1) and (k + 1, 0)."""
-    by_code = hist.view(*hist.shape[:2], 2, NUM_THRESHOLDS, 2)
+    """``|B_k|`` and ``|B_k & R|`` from the code histogram [B, C, sides * 202]: the bin of code (r,
+    above) is ``r - 1 + above``, so bin k collects (k, 1) and (k + 1, 0); seen or not, alike."""
+    by_code = hist.view(*hist.shape[:2], -1, 2, NUM_THRESHOLDS, 2).sum(2)  # [B, C, inside, r, above]
     bins = by_code[..., 1].clone()
     bins[..., :-1] += by_code[..., 1:, 0]
     outside, inside = bins.unbind(2)
     return _suffix_sum(outside + inside), _suffix_sum(inside)
 
 
-def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = None
+          ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """One pass over blocks of pixels (whole pairs, or a part of one large pair): per block, a
     histogram of the pixels' codes and, if asked, the float64 sums of ``e`` and ``e^2`` per code.
 
@@ -103,7 +111,9 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
     wrong side. It is decided on ``e = s - r / 100``, which is exact (``s`` and ``r / 100`` are
     within a factor of 2, or ``r = 0``). A pixel's code keeps ``r`` and the comparison (the bin
     follows from them), so ``s = tau_r + e`` holds for all pixels of a code. Returns flat
-    histograms over [pair, side, r, comparison]: int64 counts and, with ``moments``, the sums.
+    histograms over [pair, side, r, comparison]: int64 counts and, with ``moments``, the sums. The
+    side is inside ``R`` or not and, with ``seen`` [B, H, W], seen or not: the mask's byte with 2
+    added where unseen, made before the pass (one byte per pixel), so the pass itself is unchanged.
 
     On CUDA the histograms are ``index_add_``, not ``torch.bincount``, which reads the codes'
     minimum and maximum back to the host and would stall every step; on CPU bincount is faster.
@@ -119,19 +129,25 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
     flat_saliency = saliency.reshape(pairs, pixels).float()
     # bool -> float conversions take a slow path on CPU; uint8 -> float is a plain vectorised cast
     flat_masks = masks.reshape(pairs, pixels).view(torch.uint8)
+    sides = 2
+    if seen is not None:
+        unseen = (~seen.reshape(batch, 1, pixels)).view(torch.uint8)
+        flat_masks = torch.add(flat_masks.view(batch, classes, pixels), unseen, alpha=2).view(pairs, pixels)
+        sides = 4
+    codes_per_pair = sides * _CODES_PER_SIDE
     limit = _CUDA_BLOCK_ELEMENTS if cuda else _CPU_BLOCK_ELEMENTS_PER_THREAD * torch.get_num_threads()
     columns = max(1, min(pixels, limit))
-    rows = min(max(1, limit // columns), max(pairs, 1), _MAX_ROWS_PER_BLOCK)
+    rows = min(max(1, limit // columns), max(pairs, 1), _MAX_CODES_PER_BLOCK // codes_per_pair)
     size = rows * columns  # one block's elements at most; the buffers are reused by every block
     # int16 codes where a block's codes fit: CPU bincount reads them faster (index_add_ takes int32)
-    small = not cuda and rows * _CODES_PER_PAIR <= torch.iinfo(torch.int16).max
+    small = not cuda and rows * codes_per_pair <= torch.iinfo(torch.int16).max
     codes = torch.empty(size, dtype=torch.int16 if small else torch.int32, device=device)
     floats = torch.empty(4, size, device=device)
     wide = torch.empty(2, size if moments else 0, dtype=torch.float64, device=device)
-    offsets = (torch.arange(rows, dtype=torch.float32, device=device) * _CODES_PER_PAIR).unsqueeze(1)
+    offsets = (torch.arange(rows, dtype=torch.float32, device=device) * codes_per_pair).unsqueeze(1)
     ones = torch.ones((), dtype=torch.int64, device=device).expand(size)
-    hist = torch.zeros(pairs * _CODES_PER_PAIR, dtype=torch.int64, device=device)
-    sums = torch.zeros(2 if moments else 0, pairs * _CODES_PER_PAIR, dtype=torch.float64, device=device)
+    hist = torch.zeros(pairs * codes_per_pair, dtype=torch.int64, device=device)
+    sums = torch.zeros(2 if moments else 0, pairs * codes_per_pair, dtype=torch.float64, device=device)
 
     def views(count: int, width: int) -> tuple:
         n = count * width
@@ -140,18 +156,18 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
     full = views(rows, columns)
     for start in range(0, pairs, rows):
         stop = min(start + rows, pairs)
-        span = slice(start * _CODES_PER_PAIR, stop * _CODES_PER_PAIR)
+        span = slice(start * codes_per_pair, stop * codes_per_pair)
         for left in range(0, pixels, columns):
             right = min(left + columns, pixels)
             count = stop - start
-            r, e, c, inside_float, block_codes, e_wide, e_square = (
+            r, e, c, side_float, block_codes, e_wide, e_square = (
                 full if (count, right - left) == (rows, columns) else views(count, right - left))
-            s, inside = flat_saliency[start:stop, left:right], flat_masks[start:stop, left:right]
+            s, side = flat_saliency[start:stop, left:right], flat_masks[start:stop, left:right]
             torch.mul(s, 100, out=r).round_()
             torch.div(r, 100, out=e)
             torch.sub(s, e, out=e)  # exact
             torch.ge(e, 0, out=c)  # 1.0 where s >= r / 100
-            c.add_(r, alpha=2).add_(inside_float.copy_(inside), alpha=2 * NUM_THRESHOLDS)
+            c.add_(r, alpha=2).add_(side_float.copy_(side), alpha=_CODES_PER_SIDE)
             if count > 1:
                 c.add_(offsets[:count])
             block_codes.copy_(c.view(-1))
@@ -164,11 +180,11 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool) -> tuple[Tensor, Tenso
                 for total, weight in weighted:
                     total[span].index_add_(0, block_codes, weight)
             else:
-                length = count * _CODES_PER_PAIR
+                length = count * codes_per_pair
                 hist[span] += torch.bincount(block_codes, minlength=length)
                 for total, weight in weighted:
                     total[span] += torch.bincount(block_codes, weight, minlength=length)
-    shape = (batch, classes, _CODES_PER_PAIR)
+    shape = (batch, classes, codes_per_pair)
     if not moments:
         return hist.view(shape), None, None
     return hist.view(shape), sums[0].view(shape), sums[1].view(shape)
@@ -198,8 +214,10 @@ def contrast_to_noise(mean: Tensor, variance: Tensor) -> Tensor:
     return torch.where(contrast.isnan(), float("nan"), cnr)
 
 
-def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict[str, Tensor]:
-    """Functional twin of :class:`GroundingMetrics`: everything one batch contributes, per pair.
+def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor, seen: Tensor | None = None
+                      ) -> dict[str, Tensor]:
+    """Functional twin of :class:`GroundingMetrics`: everything one batch contributes, per pair
+    (``seen``: the pixels CNR takes, see :func:`counts_and_moments`).
 
     Returns a dict of [B, C] tensors (``graded``: the pair enters grounding -- it has a mask and the
     mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``; ``cnr``, NaN
@@ -211,7 +229,7 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor) -> dict
     are exactly the top bin; a hit is any of them inside ``R`` (ties count symmetrically). A
     constant map normalises to all zeros, has an empty top bin, and is a miss.
     """
-    predicted, inter, mean, variance = counts_and_moments(saliency, masks)
+    predicted, inter, mean, variance = counts_and_moments(saliency, masks, seen)
     region = inter[..., 0]
     has_mask = has_mask.bool()
     graded = has_mask & (region > 0)
@@ -286,12 +304,14 @@ def summarise_curves(
 class GroundingMetrics(RecordsMetric):
     """Pointing Game, Dice and IoU (per-image mean and pooled) at tau = 0.5 and at the best tau, and CNR.
 
-    ``update(saliency, masks, has_mask, index, pair_class)``:
+    ``update(saliency, masks, has_mask, index, pair_class, seen)``:
         saliency: float [B, K, H, W] in [0, 1], min-max normalised per pair so that a non-constant
             map has maximum exactly 1 and a constant map is all zeros.
         masks: bool [B, K, H, W]; has_mask: bool [B, K]; index: int64 [B] global sample index.
         pair_class: int64 [B, K], the class each pair is scored under (a phrase dataset's queries:
             the query's finding; -1 for an unused slot); ``None``: pair ``k`` is class ``k``.
+        seen: bool [B, H, W], the pixels the model saw (``xbench.geometry.maps.seen_pixels``), the
+            only ones CNR takes; ``None``: all.
 
     Only pairs with ``has_mask`` and a non-empty mask are graded; pairs with ``has_mask`` but an
     empty mask are counted as ``empty_masks`` and left out. ``best`` values are chosen on the
@@ -328,10 +348,10 @@ class GroundingMetrics(RecordsMetric):
         }
 
     def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None,
-               pair_class: Tensor | None = None) -> None:
+               pair_class: Tensor | None = None, seen: Tensor | None = None) -> None:
         if self.validate_args:
-            _check_grounding_inputs(saliency, masks, has_mask, self.num_classes, pair_class)
-        r = grounding_records(saliency, masks, has_mask)
+            _check_grounding_inputs(saliency, masks, has_mask, self.num_classes, pair_class, seen)
+        r = grounding_records(saliency, masks, has_mask, seen)
         cnr = r["cnr"]
         defined = ~cnr.isnan()
         for state, values in (
@@ -391,7 +411,7 @@ def _sum_by_class(values: Tensor, pair_class: Tensor | None, num_classes: int) -
 
 
 def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, num_classes: int,
-                            pair_class: Tensor | None) -> None:
+                            pair_class: Tensor | None, seen: Tensor | None = None) -> None:
     if pair_class is None and (saliency.ndim != 4 or saliency.shape[1] != num_classes):
         raise ValueError(f"saliency must be [B, {num_classes}, H, W]; got {tuple(saliency.shape)}")
     if pair_class is not None:
@@ -403,6 +423,9 @@ def _check_grounding_inputs(saliency: Tensor, masks: Tensor, has_mask: Tensor, n
     if masks.shape != saliency.shape or masks.dtype != torch.bool:
         raise ValueError(f"masks must be bool with the saliency's shape {tuple(saliency.shape)}; "
                          f"got {masks.dtype} {tuple(masks.shape)}")
+    if seen is not None and (seen.dtype != torch.bool or seen.shape != (saliency.shape[0], *saliency.shape[2:])):
+        raise ValueError(f"seen must be bool [B, H, W] = {[saliency.shape[0], *saliency.shape[2:]]}; "
+                         f"got {seen.dtype} {tuple(seen.shape)}")
     if has_mask.shape != saliency.shape[:2]:
         raise ValueError(f"has_mask must be [B, C] = {tuple(saliency.shape[:2])}; got {tuple(has_mask.shape)}")
     if not saliency.is_floating_point():

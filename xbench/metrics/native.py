@@ -1,50 +1,85 @@
-"""cheXlocalize's protocol beside XBench's: each (image, finding) pair scored at the image's native size.
+"""Peers' native-resolution protocols: cheXlocalize's beside XBench's, and hi-ml's phrase grounding.
+
+hi-ml (BioViL's ``ImageTextInferenceEngine``) places a map at the image's native resolution
+(:func:`himl_native_saliency`) and leaves the pixels outside the model's centre crop out (NaN);
+a phrase run with ``--model.phrase_protocol hi-ml`` scores its queries there, against their boxes
+drawn at that size (``xbench.models.base``).
+
 
 cheXlocalize upsamples a raw map bilinearly (``align_corners=False``) to the radiograph's own size,
 min-max normalises it, and compares it with the radiologist mask drawn at that size. Here the
 same map gives, on the same pixels:
 
 - XBench's definitions: Dice and IoU at the 101 thresholds (``s >= tau_k``, from
-  :func:`~xbench.metrics.grounding.threshold_counts`) and the Pointing Game with symmetric ties;
-- cheXlocalize's binarisations, as extra, separately named values: IoU at a fixed threshold with
-  its strict ``s > t``; IoU at Otsu's threshold on the 8-bit map ``uint8(255 s)`` (its
-  ``cv2.THRESH_OTSU`` step; cheXlocalize then fills the contours of that binary map, which this
-  pixel-wise value does not: see the README for the difference); and its hit, the first maximum in
+  :func:`~xbench.metrics.grounding.threshold_counts`) and the Pointing Game with symmetric ties,
+  on the map in float32 (as in the frame);
+- cheXlocalize's binarisations, as extra, separately named values, computed as their
+  ``heatmap_to_segmentation.py`` does, in the saved map's own precision (float64 stays float64):
+  IoU at a fixed threshold with its strict ``s > t``; IoU of its Otsu segmentation
+  (:func:`otsu_segmentation`: Otsu's level of the 8-bit map ``uint8(255 s)``, the contours of
+  ``levels > level`` filled, single-point contours dropped); and its hit, the first maximum in
   row-major order (``np.argmax``) inside the mask.
 
 Per-class thresholds chosen on validation are XBench's calibrated tau: read the IoU curve at the
 tau a validation run chose (``xbench.report``), no separate binarisation is needed.
+
+cheXlocalize's code compares a float32 map with a tuned threshold read from a CSV (a float64
+scalar); numpy before 2.0 (their pins) compares in float32, as here; numpy 2 in float64.
 """
 
 from __future__ import annotations
 
+import cv2
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageDraw
 from torch import Tensor
 
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels
+from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.metrics.grounding import threshold_counts
-from xbench.geometry.maps import normalise
+
+#: ``F.interpolate``'s mode and ``align_corners`` for each map rule, as hi-ml calls it (its
+#: ``nearest`` is torch's: source cell ``floor(i * cells / size)``).
+HIML_INTERPOLATION = {"nearest": ("nearest", None), "bilinear": ("bilinear", False),
+                      "bilinear_align_corners": ("bilinear", True)}
 
 
 def native_upsample(raw_map: Tensor, image_size: tuple[int, int]) -> Tensor:
-    """A raw map [h, w] over the whole image -> float32 [height, width] at the native ``image_size``,
-    bilinear with ``align_corners=False`` (cheXlocalize's ``F.interpolate`` call)."""
-    return F.interpolate(raw_map.float()[None, None], size=tuple(image_size), mode="bilinear",
-                         align_corners=False)[0, 0]
+    """A raw map [h, w] over the whole image -> [height, width] at the native ``image_size``,
+    bilinear with ``align_corners=False`` (cheXlocalize's ``F.interpolate`` call), in float64 for a
+    float64 map and float32 otherwise."""
+    raw = raw_map if raw_map.dtype == torch.float64 else raw_map.float()
+    return F.interpolate(raw[None, None], size=tuple(image_size), mode="bilinear", align_corners=False)[0, 0]
 
 
 def otsu_threshold(levels: Tensor) -> int:
-    """Otsu's threshold of uint8 ``levels``: the ``t`` maximising the between-class variance of
-    ``levels <= t`` and ``levels > t`` (the first such ``t``, as OpenCV's ``THRESH_OTSU``)."""
-    hist = torch.bincount(levels.flatten(), minlength=256).double()
-    share = hist / hist.sum()
-    grey = torch.arange(256, dtype=torch.float64)
-    weight = share.cumsum(0)  # class "<= t"
-    mean = (share * grey).cumsum(0)
-    total = mean[-1]
-    between = (total * weight - mean) ** 2 / (weight * (1 - weight))
-    between = torch.where((weight > 0) & (weight < 1), between, -1.0)
-    return int(between.argmax())
+    """Otsu's threshold of uint8 ``levels`` as OpenCV's ``THRESH_OTSU`` finds it (cheXlocalize's call)."""
+    level, _ = cv2.threshold(np.ascontiguousarray(levels.numpy()), 0, 255, cv2.THRESH_OTSU)
+    return int(level)
+
+
+def fill_contours(binary: np.ndarray) -> np.ndarray:
+    """cheXlocalize's segmentation of a binary map: every contour OpenCV finds (outer and hole
+    boundaries, ``RETR_TREE``, ``CHAIN_APPROX_SIMPLE``) of more than one point, drawn as a polygon
+    filled with its outline by Pillow. So holes are filled and single-pixel components dropped."""
+    contours, _ = cv2.findContours(binary.astype(np.uint8), cv2.RETR_TREE, cv2.CHAIN_APPROX_SIMPLE)
+    canvas = Image.new("1", (binary.shape[1], binary.shape[0]))
+    draw = ImageDraw.Draw(canvas)
+    for contour in contours:
+        if len(contour) > 1:
+            draw.polygon([tuple(point) for point in contour[:, 0].tolist()], fill=1, outline=1)
+    return np.array(canvas, dtype=bool)
+
+
+def otsu_segmentation(saliency: Tensor) -> tuple[int, Tensor]:
+    """cheXlocalize's Otsu segmentation of a min-max normalised map [H, W] (in its own precision):
+    the level of ``uint8(255 s)`` (truncation, as numpy's cast) and the filled contours of the
+    pixels above it (:func:`fill_contours`), bool [H, W]."""
+    levels = (saliency * 255).to(torch.uint8)
+    level = otsu_threshold(levels)
+    return level, torch.from_numpy(fill_contours((levels > level).numpy()))
 
 
 def _iou(predicted: Tensor, mask: Tensor) -> float:
@@ -53,28 +88,87 @@ def _iou(predicted: Tensor, mask: Tensor) -> float:
     return inter / union if union else float("nan")
 
 
+def chexlocalize_segmentations(raw_map: Tensor, image_size: tuple[int, int], fixed_threshold: float = 0.5
+                               ) -> dict[str, Tensor | int]:
+    """cheXlocalize's binarisations of a raw map [h, w] at the native ``image_size``, in the map's
+    precision: the ``upsampled`` raw map, its min-max ``normalised`` form (bitwise as their ``(x -
+    min) / max(x - min)``), the ``fixed`` segmentation (``s > fixed_threshold``), the ``otsu_level``
+    and the ``otsu`` segmentation (:func:`otsu_segmentation`)."""
+    upsampled = native_upsample(raw_map, image_size)
+    normalised = normalise(upsampled[None, None])[0, 0]
+    level, otsu = otsu_segmentation(normalised)
+    return {"upsampled": upsampled, "normalised": normalised, "fixed": normalised > fixed_threshold,
+            "otsu_level": level, "otsu": otsu}
+
+
 def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0.5) -> dict[str, float | Tensor]:
     """Both protocols for one pair: ``raw_map`` [h, w] over the whole image, ``mask`` bool [H, W] native.
 
     Returns XBench's ``dice`` and ``iou`` curves (float64 [101]) and ``hit``; cheXlocalize's
-    ``iou_fixed`` (``s > fixed_threshold``), ``otsu_level`` and ``iou_otsu`` (``uint8(255 s) >
-    level``) and ``argmax_hit``. IoU of an empty mask with an empty prediction is NaN (as theirs).
+    ``iou_fixed`` (``s > fixed_threshold``), ``otsu_level`` and ``iou_otsu`` (its Otsu
+    segmentation, :func:`otsu_segmentation`) and ``argmax_hit``. IoU of an empty mask with an empty
+    prediction is NaN (as theirs).
     """
     mask = mask.bool()
-    upsampled = native_upsample(raw_map, tuple(mask.shape))
-    saliency = normalise(upsampled[None, None])[0, 0]  # bitwise as cheXlocalize's (x - min) / max(x - min)
-    predicted, inter = threshold_counts(saliency[None, None], mask[None, None])
+    theirs = chexlocalize_segmentations(raw_map, tuple(mask.shape), fixed_threshold)
+    ours = theirs["normalised"]
+    if ours.dtype != torch.float32:  # XBench's values on the float32 map, as in the frame
+        ours = normalise(native_upsample(raw_map.float(), tuple(mask.shape))[None, None])[0, 0]
+    predicted, inter = threshold_counts(ours[None, None], mask[None, None])
     predicted, inter = predicted[0, 0].double(), inter[0, 0].double()
     region = inter[0]
-    levels = (saliency * 255).to(torch.uint8)  # truncation, as numpy's uint8 cast in cheXlocalize
-    level = otsu_threshold(levels)
-    first_max = int(torch.argmax(upsampled.flatten()))  # the first maximum of the raw map, as np.argmax
+    first_max = int(torch.argmax(theirs["upsampled"].flatten()))  # the first maximum, as np.argmax
     return {
         "dice": 2 * inter / (predicted + region),
         "iou": inter / (predicted + region - inter),
         "hit": bool(inter[-1] > 0),
-        "iou_fixed": _iou(saliency > fixed_threshold, mask),
-        "otsu_level": level,
-        "iou_otsu": _iou(levels > level, mask),
+        "iou_fixed": _iou(theirs["fixed"], mask),
+        "otsu_level": theirs["otsu_level"],
+        "iou_otsu": _iou(theirs["otsu"], mask),
         "argmax_hit": bool(mask.flatten()[first_max]),
     }
+
+
+def himl_window(preprocess: Preprocess | None, image_size: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """Where hi-ml's ``convert_similarity_to_image_size`` puts a map on an image of ``image_size``
+    (height, width): (top, left, height, width) in native pixels. A shorter-side resize to ``R``
+    and a centre crop of ``C``: the square of side ``int(C * shorter / R)``, its margins split
+    ``floor`` before, ``ceil`` after; no crop (a map over the whole image): the whole image.
+    ``None`` where hi-ml has no rule (a letterboxed or squashed-and-cropped input)."""
+    height, width = image_size
+    if preprocess is None or (preprocess.resize == "squash" and preprocess.target == preprocess.size):
+        return 0, 0, height, width
+    if preprocess.resize != "shorter_side":
+        return None
+    side = int(preprocess.size * min(height, width) / preprocess.target)
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+def himl_native_saliency(maps: Tensor, preprocess: Preprocess | None, window: Tensor | None, frame: tuple[int, int],
+                         image_size: tuple[int, int], rule: MapUpsample) -> tuple[Tensor, Tensor]:
+    """One image's raw maps [1, K, h, w] placed at its native ``image_size`` as hi-ml does and
+    min-max normalised (a map that points nowhere all zeros), and the pixels the model saw [1, H, W].
+
+    The maps are interpolated onto :func:`himl_window` by the model's rule (``F.interpolate``, as
+    hi-ml); the pixels outside, NaN in hi-ml's map, take the minimum of the pixels inside (so the
+    normalised map is hi-ml's, min-max normalised over its pixels that are not NaN) and are not seen. Where
+    hi-ml has no rule, the model's own ``window`` [4] in the ``frame`` (the batch's; ``None`` only
+    for a model without a preprocess, which hi-ml's rule covers) is scaled to native pixels and the
+    maps placed through it (:func:`~xbench.geometry.maps.place_in_frame`).
+    """
+    height, width = image_size
+    placement = himl_window(preprocess, image_size)
+    if placement is None:
+        scale = torch.tensor([height / frame[0], width / frame[1]] * 2, dtype=torch.float64, device=window.device)
+        native = (window.double() * scale)[None]
+        placed, seen = place_in_frame(maps, native, image_size, rule), seen_pixels(native, image_size)
+    else:
+        top, left, rows, columns = placement
+        mode, align_corners = HIML_INTERPOLATION[rule]
+        inner = F.interpolate(maps.float(), size=(rows, columns), mode=mode, align_corners=align_corners)
+        placed = inner.amin(dim=(-2, -1), keepdim=True).expand(*maps.shape[:2], height, width).clone()
+        placed[..., top : top + rows, left : left + columns] = inner
+        seen = torch.zeros(1, height, width, dtype=torch.bool, device=maps.device)
+        seen[:, top : top + rows, left : left + columns] = True
+    saliency = normalise(placed)
+    return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0), seen

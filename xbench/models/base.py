@@ -40,9 +40,11 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from xbench.data.io import header_size
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
-from xbench.geometry.maps import near_constant, normalise, place_in_frame, whole_frame
+from xbench.metrics.native import himl_native_saliency
+from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.explainers import NATIVE, CamTarget, Explainer, cam_maps, check_explainer, explainer_record
 from xbench.results.payload import build_results, log_keys
@@ -86,6 +88,11 @@ class XBenchModel(L.LightningModule, ABC):
         explainer: which method makes the maps: ``native`` (the model's own) or a CAM method of the
             grad-cam library on the model's declared layer (``gradcam``, ``gradcam++``, ``hirescam``,
             ``xgradcam``, ``layercam``, ``eigencam``, ``scorecam``; :mod:`xbench.models.explainers`).
+        phrase_protocol: how a phrase dataset's queries are scored: ``xbench`` (default: in the
+            metric frame, as every pair) or ``hi-ml`` (BioViL's phrase grounding: the map and the
+            query's boxes at the image's native size, the pixels outside the model's crop in
+            neither of CNR's sides; :func:`~xbench.metrics.native.himl_native_saliency`). The
+            results record it under ``phrase_grounding.protocol``.
     """
 
     #: Name in results folders and tables; default: the class name in lower case.
@@ -105,7 +112,8 @@ class XBenchModel(L.LightningModule, ABC):
     #: has no network to explain and runs only with its native maps.
     cam_target: ClassVar[CamTarget | None] = None
 
-    def __init__(self, upsample: MapUpsample | None = None, explainer: Explainer = NATIVE) -> None:
+    def __init__(self, upsample: MapUpsample | None = None, explainer: Explainer = NATIVE,
+                 phrase_protocol: Literal["xbench", "hi-ml"] = "xbench") -> None:
         super().__init__()
         # Not handed to loggers: Lightning would merge them flat with the datamodule's and fail on
         # a shared name (a model's and a dataset's `image_size`); the run's config is logged whole.
@@ -115,6 +123,9 @@ class XBenchModel(L.LightningModule, ABC):
         self.upsample_mode = upsample
         check_explainer(type(self), explainer)
         self.explainer = explainer
+        if phrase_protocol not in ("xbench", "hi-ml"):
+            raise ValueError(f"--model.phrase_protocol must be xbench or hi-ml; got {phrase_protocol!r}")
+        self.phrase_protocol = phrase_protocol
         self.classes: list[str] = []
         #: The datamodule's ``name`` (``chestx_det10``, ...), set before ``build``.
         self.dataset_name: str | None = None
@@ -222,6 +233,12 @@ class XBenchModel(L.LightningModule, ABC):
         # A phrase dataset's queries: scored by the model's grounding of each phrase (its query_mode)
         # and, for a phrase-mode model, also by the map of the phrase's finding name, on the same pairs.
         phrases = list(getattr(datamodule, "phrases", []))
+        if self.phrase_protocol == "hi-ml" and not phrases:
+            warnings.warn(f"--model.phrase_protocol hi-ml has no effect on {self.dataset_name}: it has no "
+                          "phrase queries", stacklevel=1)
+        if self.phrase_protocol == "hi-ml" and phrases and getattr(datamodule, "augment", None) is not None:
+            raise ValueError("--model.phrase_protocol hi-ml scores the image as read, at its native size; it cannot "
+                             "follow --data.augment. Drop one of them.")
         by_phrase = phrases and self.query_mode == "phrase"
         self.phrase_text = self.encode_all_phrases(phrases) if by_phrase else None
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
@@ -252,21 +269,26 @@ class XBenchModel(L.LightningModule, ABC):
             )
         torch._assert_async(torch.isfinite(maps).all() & torch.isfinite(logits).all(),
                             f"{type(self).__name__} produced non-finite logits or maps")
-        saliency = self.frame_saliency(maps, batch)
-        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"])
+        saliency, seen = self.frame_saliency(maps, batch)
+        self.grounding.update(saliency, masks, batch["has_mask"], batch["index"], seen=seen)
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
         if self.query_grounding is not None:
             self.ground_queries(batch, maps)
         return {"logits": logits, "saliency": saliency}
 
-    def frame_saliency(self, maps: Tensor, batch: dict) -> Tensor:
-        """Maps [B, K, h, w] on the model's grid -> normalised saliency [B, K, S, S] in the frame."""
+    def frame_saliency(self, maps: Tensor, batch: dict) -> tuple[Tensor, Tensor | None]:
+        """Maps [B, K, h, w] on the model's grid -> normalised saliency [B, K, S, S] in the frame, and
+        the frame pixels the model saw [B, S, S] (``None``: all; CNR takes only these)."""
         batch_size, frame = maps.shape[0], tuple(batch["masks"].shape[-2:])
-        windows = whole_frame(batch_size, frame, maps.device) if self.preprocess is None else batch["window"]
+        if self.preprocess is None:
+            windows, seen = whole_frame(batch_size, frame, maps.device), None
+        else:
+            windows = batch["window"]
+            seen = seen_pixels(windows, frame)
         # a map that points nowhere becomes all zeros: the metrics count it as constant, a miss
         saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
-        return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0)
+        return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0), seen
 
     def ground_queries(self, batch: dict, class_maps: Tensor) -> None:
         """Score a phrase dataset's (image, query) pairs: the map of each query's finding name and,
@@ -283,9 +305,39 @@ class XBenchModel(L.LightningModule, ABC):
             position = torch.searchsorted(phrase_ids.to(query_phrase.device), query_phrase.clamp(min=0))
             by_phrase = maps.gather(1, position.clamp(max=maps.shape[1] - 1)[..., None, None].expand(-1, -1, *grid))
             scored = [(self.query_grounding, by_phrase), (self.name_grounding, by_name)]
+        native = self.native_queries(batch) if self.phrase_protocol == "hi-ml" else None
         for metric, maps in scored:
-            metric.update(self.frame_saliency(maps, batch), batch["query_masks"], batch["query_has_mask"],
-                          batch["index"], query_class)
+            if native is not None:
+                self.ground_queries_natively(metric, maps, batch, native)
+                continue
+            saliency, seen = self.frame_saliency(maps, batch)
+            metric.update(saliency, batch["query_masks"], batch["query_has_mask"], batch["index"], query_class, seen)
+
+    def native_queries(self, batch: dict) -> list[tuple[int, tuple[int, int], Tensor]]:
+        """Per image of the batch with queries: its row, native (height, width) from the file's
+        header, and its queries' boxes drawn at that size, bool [1, Q, H, W] (every query of a run's
+        finding, in slot order)."""
+        samples, found = self.trainer.datamodule.samples, []
+        for b, index in enumerate(batch["index"].tolist()):
+            queries = [query for query in samples[index].queries if query.finding in self.classes]
+            if queries:
+                image_size = header_size(samples[index].path)
+                masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) for query in queries])
+                found.append((b, image_size, masks[None].to(batch["index"].device)))
+        return found
+
+    def ground_queries_natively(self, metric: GroundingMetrics, maps: Tensor, batch: dict,
+                                native: list[tuple[int, tuple[int, int], Tensor]]) -> None:
+        """hi-ml's protocol: each image's query maps at its native size (:meth:`native_queries`),
+        one image at a time (native sizes differ)."""
+        frame = tuple(batch["masks"].shape[-2:])
+        for b, image_size, masks in native:
+            slots = masks.shape[1]
+            window = batch["window"][b] if self.preprocess is not None else None
+            saliency, seen = himl_native_saliency(maps[b : b + 1, :slots], self.preprocess, window, frame, image_size,
+                                                  self.map_upsample)
+            metric.update(saliency, masks, masks.flatten(2).any(-1), batch["index"][b : b + 1],
+                          batch["query_class"][b : b + 1, :slots], seen)
 
     def on_test_epoch_end(self) -> None:
         grounding = self.grounding.compute()

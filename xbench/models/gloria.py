@@ -37,17 +37,19 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
   severity x subtype x location). XBench's is one per class, ``there is <finding>``: a bare one-word
   finding would be dropped by the cleaning and embed as an empty text. A report phrase (phrase
   grounding) is its own prompt, as written; one of a single word goes into the template.
-- **Map**: the word-region attention of the local score (the ``attn`` that ``attention_fn``
-  returns and ``get_local_similarities`` discards), 19x19, the maximum over the prompt's words, as
-  the first panel of the authors' attention figures (``build_attention_images``); placed on the
-  224 crop by bilinear upsampling (their figures add a Gaussian of sigma 20 px at 304 px, which
-  XBench does not).
+- **Map** (``attention_map``): by default the word-region attention of the local score (the
+  ``attn`` that ``attention_fn`` returns and ``get_local_similarities`` discards), 19x19, the
+  maximum over the prompt's words; or (``figure``) the map of the first panel of the authors'
+  attention figures: ``get_attn_maps``' training-path attention, whose word softmax takes
+  ``[CLS]`` and the words (not ``[SEP]`` and the empty slots), the maximum over all of them
+  (``build_attention_images``). Placed on the 224 crop by bilinear upsampling (their figures add
+  a Gaussian of sigma 20 px at 304 px, which XBench does not).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -142,13 +144,19 @@ def cosine(a: Tensor, b: Tensor, dim: int) -> Tensor:
     return (a * b).sum(dim) / (a.norm(dim=dim) * b.norm(dim=dim)).clamp(min=COSINE_EPS)
 
 
+def word_attention(words: Tensor, regions: Tensor) -> Tensor:
+    """``attention_fn``: word slots [n, D] over images' regions [B, D, h, w] -> [B, n, R], a softmax
+    over the words per region, then, sharpened x4, over the regions per word."""
+    scores = torch.einsum("bdr,nd->brn", regions.flatten(2), words)
+    return torch.softmax(torch.softmax(scores, dim=-1).transpose(1, 2) * ATTENTION_SHARPNESS, dim=-1)
+
+
 def local_similarity(words: Tensor, regions: Tensor) -> tuple[Tensor, Tensor]:
     """One prompt's word slots [n, D] against images' regions [B, D, h, w]: the local score [B]
     (``log max_w exp(5 cos_w)``) and the word-region attention [B, n, h, w] (``attention_fn``)."""
     batch, _, height, columns = regions.shape
     context = regions.flatten(2)  # [B, D, R]
-    scores = torch.einsum("bdr,nd->brn", context, words)
-    attention = torch.softmax(torch.softmax(scores, dim=-1).transpose(1, 2) * ATTENTION_SHARPNESS, dim=-1)
+    attention = word_attention(words, regions)
     attended = attention @ context.transpose(1, 2)  # [B, n, D]
     similarity = torch.exp(cosine(words.expand(batch, -1, -1), attended, dim=-1) * WORD_SCALE)
     return torch.log(similarity.max(dim=1).values), attention.unflatten(-1, (height, columns))
@@ -161,6 +169,11 @@ class GLoRIA(XBenchModel):
         checkpoint_dir: the folder holding ``chexpert_resnet50.ckpt`` and ``Bio_ClinicalBERT/``
             (``config.json``, ``vocab.txt``); see ``checkpoints/README.md``.
         template: the prompt; ``{}`` is replaced by the finding's text. At least two words.
+        attention_map: the map: ``zero_shot`` (default), the attention of the zero-shot local score
+            (a softmax over the prompt's words, ``[SEP]`` and the empty slots, ``[CLS]`` left out),
+            the maximum over the words; or ``figure``, the authors' attention figures' first panel
+            (``get_attn_maps``: the training path's attention over ``[CLS]`` and the words, the
+            maximum over all of them). The default is the attention behind the score XBench reports.
     """
 
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
@@ -173,10 +186,14 @@ class GLoRIA(XBenchModel):
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",
     )
 
-    def __init__(self, checkpoint_dir: str = "checkpoints/gloria", template: str = TEMPLATE, **kwargs) -> None:
+    def __init__(self, checkpoint_dir: str = "checkpoints/gloria", template: str = TEMPLATE,
+                 attention_map: Literal["zero_shot", "figure"] = "zero_shot", **kwargs) -> None:
         super().__init__(**kwargs)
         if template.count("{}") != 1:
             raise ValueError(f"a prompt template needs exactly one '{{}}' for the finding; got {template!r}")
+        if attention_map not in ("zero_shot", "figure"):
+            raise ValueError(f"--model.attention_map must be zero_shot or figure; got {attention_map!r}")
+        self.attention_map = attention_map
         self.checkpoint_dir = checkpoint_dir
         self.template = template
         self.network: GLoRIANetwork | None = None
@@ -259,5 +276,9 @@ class GLoRIA(XBenchModel):
             for slots, length, count in zip(self.words, self.word_lengths, self.word_counts):
                 score, attention = local_similarity(slots[1 : length + 1], regions)
                 local_scores.append(score)
-                maps.append(attention[:, :count].amax(dim=1))
+                if self.attention_map == "figure":  # [CLS] and the words alone share the word softmax
+                    attention = word_attention(slots[: count + 1], regions).unflatten(-1, regions.shape[-2:])
+                    maps.append(attention.amax(dim=1))
+                else:
+                    maps.append(attention[:, :count].amax(dim=1))
             return (global_scores + torch.stack(local_scores, dim=1)) / 2, torch.stack(maps, dim=1)

@@ -21,6 +21,8 @@ dataset's own files, findings as canonical keys from ``xbench.findings``):
   outside every box (no boxes: a constant map, a Pointing Game miss).
 
 Probabilities become logits as ``log(p / (1 - p))`` with ``p`` clamped to [1e-7, 1 - 1e-7].
+A map is read in float32, or in float64 where it was saved so; the metric frame is float32, so a
+float64 map is rounded to float32 before it is placed (docs/saved-outputs.md: the measured effect).
 Each map is resized onto the metric frame (the whole image squashed to S x S) bilinearly
 (``align_corners=False``), or, where the file states a window, placed into the frame through it
 (:func:`xbench.models.saliency.place_in_frame`); maps of different sizes in one batch therefore
@@ -33,8 +35,9 @@ With ``native_protocol=True`` the run also scores every pair with a region at th
 size by cheXlocalize's protocol (:mod:`xbench.metrics.native`) and writes per-class means under
 ``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
 XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
-pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header. This
-pass reads each pair once more after the test loop, in every process (not split under DDP).
+pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header; a float64
+map stays float64 for cheXlocalize's binarisations, as in their code. This pass reads each pair
+once more after the test loop, in every process (not split under DDP).
 """
 
 from __future__ import annotations
@@ -50,10 +53,10 @@ from typing import ClassVar, Literal
 import numpy as np
 import torch
 from safetensors import safe_open
-from PIL import Image
 from torch import Tensor
 
 from xbench.files import open_text
+from xbench.data.io import header_size
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.grounding import FIXED_TAU_INDEX
@@ -254,7 +257,7 @@ class PrecomputedSaliency(XBenchModel):
         if path is None:  # read outside a run: no image to compare with
             return
         if image_id not in self._native_sizes:
-            self._native_sizes[image_id] = _header_size(path)
+            self._native_sizes[image_id] = header_size(path)
         actual = self._native_sizes[image_id]
         if not aspect_matches(stated, actual):
             reversed_hint = (" (it reads as [width, height]: write [height, width])"
@@ -314,7 +317,7 @@ class PrecomputedSaliency(XBenchModel):
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
             pair = self.read_pair(sample.image_id, key)
-            image_size = pair.image_size or _header_size(sample.path)
+            image_size = pair.image_size or header_size(sample.path)
             raw = pair.map
             if pair.window is not None:
                 raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
@@ -348,17 +351,6 @@ class PrecomputedSaliency(XBenchModel):
                 "chexlocalize_hit_rate": float(np.mean([r["argmax_hit"] for r in rows])),
             }
         return {"native_threshold": self.native_threshold, "per_class": per_class}
-
-
-def _header_size(path: Path) -> tuple[int, int]:
-    """(height, width) of an image file from its header, for saved maps that do not state it."""
-    if path.suffix.lower() == ".dcm":
-        import pydicom  # noqa: PLC0415
-
-        header = pydicom.dcmread(path, stop_before_pixels=True)
-        return int(header.Rows), int(header.Columns)
-    with Image.open(path) as image:
-        return image.height, image.width
 
 
 @contextmanager
@@ -422,13 +414,14 @@ def _check_per_image(arrays: dict[str, Tensor], names: list[str], file: Path) ->
 
 
 def _map(arrays: dict[str, Tensor], name: str, index: tuple[int, ...], where: str) -> Tensor:
-    """``arrays[name][index]`` as an [h, w] float map with finite values."""
+    """``arrays[name][index]`` as an [h, w] map with finite values: float64 as saved (cheXlocalize's
+    protocol computes in it), any other type as float32."""
     if name not in arrays:
         raise KeyError(f"{where}: no {name!r} array; save the map [h, w] as {name!r}")
     value = arrays[name][index] if index else arrays[name]
     if value.ndim != 2 or 0 in value.shape:
         raise ValueError(f"{where}: map {name} has shape {_shape(value)}; expected [h, w] with h, w >= 1")
-    value = value.float()
+    value = value.double() if value.dtype == torch.float64 else value.float()
     if not torch.isfinite(value).all():
         raise ValueError(f"{where}: the map holds {int((~torch.isfinite(value)).sum())} NaN or infinite values; "
                          "save finite maps")

@@ -81,6 +81,8 @@ def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
     name = queries.get("finding_name")
     return {
         "query_mode": model.query_mode,
+        # where the pairs were scored: "xbench" (the metric frame) or "hi-ml" (native size, hi-ml's placement)
+        "protocol": model.phrase_protocol,
         "phrases": len(datamodule.phrases),
         "by_query": grounding_section(queries["query"], classes),
         "by_finding_name": grounding_section(name, classes) if name is not None else None,

@@ -1,0 +1,82 @@
+"""How far the peers' protocols move the numbers: phrase grounding in XBench's frame or as hi-ml
+scores it, and CNR with or without the pixels a model never saw. The figures docs/phrase-grounding.md
+quotes.
+
+    python tools/protocol_differences.py [--pairs 200] [--seed 0]
+
+A fixture of seeded random pairs: BioViL's transform (shorter side to 512, centre crop 480, maps
+15 x 15 placed ``nearest``) on MS-CXR-like native sizes (portrait 2544 x 3056 and landscape
+3056 x 2544, width x height, and a square 2048), a raw map of Gaussian-smoothed noise (BioViL's
+sigma of 1.5 cells) and one box per pair (5 to 40 % of each side). Each pair is scored three ways:
+in the 224 x 224 frame with CNR over every frame pixel (XBench before the seen pixels), in the
+frame with CNR over the seen pixels (XBench's protocol), and at native size as hi-ml places the map
+(``--model.phrase_protocol hi-ml``). Prints the mean of each value and the mean absolute difference.
+Minutes on a CPU: every native-size pair has millions of pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from xbench.data.regions import Boxes
+from xbench.data.transforms import resize_mask
+from xbench.geometry.maps import normalise, place_in_frame, seen_pixels
+from xbench.geometry.preprocess import Preprocess
+from xbench.metrics import grounding_records
+from xbench.metrics.grounding import FIXED_TAU_INDEX, pair_scores
+from xbench.metrics.native import himl_native_saliency
+from xbench.models.biovil import gaussian_smooth
+
+FRAME = 224
+SIZES = ((3056, 2544), (2544, 3056), (2048, 2048))  # (height, width)
+PREPROCESS = Preprocess(480, "shorter_side", resize_to=512, map_upsample="nearest")
+
+
+def scores(saliency, mask, seen) -> tuple[float, float, float]:
+    """Pointing Game hit, Dice at 0.5 and CNR of one pair."""
+    records = grounding_records(saliency, mask[None, None], torch.ones(1, 1, dtype=torch.bool), seen)
+    dice, _ = pair_scores(records["predicted"], records["inter"])
+    return float(records["hit"]), float(dice[0, 0, FIXED_TAU_INDEX]), float(records["cnr"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    rows = []
+    for pair in range(args.pairs):
+        height, width = SIZES[pair % len(SIZES)]
+        _, window = PREPROCESS(np.zeros((height, width), dtype=np.float32), FRAME)
+        raw = gaussian_smooth(torch.from_numpy(rng.random((1, 1, 15, 15), dtype=np.float32)))
+        box_height, box_width = (int(rng.uniform(0.05, 0.4) * side) for side in (height, width))
+        top, left = int(rng.integers(0, height - box_height)), int(rng.integers(0, width - box_width))
+        native_mask, _ = Boxes(((left, top, left + box_width, top + box_height),)).to_mask(height, width)
+        frame_mask = resize_mask(native_mask, FRAME)
+        frame_saliency = normalise(place_in_frame(raw, window[None], (FRAME, FRAME), "nearest"))
+        frame_seen = seen_pixels(window[None], (FRAME, FRAME))
+        native_saliency, native_seen = himl_native_saliency(raw, PREPROCESS, window, (FRAME, FRAME), (height, width),
+                                                            "nearest")
+        rows.append([*scores(frame_saliency, frame_mask, None)[2:], *scores(frame_saliency, frame_mask, frame_seen),
+                     *scores(native_saliency, torch.from_numpy(native_mask), native_seen)])
+    table = np.array(rows)  # CNR all pixels; frame hit, Dice, CNR; native hit, Dice, CNR
+    unseen = np.isnan(table[:, 3]) | np.isnan(table[:, 6])  # a box the model never saw: no CNR
+    cnr = table[~unseen]
+    print(f"{args.pairs} pairs (seed {args.seed}): mean [mean |difference|]; {int(unseen.sum())} pairs whose box "
+          "the crop leaves out have no CNR with the seen pixels and are left out of the CNR lines")
+    print(f"CNR, frame, every pixel     : {cnr[:, 0].mean():.4f}")
+    print(f"CNR, frame, seen pixels     : {cnr[:, 3].mean():.4f}  [{np.abs(cnr[:, 3] - cnr[:, 0]).mean():.4f} "
+          "from every pixel]")
+    print(f"CNR, native (hi-ml)         : {cnr[:, 6].mean():.4f}  [{np.abs(cnr[:, 6] - cnr[:, 3]).mean():.4f} "
+          "from the frame's seen pixels]")
+    print(f"Pointing Game, frame/native : {table[:, 1].mean():.4f} / {table[:, 4].mean():.4f}  "
+          f"[{np.abs(table[:, 4] - table[:, 1]).mean():.4f} of pairs differ]")
+    print(f"Dice@0.5, frame/native      : {table[:, 2].mean():.4f} / {table[:, 5].mean():.4f}  "
+          f"[{np.abs(table[:, 5] - table[:, 2]).mean():.4f}]")
+
+if __name__ == "__main__":
+    main()
