@@ -43,7 +43,7 @@ from transformers import BertConfig, BertModel, BertTokenizer
 
 from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
@@ -205,6 +205,12 @@ class BioViL(PromptPairs, XBenchModel):
 
     calibrated_logits: ClassVar[bool] = False  # a difference of two cosines, no temperature: a ranking
     query_mode = "phrase"
+    #: CXR-BERT is kept outside the module (``text_tower``) and encodes the prompts once: the image
+    #: model's layers are randomised.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projector", ("image_model.projector.*",)),
+        *resnet_stages("image_model.encoder.encoder"),
+    )
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=480, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",
         mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), map_upsample="nearest",
@@ -281,6 +287,12 @@ class BioViLT(BioViL):
     authors' 448 centre crop (14x14 maps). A prior study is not used: the benchmarks have none."""
 
     name: ClassVar[str] = "biovil_t"
+    #: BioViL's, with the 1x1 conv to the pooler and the missing-prior embedding between the ResNet and the projector.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projector", ("image_model.projector.*",)),
+        LayerGroup("pooler input", ("image_model.encoder.backbone_to_vit.*", "image_model.encoder.missing_previous_emb")),
+        *resnet_stages("image_model.encoder.encoder"),
+    )
 
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=448, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",

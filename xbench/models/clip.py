@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
@@ -168,6 +168,12 @@ class CLIP(OpenClipDualEncoder):
     #: The authors' file names, in open_clip's order of preference (same tensors, two formats).
     weight_files: ClassVar[tuple[str, ...]] = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
     layout: ClassVar[CheckpointLayout] = CheckpointLayout()
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projections", ("model.visual.proj", "model.visual.ln_post.*", "model.text_projection",
+                                   "model.ln_final.*"), text=True),
+        LayerGroup("image tower", ("model.visual.*",), blocks="model.visual.transformer.resblocks"),
+        LayerGroup("text tower", ("model.*",), blocks="model.transformer.resblocks", text=True),
+    )
 
     def __init__(
         self,

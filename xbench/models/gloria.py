@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.geometry.precision import float32
@@ -164,6 +164,12 @@ class GLoRIA(XBenchModel):
 
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
     query_mode = "phrase"
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("image projections", ("network.img_encoder.global_embedder.*", "network.img_encoder.local_embedder.*")),
+        *resnet_stages("network.img_encoder.model"),
+        LayerGroup("text tower", ("network.text_encoder.*",), blocks="network.text_encoder.model.encoder.layer",
+                   text=True),
+    )
     preprocess: ClassVar[Preprocess] = Preprocess(
         INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",
