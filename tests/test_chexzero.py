@@ -155,12 +155,15 @@ def test_cli_end_to_end(data, small_folder, small_arch, phantom_root, tmp_path, 
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
     ChestX-Det10, RSNA and MS-CXR fixtures: every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
-    from conftest import model_cli_dataset, run_args
+    from conftest import CHECK_ARGS, check_explanation_sections, model_cli_dataset, only_folder, run_args
     from xbench.test import main
 
     root, extra, images = model_cli_dataset(data, tmp_path, phantom_root)
+    checks = CHECK_ARGS if data == "phantom" else ()
     results = main(run_args("chexzero", data, root, tmp_path / "results", "--model.checkpoint_dir", str(small_folder),
-                            "--model.arch", small_arch, "--data.batch_size", "4", *extra))
+                            "--model.arch", small_arch, "--data.batch_size", "4", *checks, *extra))
+    if checks:
+        check_explanation_sections(results, only_folder(tmp_path / "results"))
     assert results["model"] == "chexzero" and results["data"]["images_evaluated"] == images
     if data == "ms_cxr":
         from conftest import check_phrase_results, only_folder

@@ -142,9 +142,10 @@ def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
     ChestX-Det10, RSNA and MS-CXR fixtures: every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
-    from conftest import run_model_cli
+    from conftest import CHECK_ARGS, run_model_cli
 
-    run_model_cli("gloria", data, tmp_path, phantom_root, "--model.checkpoint_dir", str(small_folder),
+    run_model_cli("gloria", data, tmp_path, phantom_root, *(CHECK_ARGS if data == "phantom" else ()),
+                  "--model.checkpoint_dir", str(small_folder),
                   "--data.batch_size", "5")
 
 

@@ -408,13 +408,16 @@ def test_histogram_equalisation_matches_skimage_recipe_and_is_an_option():
     ("medklip", "medklip_files", "xbench.models.medklip.MedKLIP"), ("mavl", "mavl_files", "xbench.models.mavl.MAVL")])
 def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path, no_network):
     """4 phantom images (seed 2: all three lesion kinds), since every image costs a ResNet-50 at 224x224."""
+    from conftest import CHECK_ARGS, check_explanation_sections
+
     folder, _ = request.getfixturevalue(files)
     results = main(run_args(
         model, "phantom", tmp_path / "phantom", tmp_path / "results", "--model.checkpoint_dir", str(folder),
         "--data.num_images", "4", "--data.native_size", "64", "--data.seed", "2", "--data.batch_size", "3",
-        image_size=None,
+        *CHECK_ARGS, image_size=None,
     ))
     (run,) = (tmp_path / "results").iterdir()
+    check_explanation_sections(results, run)
     assert run.name.startswith(f"{model}__phantom__") and (run / "metrics.json").is_file()
     assert results["data"]["images_evaluated"] == 4
     assert results["config"]["model"]["class_path"] == class_path
