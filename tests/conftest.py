@@ -180,10 +180,11 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
 
 
-#: The checks of ``xbench.checks`` at their smallest settings, which one phantom CLI test of every model
-#: runs (each costs a forward per cascade step and 8 inputs per pair): the cascade on one image, deletion
-#: and insertion in two steps and ROAD at one percentile (the 90th: a tenth of the input imputed, the
-#: cheapest solve).
+#: The checks of ``xbench.checks`` at their smallest settings, which one CLI test of every model with a
+#: tiny test checkpoint runs (each costs a forward per cascade step and 8 inputs per pair): the cascade
+#: on one image, deletion and insertion in two steps and ROAD at one percentile (the 90th: a tenth of the
+#: input imputed, the cheapest solve). Models tested at full size (a ResNet-50: a second a forward on a
+#: loaded CPU) take :func:`check_layer_groups` instead.
 CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfulness.steps", "2",
               "--faithfulness.road_percentiles", "[90]")
 
@@ -209,6 +210,26 @@ def check_explanation_sections(results: dict, folder: Path) -> None:
     assert len(steps) == sanity["pairs"] * len(sanity["steps"])
     with np.load(folder / "sanity_maps.npz") as saved:
         assert saved["maps"].shape[0] == len(sanity["steps"]) and saved["maps"].dtype == np.uint8
+
+
+def check_layer_groups(model, groups=None) -> list:
+    """The model-specific half of the sanity check, without a forward: ``model``'s declared layer
+    groups (or ``groups``) fit its parameters (``cascade_steps`` refuses a parameter in no group and a
+    group matching none), every step's re-initialisation runs on its modules and changes the weights
+    (a norm layer still at its default init may stay so), and the snapshot puts every parameter and
+    buffer back exactly. The cascade's steps."""
+    from xbench.checks.sanity import cascade_steps, randomise, restore
+
+    steps = cascade_steps(model, groups if groups is not None else model.layer_groups)
+    snapshot = {name: value.detach().clone() for name, value in [*model.named_parameters(), *model.named_buffers()]}
+    for step in steps:
+        randomise(model, step.parameters, seed=0)
+    changed = sum(value.numel() for name, value in model.named_parameters() if not torch.equal(value, snapshot[name]))
+    assert changed > 0.9 * sum(value.numel() for value in model.parameters()), "the cascade left weights as they were"
+    restore(model, snapshot)
+    assert all(torch.equal(value, snapshot[name]) for name, value in [*model.named_parameters(),
+                                                                       *model.named_buffers()])
+    return steps
 
 
 def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extra: str,

@@ -87,6 +87,14 @@ def test_checkpoint_mismatch_names_the_key(small_folder, tmp_path, edit, error, 
         GLoRIA(checkpoint_dir=str(folder)).load_weights()
 
 
+def test_layer_groups_fit_the_network(small_model):
+    """The sanity check's cascade: the image projections first, the BERT's blocks last."""
+    from conftest import check_layer_groups
+
+    names = [step.name for step in check_layer_groups(small_model)]
+    assert names[0] == "image projections" and names[-2:] == ["text tower: block 0", "text tower: other layers"]
+
+
 def test_missing_file_names_folder_and_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"{CHECKPOINT_FILE} not found in {tmp_path}"):
         GLoRIA(checkpoint_dir=str(tmp_path)).load_weights()
@@ -142,10 +150,9 @@ def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
     ChestX-Det10, RSNA and MS-CXR fixtures: every image evaluated, metrics in range, MS-CXR's
     phrases grounded."""
-    from conftest import CHECK_ARGS, run_model_cli
+    from conftest import run_model_cli
 
-    run_model_cli("gloria", data, tmp_path, phantom_root, *(CHECK_ARGS if data == "phantom" else ()),
-                  "--model.checkpoint_dir", str(small_folder),
+    run_model_cli("gloria", data, tmp_path, phantom_root, "--model.checkpoint_dir", str(small_folder),
                   "--data.batch_size", "5")
 
 

@@ -408,21 +408,27 @@ def test_histogram_equalisation_matches_skimage_recipe_and_is_an_option():
     ("medklip", "medklip_files", "xbench.models.medklip.MedKLIP"), ("mavl", "mavl_files", "xbench.models.mavl.MAVL")])
 def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path, no_network):
     """4 phantom images (seed 2: all three lesion kinds), since every image costs a ResNet-50 at 224x224."""
-    from conftest import CHECK_ARGS, check_explanation_sections
-
     folder, _ = request.getfixturevalue(files)
     results = main(run_args(
         model, "phantom", tmp_path / "phantom", tmp_path / "results", "--model.checkpoint_dir", str(folder),
         "--data.num_images", "4", "--data.native_size", "64", "--data.seed", "2", "--data.batch_size", "3",
-        *CHECK_ARGS, image_size=None,
+        image_size=None,
     ))
     (run,) = (tmp_path / "results").iterdir()
-    check_explanation_sections(results, run)
     assert run.name.startswith(f"{model}__phantom__") and (run / "metrics.json").is_file()
     assert results["data"]["images_evaluated"] == 4
     assert results["config"]["model"]["class_path"] == class_path
     graded = [values for values in results["grounding"]["per_class"].values() if values["pairs"]]
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
+
+
+@pytest.mark.parametrize("fixture", ["medklip_model", "mavl_model"])
+def test_layer_groups_fit_the_network(fixture, request):
+    """The sanity check's cascade on the full-size network: classifier first, the ResNet's stem last."""
+    from conftest import check_layer_groups
+
+    steps = check_layer_groups(request.getfixturevalue(fixture))
+    assert steps[0].name == "classifier" and steps[-1].name == "image tower: stem"
 
 
 @pytest.mark.parametrize("model, files", [("medklip", "medklip_files"), ("mavl", "mavl_files")])

@@ -75,7 +75,7 @@ def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], clas
         column = pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=np.float64)
         if np.isinf(column).any():
             raise ValueError(f"{path}: {name} holds an infinite value; {DAMAGED}")
-        values[name] = torch.from_numpy(column)
+        values[name] = torch.tensor(column)
     return CheckedPairs(torch.from_numpy(image), torch.from_numpy(cls), values)
 
 
