@@ -325,8 +325,8 @@ def test_baselines_say_why_a_check_does_not_apply(phantom_root, tmp_path):
               "--faithfulness.road_percentiles", "[90]", "--trainer.logger", "false"]
     with pytest.warns(UserWarning, match="sanity check not run: CentrePrior declares no layer groups"):
         results = main(run_args("centre_prior", "phantom", phantom_root, tmp_path / "centre", *checks))
-    assert results["sanity"] == {"applicable": False, "reason": "CentrePrior declares no layer groups (a model without "
-                                                                "weights)"}
+    reason = "CentrePrior declares no layer groups (its class attribute layer_groups; a model without weights has none)"
+    assert results["sanity"] == {"applicable": False, "reason": reason}
     assert results["faithfulness"]["macro"] == {name: 0.0 for name in results["faithfulness"]["macro"]}
     assert not (only_folder(tmp_path / "centre") / "sanity.csv.gz").exists()
     with pytest.warns(UserWarning, match="overrides infer"):
@@ -356,7 +356,8 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     assert results["config"]["sanity"] == {"images": 2, "seed": 0}
     table = pd.read_csv(folder / "faithfulness.csv.gz")
     assert list(table.columns[:4]) == ["image_index", "image_id", "class", "constant_map"]
-    assert {"deletion_003", "road_morf", "road_morf_curve_001"} <= set(table.columns) and len(table) == results["faithfulness"]["pairs"]
+    assert {"deletion_003", "road_morf", "road_morf_curve_001"} <= set(table.columns)
+    assert len(table) == results["faithfulness"]["pairs"]
     keys = log_keys(results)
     assert {"faithfulness/deletion_auc/macro", "sanity/ssim/macro", "sanity/step_3/pointing_game"} <= set(keys)
     assert "Faithfulness on 2 images" in (folder / "summary.md").read_text()

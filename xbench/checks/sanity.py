@@ -138,7 +138,8 @@ class Sanity(Callback):
             return
         self.reason = reads_only_its_input(pl_module)
         if self.reason is None and not pl_module.layer_groups:
-            self.reason = f"{type(pl_module).__name__} declares no layer groups (a model without weights)"
+            self.reason = (f"{type(pl_module).__name__} declares no layer groups (its class attribute layer_groups; "
+                           "a model without weights has none)")
         # a stale declaration fails here, before the loop, not after it
         self.steps = [] if self.reason else cascade_steps(pl_module, pl_module.layer_groups)
         self.chosen = set() if self.reason else choose_images(trainer.datamodule.samples, pl_module.classes,
@@ -151,7 +152,8 @@ class Sanity(Callback):
         if not rows:
             return
         inputs, windows = input_of(pl_module, batch)
-        self.kept.append({"input": inputs[rows].cpu(), "window": windows[rows].cpu(), "masks": batch["masks"][rows].cpu(),
+        self.kept.append({"input": inputs[rows].cpu(), "window": windows[rows].cpu(),
+                          "masks": batch["masks"][rows].cpu(),
                           "has_mask": batch["has_mask"][rows].cpu(), "index": batch["index"][rows].cpu(),
                           "image": batch["image"][rows].cpu(), "image_id": [batch["image_id"][r] for r in rows],
                           "chunk": len(batch["image_id"])})
