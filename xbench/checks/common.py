@@ -47,11 +47,13 @@ def run_model(trainer: L.Trainer, model: XBenchModel, inputs: Tensor, chunk: int
               maps: bool = True) -> tuple[Tensor, Tensor | None]:
     """The model's logits [N, C] and (with ``maps``) raw maps of ``inputs`` [N, ...], ``chunk`` inputs
     per forward, in the run's precision (``test_step`` runs in the precision plugin's context, and so
-    do these)."""
+    do these). The maps are the run's (``XBenchModel.explain``, as ``test_step`` makes them); the
+    scores alone need only the forward."""
     logits, grids = [], []
     with trainer.precision_plugin.forward_context():
         for start in range(0, inputs.shape[0], chunk):
-            scores, found = model(inputs[start:start + chunk])
+            part = inputs[start:start + chunk]
+            scores, found = model.explain(part) if maps else model(part)
             logits.append(scores.float())
             if maps:
                 grids.append(found.float())

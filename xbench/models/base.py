@@ -201,9 +201,15 @@ class XBenchModel(L.LightningModule, ABC):
         with self.text_side(rows):
             return self(model_input)[1]
 
+    def explain(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
+        """Logits and the run's maps of an input: ``forward``'s own. The one place the maps are made
+        from an input, which the run (:meth:`infer`) and the checks re-running the model on inputs of
+        their making (``xbench.checks``) both call."""
+        return self(model_input)
+
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         """Scores and maps for a batch: a model sees only its input (test instruments may see more)."""
-        return self(batch["image"] if self.preprocess is None else batch["model_input"])
+        return self.explain(batch["image"] if self.preprocess is None else batch["model_input"])
 
     def extra_results(self) -> dict:
         """Sections this model adds to ``metrics.json`` at the end of a run, each under its own
