@@ -1,8 +1,9 @@
 """Is the map an explanation? The sanity check (cascading randomisation) against Quantus' MPRT and
 the faithfulness check (deletion, insertion, ROAD) against a brute-force loop and pytorch-grad-cam's
 own ROAD, on a tiny random convolutional model; the kernels against scipy; the checks through
-``trainer.test`` and ``python -m xbench.test`` (every shipped model runs them in its own CLI tests,
-through ``conftest.run_model_cli`` and ``CHECK_ARGS``)."""
+``trainer.test`` and ``python -m xbench.test``, the analysis and the report. (The shipped models:
+``conftest.CHECK_ARGS`` in the CLI tests of those with a tiny checkpoint, ``conftest.check_layer_groups``
+for those tested at full size.)"""
 
 from __future__ import annotations
 
