@@ -182,10 +182,63 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
 
 
+#: The checks of ``xbench.checks`` at their smallest settings, which one CLI test of every model with a
+#: tiny test checkpoint runs (each costs a forward per cascade step and 8 inputs per pair): the cascade
+#: on one image, deletion and insertion in two steps and ROAD at one percentile (the 90th: a tenth of the
+#: input imputed, the cheapest solve). Models tested at full size (a ResNet-50: a second a forward on a
+#: loaded CPU) take :func:`check_layer_groups` instead.
+CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfulness.steps", "2",
+              "--faithfulness.road_percentiles", "[90]")
+
+
+def check_explanation_sections(results: dict, folder: Path) -> None:
+    """A run with :data:`CHECK_ARGS` scored one image's graded pairs for sanity (every cascade step,
+    similarities in range, the original map equal to itself) and faithfulness (curves of 3 points,
+    one ROAD percentile), with the per-pair tables beside ``metrics.json``."""
+    import pandas as pd
+
+    sanity, faithfulness = results["sanity"], results["faithfulness"]
+    assert sanity["applicable"] and faithfulness["applicable"], (sanity, faithfulness)
+    assert sanity["images"] == faithfulness["images"] == 1 and sanity["pairs"] == faithfulness["pairs"] >= 1
+    first, *cascade = sanity["steps"]
+    assert first["layers"] == "original" and cascade and all(step["parameters"] > 0 for step in cascade)
+    assert first["ssim"] == pytest.approx(1.0) and first["spearman"] in (None, pytest.approx(1.0))
+    for step in sanity["steps"]:
+        assert all(step[k] is None or -1 - 1e-9 <= step[k] <= 1 + 1e-9 for k in ("spearman", "spearman_abs", "ssim"))
+    assert len(faithfulness["curves"]["deletion"]) == 3 and len(faithfulness["curves"]["road_morf"]) == 1
+    table = pd.read_csv(folder / "faithfulness.csv.gz")
+    assert len(table) == faithfulness["pairs"] and {"deletion_auc", "insertion_auc", "road"} <= set(table.columns)
+    steps = pd.read_csv(folder / "sanity.csv.gz")
+    assert len(steps) == sanity["pairs"] * len(sanity["steps"])
+    with np.load(folder / "sanity_maps.npz") as saved:
+        assert saved["maps"].shape[0] == len(sanity["steps"]) and saved["maps"].dtype == np.uint8
+
+
+def check_layer_groups(model, groups=None) -> list:
+    """The model-specific half of the sanity check, without a forward: ``model``'s declared layer
+    groups (or ``groups``) fit its parameters (``cascade_steps`` refuses a parameter in no group and a
+    group matching none), every step's re-initialisation runs on its modules and changes the weights
+    (a norm layer still at its default init may stay so), and the snapshot puts every parameter and
+    buffer back exactly. The cascade's steps."""
+    from xbench.checks.sanity import cascade_steps, randomise, restore
+
+    steps = cascade_steps(model, groups if groups is not None else model.layer_groups)
+    snapshot = {name: value.detach().clone() for name, value in [*model.named_parameters(), *model.named_buffers()]}
+    for step in steps:
+        randomise(model, step.parameters, seed=0)
+    changed = sum(value.numel() for name, value in model.named_parameters() if not torch.equal(value, snapshot[name]))
+    assert changed > 0.9 * sum(value.numel() for value in model.parameters()), "the cascade left weights as they were"
+    restore(model, snapshot)
+    assert all(torch.equal(value, snapshot[name]) for name, value in [*model.named_parameters(),
+                                                                       *model.named_buffers()])
+    return steps
+
+
 def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extra: str,
                   query_mode: str = "phrase") -> dict:
     """``python -m xbench.test`` with ``model`` on ``data``'s :func:`model_cli_dataset` under ``folder``:
-    every image evaluated, Pointing Game and AUROC in range, and on MS-CXR the phrases grounded as
+    every image evaluated, Pointing Game and AUROC in range, the checks' sections where ``extra`` holds
+    :data:`CHECK_ARGS` (:func:`check_explanation_sections`), and on MS-CXR the phrases grounded as
     ``query_mode`` says (:func:`check_phrase_results`). The metrics.json payload."""
     root, data_extra, images = model_cli_dataset(data, folder, phantom_root)
     results = main(run_args(model, data, root, folder / "results", *extra, *data_extra))
@@ -193,6 +246,8 @@ def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extr
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
+    if CHECK_ARGS[0] in extra:
+        check_explanation_sections(results, only_folder(folder / "results"))
     if data == "ms_cxr":
         check_phrase_results(results, only_folder(folder / "results"), query_mode)
     return results

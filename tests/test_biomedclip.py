@@ -176,8 +176,11 @@ def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):
-    results = main(run_args("biomedclip", "phantom", phantom_root, tmp_path,
+    from conftest import CHECK_ARGS, check_explanation_sections, only_folder
+
+    results = main(run_args("biomedclip", "phantom", phantom_root, tmp_path, *CHECK_ARGS,
                             "--model.checkpoint_dir", str(tiny_folder), "--data.batch_size", "4"))
+    check_explanation_sections(results, only_folder(tmp_path))
     assert results["model"] == "biomedclip" and results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)

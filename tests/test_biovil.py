@@ -19,6 +19,7 @@ from xbench.models.random_weights import LETTER_VOCAB, MANIFESTS, write_biovil
 
 MANIFEST = json.loads((MANIFESTS / "biovil.keys.json").read_text())
 CLASSES = ["pneumonia", "pleural_effusion"]
+RESNET_STEPS = [f"image tower: {stage}" for stage in ("layer4", "layer3", "layer2", "layer1", "stem")]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,10 @@ def test_score_and_map_are_the_authors_cosines(small_folder):
     """Logit = cos(global, pos) - cos(global, neg), the global embedding being the mean projected
     patch; map = smoothed cosine of each projected patch with the positive prompt. A trailing
     full stop is cut from a prompt as the authors' tokenisation does."""
+    from conftest import check_layer_groups
+
     model = load(small_folder)
+    assert [s.name for s in check_layer_groups(model)] == ["projector", *RESNET_STEPS]  # the sanity check's cascade
     dotted = load(small_folder, pos_template="{}.", neg_template="no {}!")
     torch.testing.assert_close(dotted.pos_text, model.pos_text, atol=0, rtol=0)
     torch.testing.assert_close(dotted.neg_text, model.neg_text, atol=0, rtol=0)
@@ -148,6 +152,12 @@ def test_biovil_t_published_image_layout_loads_and_drops_only_the_prior_image_po
     }
     torch.save(state, tmp_path / BIOVIL_T_IMAGE_FILE)
     image = BioViLT(checkpoint_dir=str(tmp_path)).load_image_model()
+    from conftest import check_layer_groups  # the sanity check's cascade, on the module BioViL-T holds
+
+    holder = torch.nn.Module()
+    holder.image_model = image
+    steps = check_layer_groups(holder, BioViLT.layer_groups)
+    assert [s.name for s in steps] == ["projector", "pooler input", *RESNET_STEPS]
     loaded = image.state_dict()
     assert set(loaded) == {key for key in shapes if not key.startswith("encoder.vit_pooler.")}
     assert all(torch.equal(loaded[key], state[key]) for key in loaded)

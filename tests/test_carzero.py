@@ -593,8 +593,11 @@ def test_cli_grounds_ms_cxr_phrases(checkpoint_folder, tmp_path, tiny, no_networ
 
 
 def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_path, tiny, no_network):
-    results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results",
+    from conftest import CHECK_ARGS, check_explanation_sections, only_folder
+
+    results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results", *CHECK_ARGS,
                             "--model.checkpoint_dir", str(checkpoint_folder), "--data.batch_size", "4"))
+    check_explanation_sections(results, only_folder(tmp_path / "results"))
     assert results["model"] == "carzero" and results["data"]["images_evaluated"] == 9
     assert results["config"]["model"]["class_path"] == "xbench.models.carzero.CARZero"
     graded = sum(v["pairs"] for v in results["grounding"]["per_class"].values())

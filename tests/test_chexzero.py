@@ -72,8 +72,12 @@ def test_missing_file_names_folder_and_file(tmp_path):
 
 
 def test_score_is_the_temperature_free_pair_margin(small_folder, small_arch, tmp_path):
-    """log-odds = cos(image, "{}") - cos(image, "no {}"), whatever the file's logit_scale."""
+    """log-odds = cos(image, "{}") - cos(image, "no {}"), whatever the file's logit_scale; the sanity
+    check's cascade (CLIP's layer groups) fits the network."""
+    from conftest import check_layer_groups
+
     model = load(small_folder, small_arch)
+    assert check_layer_groups(model)[0].name == "projections"
     inputs = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits, maps = model(inputs)

@@ -87,6 +87,14 @@ def test_checkpoint_mismatch_names_the_key(small_folder, tmp_path, edit, error, 
         GLoRIA(checkpoint_dir=str(folder)).load_weights()
 
 
+def test_layer_groups_fit_the_network(small_model):
+    """The sanity check's cascade: the image projections first, the BERT's blocks last."""
+    from conftest import check_layer_groups
+
+    names = [step.name for step in check_layer_groups(small_model)]
+    assert names[0] == "image projections" and names[-2:] == ["text tower: block 0", "text tower: other layers"]
+
+
 def test_missing_file_names_folder_and_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"{CHECKPOINT_FILE} not found in {tmp_path}"):
         GLoRIA(checkpoint_dir=str(tmp_path)).load_weights()

@@ -141,6 +141,10 @@ def test_authors_files_load_strictly_offline(variant, stride, kad_files, no_netw
     model = KAD(checkpoint_dir=str(root), variant=variant).eval()
     model.build(["nodule", "mass"])
     assert loaded_values(model) == {k: v for k, v in written[variant].items() if k != POSITION_IDS}
+    if variant == 224:  # the sanity check's cascade fits the network (the same layers at every variant)
+        from conftest import check_layer_groups
+
+        assert check_layer_groups(model)[0].name == "classifier head"
     assert not MARKER.exists(), "loading executed code from the pickle"
     # the map grid is the input over the trunk's stride: 14x14, 16x16, 32x32 at the variants' sizes
     tokens, grid = model.image_encoder(torch.zeros(1, 3, 128, 128))
@@ -371,6 +375,9 @@ def test_devide_loads_a_file_in_its_provisional_layout(devide_dir, no_network):
     with pytest.warns(UserWarning, match="provisional"):
         model.build(["nodule", "mass", "consolidation"])
     assert loaded_values(model) == {k: v for k, v in written.items() if k != POSITION_IDS}
+    from conftest import check_layer_groups
+
+    assert [s.name for s in check_layer_groups(model)][:2] == ["classifier head", "query decoder: block 3"]
     logits, maps = model(torch.rand(1, 3, 224, 224))
     assert logits.shape == (1, 3) and maps.shape == (1, 3, 14, 14)
     torch.testing.assert_close(maps.sum((-2, -1)), torch.ones(1, 3))

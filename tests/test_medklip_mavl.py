@@ -428,6 +428,15 @@ def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path,
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
 
 
+@pytest.mark.parametrize("fixture", ["medklip_model", "mavl_model"])
+def test_layer_groups_fit_the_network(fixture, request):
+    """The sanity check's cascade on the full-size network: classifier first, the ResNet's stem last."""
+    from conftest import check_layer_groups
+
+    steps = check_layer_groups(request.getfixturevalue(fixture))
+    assert steps[0].name == "classifier" and steps[-1].name == "image tower: stem"
+
+
 @pytest.mark.parametrize("model, files", [("medklip", "medklip_files"), ("mavl", "mavl_files")])
 def test_ms_cxr_queries_are_grounded_by_their_finding(model, files, request, tmp_path, no_network):
     """A fixed vocabulary: each report phrase is grounded by its finding's map, and the results say so."""

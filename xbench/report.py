@@ -12,6 +12,9 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   best tau, Dice against tau, grounding by lesion size, and the saliency overlays of the same
   images for every model;
 - ``analysis/``: the analysis behind the intervals, as ``python -m xbench.analyze`` writes it;
+- with runs that ran the sanity or faithfulness check (``--sanity.images``, ``--faithfulness.images``):
+  plausibility, faithfulness and sanity side by side, the cascade of each model as a table and a
+  figure, and plausibility against faithfulness (``xbench.reporting.explanations``);
 - with robustness runs (``data.augment``): a table and a figure of every model under each
   perturbation, beside its unperturbed run;
 - ``report.md``: all of it in one page, with the runs it was built from.
@@ -29,6 +32,7 @@ from pathlib import Path
 from xbench.cli import run
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.explanations import explanation_figures, explanation_tables
 from xbench.reporting.figures import DPI, paper_figures, robustness
 from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
@@ -85,8 +89,8 @@ def _intervals_line(analysis: ReportAnalysis | None) -> str:
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None) -> list[Path]:
     """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
     Everything is read and drawn first: a damaged results file leaves no half-made report folder."""
-    tables = paper_tables(bench, analysis) if bench.runs else []
-    plots = paper_figures(bench, analysis) if bench.runs else []
+    tables = paper_tables(bench, analysis) + explanation_tables(bench, analysis) if bench.runs else []
+    plots = paper_figures(bench, analysis) + explanation_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
     tables += [robust_table] if robust_table is not None else []
     plots += [robust_plot] if robust_plot is not None else []

@@ -5,7 +5,8 @@ of ``XBenchModel`` or ``XBenchDataModule`` works the same way); any key can be o
 command line, e.g. ``--data.root /data/ChestX-Det10 --trainer.devices 2``. The run writes a
 results folder (``--results.folder``, ``--results.overlay_pairs``: the ``ResultsWriter`` callback's
 options), logs to Weights & Biases offline (``--trainer.logger false`` turns it off; see
-``xbench.reporting.wandb``) and prints the summary table.
+``xbench.reporting.wandb``) and prints the summary table. ``--sanity.images N`` and
+``--faithfulness.images N`` add the checks of ``xbench.checks`` on N images (off by default).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from xbench.catalog import load_all
+from xbench.checks.faithfulness import Faithfulness
+from xbench.checks.sanity import Sanity
 from xbench.cli import run
 from xbench.data.base import XBenchDataModule
 from xbench.files import read_yaml
@@ -105,8 +108,9 @@ class LoadedModel:
 
 
 class XBenchCLI(LightningCLI):
-    """LightningCLI with the output callback's options (``--results.*``), which takes the model from
-    ``loaded`` when the run's settings are the ones it was made with, instead of instantiating another."""
+    """LightningCLI with the checks' and the output callback's options (``--sanity.*``,
+    ``--faithfulness.*``, ``--results.*``), which takes the model from ``loaded`` when the run's
+    settings are the ones it was made with, instead of instantiating another."""
 
     def __init__(self, *args, loaded: LoadedModel | None = None, **kwargs) -> None:
         self.loaded = loaded
@@ -114,6 +118,8 @@ class XBenchCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(Sanity, "sanity")
+        parser.add_lightning_class_args(Faithfulness, "faithfulness")
         parser.add_lightning_class_args(ResultsWriter, "results")
 
     def before_instantiate_classes(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from xbench.analysis.explanations import check_statistics
 from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
 from xbench.analysis.grounding import (
     CrossFitting,
@@ -38,7 +39,8 @@ def stratum_labels(size_bins: Sequence[float]) -> list[str]:
 class RunAnalysis:
     """One model on one dataset. Tensors: row 0 the estimate, rows 1..R the replicates.
 
-    ``values``: metric -> float64 [R + 1, C] (grounding and recognition, per class);
+    ``values``: metric -> float64 [R + 1, C] (grounding and recognition, per class; the sanity and
+    faithfulness checks' where the run has them);
     ``calibrated_tau``: curve -> float64 [R + 1, C, K] (K folds, or 1 for a validation choice);
     ``strata``: metric -> float64 [R + 1, C + 1, S] (index C pools all classes' pairs).
     """
@@ -102,6 +104,8 @@ def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
         grounding = grounding_statistics(
             run.pairs, num_classes, weights, calibration, strata, len(settings.size_bins) + 1)
         values = {**grounding.per_class, **recognition_statistics(run.labels, run.logits, weights)}
+        for checked in run.checks.values():
+            values.update(check_statistics(checked, num_classes, weights))
         results.append(RunAnalysis(label, run, validation, values, grounding.calibrated_tau,
                                    stratum_means(grounding.strata)))
     return DatasetAnalysis(group.dataset, group.classes, num_images, stratum_labels(settings.size_bins), results)

@@ -11,7 +11,7 @@ images line up row for row, whatever order their loaders used.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from xbench.analysis.explanations import CheckedPairs, load_checks
 from xbench.metrics.grounding import NUM_THRESHOLDS
 from xbench.results.folder import (
     METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
@@ -62,6 +63,8 @@ class Run:
     pairs: GradedPairs
     #: A test instrument (the Oracle): analysed, but never compared with a model or fitted.
     instrument: bool = False
+    #: The pairs the run's sanity and faithfulness checks scored, by section (``xbench.checks``).
+    checks: dict[str, CheckedPairs] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -152,6 +155,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         logits=torch.from_numpy(logits),
         pairs=pairs,
         instrument=bool(metrics.get("instrument")),
+        checks=load_checks(folder, metrics, classes, image_ids),
     )
 
 

@@ -11,9 +11,11 @@ import pandas as pd
 import torch
 
 from xbench.analysis.correlation import r_squared
-from xbench.analysis.pipeline import Analysis
+from xbench.analysis.explanations import CHECK_METRICS, same_images
+from xbench.analysis.pipeline import Analysis, RunAnalysis
 from xbench.metrics.bootstrap import paired_difference, percentile_interval
 from xbench.metrics.names import analysed_keys
+from xbench.metrics.names import metric as metric_info
 
 #: In the analysis tables: the class of macro-mean rows; the class of the lesion-size rows that
 #: pool every class's pairs, and the scope of the correlation over every dataset.
@@ -38,7 +40,7 @@ def interval_table(analysis: Analysis) -> pd.DataFrame:
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
         for run in data.runs:
-            for metric in METRICS:
+            for metric in (m for m in METRICS if m in run.values):  # a check's only where the run has it
                 interval = percentile_interval(run.values[metric], confidence)
                 for c, key in enumerate(data.classes):
                     rows.append({"dataset": data.dataset, "model": run.label, "class": key, "metric": metric,
@@ -49,17 +51,29 @@ def interval_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def comparable(a: RunAnalysis, b: RunAnalysis, metric: str) -> bool:
+    """Whether both runs have ``metric`` on the same images: a check's metric (sanity, faithfulness)
+    only where both ran it on the same image subset."""
+    if metric not in a.values or metric not in b.values:
+        return False
+    section = metric_info(metric).section
+    if section not in CHECK_METRICS:
+        return True
+    return same_images(a.run.checks[section], b.run.checks[section])
+
+
 def difference_table(analysis: Analysis) -> pd.DataFrame:
     """Paired differences ``model_a - model_b`` for every pair of models on a dataset, per class and
     macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B (a tie ½).
-    Instruments (the Oracle) are not compared."""
+    Instruments (the Oracle) are not compared; a check's metrics only between runs that checked the
+    same images."""
     rows = []
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
         models = [run for run in data.runs if not run.run.instrument]
         for i, a in enumerate(models):
             for b in models[i + 1:]:
-                for metric in MACRO_METRICS:
+                for metric in (m for m in MACRO_METRICS if comparable(a, b, m)):
                     head = {"dataset": data.dataset, "model_a": a.label, "model_b": b.label}
                     difference = paired_difference(a.values[metric], b.values[metric], confidence)
                     for c, key in enumerate(data.classes):

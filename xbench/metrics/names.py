@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Section = Literal["grounding", "classification"]
+Section = Literal["grounding", "classification", "faithfulness", "sanity"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,23 @@ METRICS: tuple[Metric, ...] = (
            chosen=True, macro=False),
     Metric("accuracy@max_f1", "classification", "Acc@max-F1*", "accuracy at the max-F1 threshold", chosen=True,
            analysed=True),
+    # faithfulness (xbench.checks.faithfulness): the class's logit as the map's pixels are removed or inserted
+    Metric("deletion_auc", "faithfulness", "Del AUC", "deletion AUC (logit; lower is more faithful)", unit="logit",
+           analysed=True),
+    Metric("insertion_auc", "faithfulness", "Ins AUC", "insertion AUC (logit; higher is more faithful)",
+           unit="logit", analysed=True),
+    Metric("road_morf", "faithfulness", "ROAD MoRF", "ROAD, most relevant first (logit change)", unit="logit",
+           analysed=True),
+    Metric("road_lerf", "faithfulness", "ROAD LeRF", "ROAD, least relevant first (logit change)", unit="logit",
+           analysed=True),
+    Metric("road", "faithfulness", "ROAD", "ROAD, (LeRF − MoRF) / 2 (logit; higher is more faithful)", unit="logit",
+           analysed=True),
+    # sanity (xbench.checks.sanity): the map after every layer group is randomised, against the original
+    Metric("spearman", "sanity", "Spearman", "Spearman correlation with the original map (lower passes)",
+           unit="ratio", analysed=True),
+    Metric("spearman_abs", "sanity", "Spearman (abs)", "Spearman correlation of absolute values with the original map",
+           unit="ratio", analysed=True),
+    Metric("ssim", "sanity", "SSIM", "SSIM with the original map (lower passes)", unit="ratio", analysed=True),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
 #: Metrics the analysis adds (a threshold chosen where it is not scored); not in metrics.json.

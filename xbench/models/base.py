@@ -34,6 +34,7 @@ from __future__ import annotations
 import warnings
 from abc import ABC
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import lightning as L
@@ -52,6 +53,33 @@ from xbench.results.payload import build_results, log_keys
 
 #: Phrases encoded per call at the start of a phrase-grounding run (MS-CXR has about 1,100).
 PHRASES_PER_CALL = 64
+
+
+@dataclass(frozen=True)
+class LayerGroup:
+    """One group of a model's layers for the cascading randomisation of the sanity check
+    (:mod:`xbench.checks.sanity`); a model lists its groups from the output down.
+
+    ``patterns``: ``fnmatch`` patterns of the model's parameter names (``named_parameters``) the group
+    holds; a parameter belongs to the first group, in the model's order, that matches it. ``blocks``: the
+    name of a ``ModuleList`` among the group's parameters whose blocks are randomised one step each, the
+    last block first, before the group's remaining parameters. ``text``: the text side ``build`` encodes
+    depends on the group, so it is encoded again after the group is randomised.
+    """
+
+    name: str
+    patterns: tuple[str, ...]
+    blocks: str | None = None
+    text: bool = False
+
+
+def resnet_stages(prefix: str, stages: dict[str, str] | None = None, name: str = "image tower") -> tuple[LayerGroup, ...]:
+    """The layer groups of a ResNet under ``prefix``: each stage from the last (``stages``: sub-module
+    name -> stage, default torchvision's ``layer4`` ... ``layer1``), then the rest (the stem, and a
+    classification head the maps do not use)."""
+    stages = stages or {f"layer{i}": f"layer{i}" for i in (4, 3, 2, 1)}
+    return (*(LayerGroup(f"{name}: {label}", (f"{prefix}.{module}.*",)) for module, label in stages.items()),
+            LayerGroup(f"{name}: stem", (f"{prefix}.*",)))
 
 
 class RegionCounts(PackedSyncMetric):
@@ -111,6 +139,9 @@ class XBenchModel(L.LightningModule, ABC):
     #: Where a CAM explainer reads the model (layer, token layout, class score); ``None``: the model
     #: has no network to explain and runs only with its native maps.
     cam_target: ClassVar[CamTarget | None] = None
+    #: The model's layer groups from the output down, for the sanity check's cascading randomisation;
+    #: every parameter of more than one element must fall in a group. Empty: a model without weights.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = ()
 
     def __init__(self, upsample: MapUpsample | None = None, explainer: Explainer = NATIVE,
                  phrase_protocol: Literal["xbench", "hi-ml"] = "xbench") -> None:
@@ -135,6 +166,11 @@ class XBenchModel(L.LightningModule, ABC):
         #: (``grounding``, ``classification``, a phrase run's ``queries`` by view) behind its tables.
         self.results: dict | None = None
         self.records: dict | None = None
+        #: What run-level checks (the sanity and faithfulness callbacks, :mod:`xbench.checks`) computed
+        #: in this epoch, by section name: (the ``metrics.json`` section, its per-pair records). They
+        #: fill it in their ``on_test_epoch_end``, which Lightning calls before the model's own; the
+        #: model's results then carry each section, and its records go beside the run's.
+        self.checks: dict[str, tuple[dict, dict[str, Tensor]]] = {}
 
     @classmethod
     def model_name(cls) -> str:
@@ -199,7 +235,9 @@ class XBenchModel(L.LightningModule, ABC):
 
     def explain(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         """Logits and the maps of the run's explainer: ``forward``'s own, or a CAM method's on the
-        declared layer, explaining each logit (:func:`~xbench.models.explainers.cam_maps`)."""
+        declared layer, explaining each logit (:func:`~xbench.models.explainers.cam_maps`). The one
+        place maps are made from an input: the run (:meth:`infer`) and the checks re-running the model
+        on inputs of their making (``xbench.checks``) both call it."""
         return self(model_input) if self.explainer == NATIVE else cam_maps(self, model_input)
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
@@ -252,6 +290,7 @@ class XBenchModel(L.LightningModule, ABC):
     def on_test_epoch_start(self) -> None:
         for metric in self.run_metrics():
             metric.reset()
+        self.checks = {}
 
     def test_step(self, batch: dict, batch_idx: int) -> dict[str, Tensor]:
         """Score a batch; returns its ``logits`` [B, C] and the ``saliency`` [B, C, S, S] in the frame
@@ -381,8 +420,10 @@ class XBenchModel(L.LightningModule, ABC):
             queries=queries,
         )
         self.results.update(self.extra_results())
+        self.results.update({name: section for name, (section, _) in self.checks.items()})
         self.records = {"grounding": grounding["records"], "classification": classification["records"],
-                        "queries": {name: values["records"] for name, values in queries.items()}}
+                        "queries": {name: values["records"] for name, values in queries.items()},
+                        **{name: records for name, (_, records) in self.checks.items()}}
         # Every process holds the same synced values, so no key needs a collective of its own (a
         # 21-class run logs over 600): rank_zero_only skips the reduction, sync_dist says it is meant.
         self.log_dict(log_keys(self.results), sync_dist=True, rank_zero_only=True)

@@ -16,6 +16,7 @@ from typing import ClassVar
 import open_clip
 from torch import Tensor, nn
 
+from xbench.models.base import LayerGroup
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
@@ -30,6 +31,11 @@ class BiomedCLIP(OpenClipDualEncoder):
     """
 
     config_file: ClassVar[str] = "open_clip_config.json"
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projections", ("model.visual.head.*", "model.visual.trunk.norm.*", "model.text.proj.*"), text=True),
+        LayerGroup("image tower", ("model.visual.*",), blocks="model.visual.trunk.blocks"),
+        LayerGroup("text tower", ("model.text.*",), blocks="model.text.transformer.encoder.layer", text=True),
+    )
     weights_file: ClassVar[str] = "open_clip_pytorch_model.bin"
     #: Everything read from ``checkpoint_dir``: the CLIP config and weights, BiomedBERT's config, the vocabulary.
     files: ClassVar[tuple[str, ...]] = (config_file, weights_file, "config.json", "vocab.txt")

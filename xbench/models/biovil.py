@@ -43,7 +43,7 @@ from transformers import BertConfig, BertModel, BertTokenizer
 
 from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
@@ -209,6 +209,12 @@ class BioViL(PromptPairs, XBenchModel):
     #: The ResNet-50's layer4, the grid the projector maps to the joint space (BioViL-T's too).
     cam_target: ClassVar[CamTarget] = CamTarget(
         "image_model.encoder.encoder.layer4", "the prompt pair's margin cos(image, pos) - cos(image, neg)")
+    #: CXR-BERT is kept outside the module (``text_tower``) and encodes the prompts once: the image
+    #: model's layers are randomised.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projector", ("image_model.projector.*",)),
+        *resnet_stages("image_model.encoder.encoder"),
+    )
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=480, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",
         mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), map_upsample="nearest",
@@ -285,6 +291,12 @@ class BioViLT(BioViL):
     authors' 448 centre crop (14x14 maps). A prior study is not used: the benchmarks have none."""
 
     name: ClassVar[str] = "biovil_t"
+    #: BioViL's, with the 1x1 conv to the pooler and the missing-prior embedding between the ResNet and the projector.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projector", ("image_model.projector.*",)),
+        LayerGroup("pooler input", ("image_model.encoder.backbone_to_vit.*", "image_model.encoder.missing_previous_emb")),
+        *resnet_stages("image_model.encoder.encoder"),
+    )
 
     preprocess: ClassVar[Preprocess] = BioViLPreprocess(
         size=448, resize="shorter_side", resize_to=512, interpolation="bilinear", library="pil",

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import FINDINGS, display_name
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
@@ -342,6 +342,13 @@ class CARZero(XBenchModel):
 
     calibrated_logits = False
     query_mode = "phrase"
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("classifier head", ("network.fusion_module.mlp_head.*",)),
+        LayerGroup("fusion decoder", ("network.fusion_module.*",), blocks="network.fusion_module.decoder.layers"),
+        LayerGroup("image tower", ("network.img_encoder.*",), blocks="network.img_encoder.model.blocks"),
+        LayerGroup("text tower", ("network.text_encoder.*",), blocks="network.text_encoder.model.encoder.layer",
+                   text=True),
+    )
     #: The authors' ``process_img`` and test transform: the longer side to 256 (OpenCV area), the
     #: shorter zero-padded to a square, CenterCrop 224, ToTensor, the CXR_MAE mean/std; maps repeat
     #: each cell 16x onto the crop.

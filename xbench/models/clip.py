@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
@@ -133,6 +133,12 @@ class CLIP(OpenClipDualEncoder):
     #: The tokens entering the last block's attention (after its first norm), class token first.
     cam_target: ClassVar[CamTarget] = CamTarget("model.visual.transformer.resblocks.-1.ln_1", PAIR_LOGIT,
                                                  prefix_tokens=1)
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projections", ("model.visual.proj", "model.visual.ln_post.*", "model.text_projection",
+                                   "model.ln_final.*"), text=True),
+        LayerGroup("image tower", ("model.visual.*",), blocks="model.visual.transformer.resblocks"),
+        LayerGroup("text tower", ("model.*",), blocks="model.transformer.resblocks", text=True),
+    )
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xbench.models.base import LayerGroup
 from xbench.models.explainers import CamTarget
 from xbench.models.kad import EMBED_DIM, QUERY_LOGIT, QueryDecoderModel
 
@@ -110,6 +111,11 @@ class DeViDe(QueryDecoderModel):
             ``Med-KEBERT/`` (``checkpoints/README.md``).
     """
 
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        *QueryDecoderModel.HEAD_GROUPS,
+        LayerGroup("image tower", ("image_encoder.*",), blocks="image_encoder.vit.encoder.layer"),
+        *QueryDecoderModel.TEXT_GROUPS,
+    )
     MISMATCH_HINT: ClassVar[str] = (
         "DeViDe's weights are not public, so the layout XBench expects is provisional "
         "(xbench/models/manifests/devide.keys.json). Run `python -m xbench.inspect_checkpoint FILE "

@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
 from xbench.models.explainers import CamTarget
@@ -181,6 +181,12 @@ class GLoRIA(XBenchModel):
     #: The ResNet-50's layer3: the regions of the local score, and through layer4 the global vector.
     cam_target: ClassVar[CamTarget] = CamTarget(
         "network.img_encoder.model.layer3", "the authors' score (global + local) / 2 of the class's prompt")
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("image projections", ("network.img_encoder.global_embedder.*", "network.img_encoder.local_embedder.*")),
+        *resnet_stages("network.img_encoder.model"),
+        LayerGroup("text tower", ("network.text_encoder.*",), blocks="network.text_encoder.model.encoder.layer",
+                   text=True),
+    )
     preprocess: ClassVar[Preprocess] = Preprocess(
         INPUT_SIZE, "longer_side", resize_to=LETTERBOX_SIZE, interpolation="area", library="cv2", mean=(0.5, 0.5, 0.5),
         std=(0.5, 0.5, 0.5), map_upsample="bilinear",

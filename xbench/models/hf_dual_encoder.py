@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
+from xbench.models.base import LayerGroup
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
@@ -137,6 +138,14 @@ class HFDualEncoder(OpenClipDualEncoder):
     """
 
     query_mode = "phrase"
+    #: CLIP folders project with ``visual_projection``/``text_projection``, SigLIP folders with their heads.
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("projections", ("model.visual_projection.*", "model.text_projection.*", "model.vision_model.head.*",
+                                   "model.text_model.head.*", "model.vision_model.post_layernorm.*",
+                                   "model.text_model.final_layer_norm.*"), text=True),
+        LayerGroup("image tower", ("model.vision_model.*",), blocks="model.vision_model.encoder.layers"),
+        LayerGroup("text tower", ("model.text_model.*",), blocks="model.text_model.encoder.layers", text=True),
+    )
     #: The folder's files besides the weights.
     files: ClassVar[tuple[str, ...]] = ("config.json", "preprocessor_config.json")
     #: Where a CAM explainer reads a folder of each ``model_type``: the tokens entering the last

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torchvision.models import resnet50
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import NATIVE, CamTarget
@@ -255,6 +255,16 @@ class QueryDecoderModel(XBenchModel):
         "query_decoder": CheckpointLayout(section="model"),
     }
     query_mode = "phrase"
+    #: The groups every query-decoder model shares, from the output down; a subclass puts its image
+    #: tower's between them (:meth:`decoder_groups`).
+    HEAD_GROUPS: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("classifier head", ("query_decoder.mlp_head.*",)),
+        LayerGroup("query decoder", ("query_decoder.*",), blocks="query_decoder.decoder.layers"),
+        LayerGroup("text projection", ("text_encoder.mlp_embed.*",), text=True),
+    )
+    TEXT_GROUPS: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("text tower", ("text_encoder.*",), blocks="text_encoder.bert_model.encoder.layer", text=True),
+    )
     TEXT_FOLDER: ClassVar[str] = "Med-KEBERT"
     #: The authors' tokenizer call: special tokens added, padded (and cut) to 256 tokens.
     MAX_TOKENS: ClassVar[int] = 256
@@ -371,6 +381,13 @@ class KAD(ChannelsLast, QueryDecoderModel):
             authors do (:meth:`QueryDecoderModel.authors_transform`).
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
+
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        *QueryDecoderModel.HEAD_GROUPS,
+        LayerGroup("image projection", ("image_encoder.res_l1.*", "image_encoder.res_l2.*")),
+        *resnet_stages("image_encoder.resnet"),
+        *QueryDecoderModel.TEXT_GROUPS,
+    )
 
     VARIANTS: ClassVar[tuple[int, ...]] = (224, 512, 1024)
     #: The ResNet's last stage the tokens come from (layer3 at 224, layer4 at 512 and 1024).

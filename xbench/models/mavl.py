@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from xbench.models.base import LayerGroup, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape
 from xbench.models.explainers import CamTarget
 from xbench.models.medklip import DESCRIPTIONS_FILE, MedKLIP, QueryDecoder, read_descriptions, read_json_object, resnet50_trunk
@@ -132,6 +133,14 @@ class MAVL(MedKLIP):
         scoring: ``feature`` or ``text`` (above).
         bert_dir, equalize_histogram: as :class:`MedKLIP`.
     """
+
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("classifier", ("net.classifier.*",)),
+        LayerGroup("query decoder", ("net.decoder.*",), blocks="net.decoder.layers"),
+        LayerGroup("text projection", ("net.disease_embedding_layer.*",)),
+        LayerGroup("image projection", ("net.res_l1.*", "net.res_l2.*", "net.pool.*")),
+        *resnet_stages("net.backbone", stages={"6": "layer3", "5": "layer2", "4": "layer1"}),
+    )
 
     #: The authors' map rule: bilinear with ``align_corners=True`` onto the 224 image.
     map_rule: ClassVar[MapUpsample] = "bilinear_align_corners"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
-from xbench.models.base import XBenchModel
+from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
@@ -187,6 +187,9 @@ class MedKLIPNet(nn.Module):
 class MedKLIP(ChannelsLast, XBenchModel):
     """MedKLIP zero-shot: entity scores from the query decoder, maps from its cross-attention.
 
+    Bio_ClinicalBERT (not MedKLIP's own weights) encodes the entity descriptions once, outside the
+    network: its projection (``disease_embedding_layer``) and every layer after it are randomised.
+
     ``logits`` = l1 - l0 of the 2-way classifier for each class's entity (softmax index 1 is the
     authors' probability). ``maps`` = the head-averaged cross-attention averaged over the 4 decoder
     layers, the entity's row on the 14x14 grid (the authors' grounding recipe).
@@ -199,6 +202,14 @@ class MedKLIP(ChannelsLast, XBenchModel):
             resize, as the authors' RSNA loader does (and no other loader of theirs); off by default.
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
+
+    layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
+        LayerGroup("classifier", ("net.classifier.*",)),
+        LayerGroup("query decoder", ("net.decoder.*",), blocks="net.decoder.layers"),
+        LayerGroup("text projection", ("net.disease_embedding_layer.*",)),
+        LayerGroup("image projection", ("net.res_l1.*", "net.res_l2.*")),
+        *resnet_stages("net.res_features", stages={"6": "layer3", "5": "layer2", "4": "layer1"}),
+    )
 
     #: The authors' map rule: their grounding scripts repeat each attention cell (nearest).
     map_rule: ClassVar[MapUpsample] = "nearest"

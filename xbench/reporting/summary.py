@@ -16,6 +16,13 @@ from xbench.reporting.render import markdown_grid
 SUMMARY_GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", "iou@0.5", "iou@best", "iou@best_tau",
                      "cnr")
 SUMMARY_RECOGNITION = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1")
+#: The checks' tables (``xbench.checks``), in a run that asked for them: section -> (title, columns).
+SUMMARY_CHECKS = {
+    "faithfulness": ("Faithfulness on {images} images (logit of the class)",
+                     ("deletion_auc", "insertion_auc", "road_morf", "road_lerf", "road")),
+    "sanity": ("Sanity on {images} images: similarity to the original map once every layer group is randomised",
+               ("spearman", "spearman_abs", "ssim")),
+}
 
 
 def _text(key: str, value) -> str:
@@ -23,7 +30,8 @@ def _text(key: str, value) -> str:
     if value is None:
         return "–"
     unit = metric(key).unit
-    return f"{100 * value:.1f}" if unit == "percent" else f"{value:.2f}" if unit in ("threshold", "ratio") else str(value)
+    return f"{100 * value:.1f}" if unit == "percent" else f"{value:.2f}" if unit in ("threshold", "ratio", "logit") \
+        else str(value)
 
 
 def _summary_table(results: dict, section: dict, counts: tuple[str, ...], shown: tuple[str, ...],
@@ -49,6 +57,10 @@ def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[
         if phrases["by_finding_name"] is not None:
             shown.append(("Phrase grounding, the same queries grounded by the finding's name (percent; CNR a ratio)",
                           phrases["by_finding_name"], ("pairs",), SUMMARY_GROUNDING, True))
+    for name, (title, columns) in SUMMARY_CHECKS.items():
+        section = results.get(name) or {}
+        if section.get("applicable"):
+            shown.append((title.format(images=section["images"]), section, ("pairs",), columns, True))
     tables = []
     for title, section, counts, columns, summed in shown:
         headers = ("Finding", *(metric(n).short for n in counts + columns))
@@ -82,6 +94,7 @@ def summary_footnotes(results: dict) -> list[str]:
         *calibration,
         *_explainer_notes(results.get("explainer")),
         *_phrase_notes(results.get("phrase_grounding")),
+        *_check_notes(results),
     ]
     return notes
 
@@ -92,6 +105,28 @@ def _explainer_notes(explainer: dict | None) -> list[str]:
         return []
     return [f"Maps: {explainer['label']} ({explainer['library']}) on the layer {explainer['layer']}, explaining "
             f"{explainer['score']}. After the library's ReLU, a map without positive evidence is constant (a miss)."]
+
+
+def _check_notes(results: dict) -> list[str]:
+    """What the sanity and faithfulness tables mean, or why a check asked for did not run."""
+    notes = []
+    for name in SUMMARY_CHECKS:
+        section = results.get(name)
+        if section is None:
+            continue
+        if not section.get("applicable"):
+            notes.append(f"{name.capitalize()} check not run: {section['reason']}.")
+        elif name == "faithfulness":
+            notes.append(
+                f"Faithfulness ({section['steps']} deletion/insertion steps, ROAD at percentiles "
+                f"{', '.join(map(str, section['road_percentiles']))}): deletion AUC lower and insertion AUC and ROAD "
+                f"higher are more faithful; {section['constant_maps']} constant maps left out. Definitions: "
+                "docs/explanations.md.")
+        else:
+            notes.append(
+                f"Sanity: after the last of {len(section['steps']) - 1} cascade steps; lower is a map that depends "
+                "on the weights (meaningful with the authors' weights only). Each step: sanity.csv.gz, the report.")
+    return notes
 
 
 def _phrase_notes(phrases: dict | None) -> list[str]:

@@ -41,13 +41,15 @@ class Cell:
 
 @dataclass(frozen=True)
 class Column:
-    """``ranked``: bold/underline the best values (not for differences and gaps); ``percent``:
-    values are fractions shown in percent, else plain ratios with two decimals (R²)."""
+    """``ranked``: bold/underline the best values (not for differences and gaps); ``lower_better``:
+    the best is the lowest (a deletion AUC); ``percent``: values are fractions shown in percent, else
+    plain numbers with two decimals (R², a logit)."""
 
     header: str
     group: str | None = None
     ranked: bool = True
     percent: bool = True
+    lower_better: bool = False
 
     @property
     def scale(self) -> tuple[float, int]:
@@ -87,7 +89,8 @@ class Table:
 
 
 def emphasis(table: Table) -> list[list[Emphasis]]:
-    """Per row and column: ``best`` (bold) or ``second`` (underlined) within the column and row group.
+    """Per row and column: ``best`` (bold) or ``second`` (underlined) within the column and row group
+    (the highest values, or the lowest in a ``lower_better`` column).
 
     Values are ranked as printed, so equal-looking numbers tie, and ties share a rank: a value's
     rank is one plus the number of values above it (75, 50, 50, 25 rank 1, 2, 2, 4). Rank 1 is
@@ -104,7 +107,8 @@ def emphasis(table: Table) -> list[list[Emphasis]]:
             if not column.ranked:
                 continue
             scale, digits = column.scale
-            printed = {r: round(scale * table.rows[r].cells[c].value, digits) for r in rows
+            sign = -1 if column.lower_better else 1
+            printed = {r: sign * round(scale * table.rows[r].cells[c].value, digits) for r in rows
                        if not missing(table.rows[r].cells[c].value)}
             for r, value in printed.items():
                 above = sum(other > value for other in printed.values())

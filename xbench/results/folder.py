@@ -19,6 +19,10 @@ OVERLAYS = "overlays.npz"
 DAMAGED = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
 PAIRS = "pairs.csv.gz"
 QUERIES = "queries.csv.gz"
+#: The run-level checks' per-pair tables (``xbench.checks``), by their section in ``metrics.json``.
+CHECK_TABLES = {"faithfulness": "faithfulness.csv.gz", "sanity": "sanity.csv.gz"}
+#: The sanity check's saved cascade of one pair: its radiograph, region and map at every step.
+SANITY_MAPS = "sanity_maps.npz"
 #: Where the output went, not which model ran: options that folders written before the output
 #: became a callback (``xbench.reporting.writer``) record among the model's ``init_args``.
 MODEL_OUTPUT_OPTIONS = ("results_dir", "overlay_pairs")
@@ -73,9 +77,10 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
     return payload
 
 
-def read_overlays(folder: Path) -> dict[str, np.ndarray] | None:
-    """The saved overlay pairs of a results folder (``None`` if it has none)."""
-    path = Path(folder) / OVERLAYS
+def read_overlays(folder: Path, file: str = OVERLAYS) -> dict[str, np.ndarray] | None:
+    """The saved overlay pairs of a results folder, or another of its arrays files (``file``:
+    :data:`SANITY_MAPS`); ``None`` if it has none."""
+    path = Path(folder) / file
     if not path.is_file():
         return None
     try:

@@ -28,6 +28,8 @@ GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
 GROUNDING_MACRO = run_keys("grounding", "macro")
 CLASSIFICATION_PER_CLASS = run_keys("classification", "per_class")
 CLASSIFICATION_MACRO = run_keys("classification", "macro")
+#: The run-level checks' sections (``xbench.checks``), present where a run asked for them.
+CHECK_SECTIONS = ("faithfulness", "sanity")
 CHOSEN_ON_EVALUATED_SET = (
     "grounding: every '@best' value and its '@best_tau' (the threshold maximising that metric per class); "
     f"classification: {', '.join(chosen_keys('classification'))}"
@@ -37,7 +39,7 @@ PACKAGES = ("xbench", "torch", "lightning", "torchmetrics", "transformers", "ope
 
 
 
-def _number(value) -> float | int | None:
+def json_number(value) -> float | int | None:
     """A JSON-safe scalar: ints stay ints, NaN becomes null."""
     value = value.item() if isinstance(value, torch.Tensor) else value
     if isinstance(value, (bool, np.bool_)):
@@ -61,13 +63,13 @@ def _versions() -> dict[str, str]:
 def grounding_section(grounding, classes: list[str]) -> dict:
     """A grounding section of ``metrics.json``: macro means, per-class values and curves."""
     return {
-        "macro": {name: _number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
-        "classes_with_pairs": _number(grounding["classes_with_pairs"]),
+        "macro": {name: json_number(grounding[f"macro/{name}"]) for name in GROUNDING_MACRO},
+        "classes_with_pairs": json_number(grounding["classes_with_pairs"]),
         "per_class": {
-            key: {name: _number(grounding[name][c]) for name in GROUNDING_PER_CLASS} for c, key in enumerate(classes)
+            key: {name: json_number(grounding[name][c]) for name in GROUNDING_PER_CLASS} for c, key in enumerate(classes)
         },
         "curves": {
-            key: {name: [_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
+            key: {name: [json_number(v) for v in grounding[f"{name}_curve"][c]] for name in GROUNDING_CURVES}
             for c, key in enumerate(classes)
         },
     }
@@ -116,11 +118,11 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         if queries else None,
         "classification": {
             "calibrated_logits": model.calibrated_logits,
-            "macro": {name: _number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
-            "hamming_accuracy": _number(classification["hamming_accuracy"]),
-            "single_label_value_classes": _number(classification["single_label_value_classes"]),
+            "macro": {name: json_number(classification[f"macro/{name}"]) for name in CLASSIFICATION_MACRO},
+            "hamming_accuracy": json_number(classification["hamming_accuracy"]),
+            "single_label_value_classes": json_number(classification["single_label_value_classes"]),
             "per_class": {
-                key: {name: _number(classification[name][c]) for name in CLASSIFICATION_PER_CLASS}
+                key: {name: json_number(classification[name][c]) for name in CLASSIFICATION_PER_CLASS}
                 for c, key in enumerate(classes)
             },
         },
@@ -129,9 +131,9 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
             "images_evaluated": evaluated,
             "image_size": datamodule.image_size,
             "mask_threshold": datamodule.mask_threshold,
-            "clipped_shapes": _number(region_counts["clipped_shapes"]),
-            "lost_queries": _number(region_counts["lost_queries"]),
-            "lost_regions": {key: _number(region_counts["lost_regions"][c]) for c, key in enumerate(classes)},
+            "clipped_shapes": json_number(region_counts["clipped_shapes"]),
+            "lost_queries": json_number(region_counts["lost_queries"]),
+            "lost_regions": {key: json_number(region_counts["lost_regions"][c]) for c, key in enumerate(classes)},
             "notes": datamodule.notes,
         },
         "config": config if config is not None else _hyperparameters(model, datamodule),
@@ -152,18 +154,25 @@ def _hyperparameters(model, datamodule) -> dict:
 
 def log_keys(results: dict) -> dict[str, float]:
     """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ...; a
-    phrase run's views as ``phrase_grounding/by_query/...`` and ``phrase_grounding/by_finding_name/...``."""
+    phrase run's views as ``phrase_grounding/by_query/...`` and ``phrase_grounding/by_finding_name/...``;
+    the checks' as ``faithfulness/deletion_auc/macro``, ``sanity/ssim/<class>``, ... and each cascade
+    step's as ``sanity/step_<k>/<metric>`` (``pointing_game``, ... of the randomised model)."""
     sections = [("grounding", results["grounding"], GROUNDING_PER_CLASS),
                 ("classification", results["classification"], CLASSIFICATION_PER_CLASS)]
     phrases = results.get("phrase_grounding") or {}
     sections += [(f"phrase_grounding/{view}", phrases[view], GROUNDING_PER_CLASS)
                  for view in ("by_query", "by_finding_name") if phrases.get(view) is not None]
+    checks = {name: results[name] for name in CHECK_SECTIONS if (results.get(name) or {}).get("applicable")}
+    sections += [(name, section, run_keys(name, "per_class")) for name, section in checks.items()]
+    as_float = lambda value: math.nan if value is None else float(value)  # noqa: E731
     flat: dict[str, float] = {}
     for prefix, section, per_class_names in sections:
         for name, value in section["macro"].items():
-            flat[f"{prefix}/{name}/macro"] = math.nan if value is None else float(value)
+            flat[f"{prefix}/{name}/macro"] = as_float(value)
         for key, values in section["per_class"].items():
             for name in per_class_names:
-                value = values[name]
-                flat[f"{prefix}/{name}/{key}"] = math.nan if value is None else float(value)
+                flat[f"{prefix}/{name}/{key}"] = as_float(values[name])
+    for step in checks.get("sanity", {}).get("steps", []):
+        for name, value in {**{k: step[k] for k in run_keys("sanity", "macro")}, **step["grounding"]}.items():
+            flat[f"sanity/step_{step['step']}/{name}"] = as_float(value)
     return flat

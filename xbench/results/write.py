@@ -8,6 +8,10 @@
 - ``queries.csv.gz`` (a phrase dataset's run): one row per graded (image, query) and view (``query``:
   as the model grounds the phrase; ``finding_name``: by its finding's name), with the phrase and
   the same columns as a graded pair;
+- ``faithfulness.csv.gz``, ``sanity.csv.gz`` (runs with those checks, ``xbench.checks``): one row
+  per scored (image, class) pair -- and cascade step -- with its values; a curve's points as
+  ``<name>_000``, ``<name>_001``, ...; ``sanity_maps.npz``: one pair's radiograph, region and map
+  at every cascade step (the report's strip of maps);
 - ``config.yaml``: the resolved configuration;
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
   ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
@@ -32,7 +36,7 @@ import yaml
 
 from xbench.files import atomic_write, staging_folder
 from xbench.findings import display_name
-from xbench.results.folder import METRICS, OVERLAYS, PAIRS, QUERIES, count_columns
+from xbench.results.folder import CHECK_TABLES, METRICS, OVERLAYS, PAIRS, QUERIES, SANITY_MAPS, count_columns
 
 
 #: Images per chunk of ``pairs.csv.gz``: the table is built and written this many images at a time,
@@ -115,6 +119,24 @@ def query_table(results: dict, query_records: dict[str, dict], datamodule) -> pd
     return pd.concat(tables, ignore_index=True)
 
 
+def check_table(records: dict, classes: list[str], image_ids: list[str]) -> pd.DataFrame:
+    """A check's per-pair records (``index``, ``class``, then values [P] or curves [P, K]) as a table:
+    ``image_index``, ``image_id``, ``class``, each value as a column, a curve as ``<name>_000``, ...
+    (its ``arrays``, if any, go to their own file)."""
+    index = records["index"].cpu().numpy()
+    columns = {"image_index": index, "image_id": np.asarray(image_ids, dtype=object)[index],
+               "class": np.asarray(classes, dtype=object)[records["class"].cpu().numpy()]}
+    for name, values in records.items():
+        if name in ("index", "class", "arrays"):
+            continue
+        values = values.cpu().numpy()
+        if values.ndim == 1:
+            columns[name] = values
+        else:
+            columns.update({f"{name}_{k:03d}": values[:, k] for k in range(values.shape[1])})
+    return pd.DataFrame(columns)
+
+
 def _write_overlays(path: Path, overlays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as handle:
         np.savez_compressed(handle, **overlays)
@@ -177,6 +199,12 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
         if records.get("queries"):
             table = query_table(results, records["queries"], datamodule)
             atomic_write(staging / QUERIES, lambda p: table.to_csv(p, index=False, compression="gzip"))
+        for section, file in CHECK_TABLES.items():
+            if records.get(section):
+                checked = check_table(records[section], results["classes"], image_ids)
+                atomic_write(staging / file, lambda p, t=checked: t.to_csv(p, index=False, compression="gzip"))
+        if (records.get("sanity") or {}).get("arrays"):
+            atomic_write(staging / SANITY_MAPS, lambda p: _write_overlays(p, records["sanity"]["arrays"]))
         final = claim_folder(staging, results_dir, name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,97 @@
+"""The checks' per-pair tables read back, and their per-class means in every bootstrap replicate.
+
+A run with the sanity or faithfulness check (``xbench.checks``) keeps one row per scored (image,
+class) pair in ``faithfulness.csv.gz`` and one per pair and cascade step in ``sanity.csv.gz``. The
+analysis resamples them with the dataset's image weights, the same draws as every other metric of
+the run and of every other model on the dataset, so their intervals are paired with plausibility's.
+A pair whose value is undefined (a map that points nowhere; a constant map's Spearman correlation)
+is left out of its class's mean, as in ``metrics.json``; a class with no defined pair in a replicate
+is NaN there and left out of that replicate's macro mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from xbench.metrics.names import analysed_keys
+from xbench.results.folder import CHECK_TABLES, DAMAGED, read_table
+
+#: The analysed values of each check, by its section in ``metrics.json``.
+CHECK_METRICS = {section: analysed_keys(section) for section in CHECK_TABLES}
+
+
+@dataclass(frozen=True)
+class CheckedPairs:
+    """The (image, class) pairs one check scored: ``image`` int64 [P] (row in the run's sorted image
+    ids), ``cls`` int64 [P], and per metric float64 [P] (NaN: undefined for that pair)."""
+
+    image: Tensor
+    cls: Tensor
+    values: dict[str, Tensor]
+
+
+def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids: np.ndarray) -> dict[str, CheckedPairs]:
+    """The pairs of each check that ran on the folder's run (``metrics.json``'s section applicable):
+    faithfulness's pairs, and sanity's pairs after its last cascade step (every group randomised)."""
+    found = {}
+    for section, file in CHECK_TABLES.items():
+        if not (metrics.get(section) or {}).get("applicable"):
+            continue
+        path = Path(folder) / file
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing, but metrics.json holds a {section} section; {DAMAGED}")
+        table = read_table(path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+                           na_values={name: ["", "nan", "NaN"] for name in CHECK_METRICS[section]})
+        if section == "sanity":
+            last = metrics[section]["steps"][-1]["step"]
+            table = table[table["step"] == last]
+        found[section] = _checked_pairs(path, table, CHECK_METRICS[section], classes, image_ids)
+    return found
+
+
+def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], classes: tuple[str, ...],
+                   image_ids: np.ndarray) -> CheckedPairs:
+    missing = [name for name in ("image_id", "class", *names) if name not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: columns missing: {', '.join(missing)}; {DAMAGED}")
+    cls = pd.Categorical(table["class"], categories=classes).codes.astype(np.int64)
+    ids = table["image_id"].to_numpy(dtype=str)
+    image = np.searchsorted(image_ids, ids)
+    known = (image < len(image_ids)) & (image_ids[np.minimum(image, len(image_ids) - 1)] == ids)
+    if (cls < 0).any() or not known.all():
+        rows = np.flatnonzero((cls < 0) | ~known)[:5] + 2
+        raise ValueError(f"{path}, data row(s) {', '.join(map(str, rows))}: image_id or class not among the run's "
+                         f"images and classes; {DAMAGED}")
+    if len(np.unique(image * len(classes) + cls)) != len(table):
+        raise ValueError(f"{path}: an (image, class) pair appears twice; {DAMAGED}")
+    values = {}
+    for name in names:
+        column = pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=np.float64)
+        if np.isinf(column).any():
+            raise ValueError(f"{path}: {name} holds an infinite value; {DAMAGED}")
+        values[name] = torch.tensor(column)
+    return CheckedPairs(torch.from_numpy(image), torch.from_numpy(cls), values)
+
+
+def check_statistics(pairs: CheckedPairs, num_classes: int, weights: Tensor) -> dict[str, Tensor]:
+    """Per metric, float64 [R + 1, C]: each class's mean over its defined pairs, every pair weighted
+    by its image's multiplicity in the replicate (row 0: all ones, the estimate of ``metrics.json``)."""
+    drawn = weights[:, pairs.image]  # [R + 1, P]
+    out = {}
+    for name, value in pairs.values.items():
+        defined = ~value.isnan()
+        sums = drawn.new_zeros(len(weights), num_classes).index_add_(1, pairs.cls, drawn * value.nan_to_num(0.0))
+        counts = drawn.new_zeros(len(weights), num_classes).index_add_(1, pairs.cls, drawn * defined)
+        out[name] = sums / counts  # 0 / 0: no defined pair of the class in the replicate -> NaN
+    return out
+
+
+def same_images(a: CheckedPairs, b: CheckedPairs) -> bool:
+    """Whether two runs' checks scored the same images (so that a paired difference means one thing)."""
+    return torch.equal(torch.unique(a.image), torch.unique(b.image))

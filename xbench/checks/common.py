@@ -1,0 +1,65 @@
+"""What the sanity and faithfulness checks share: which images they look at, whether a model can be
+checked, and running the model on inputs of the checks' own making."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from xbench.data.base import Sample
+from xbench.geometry.maps import whole_frame
+from xbench.models.base import XBenchModel
+
+
+def choose_images(samples: Sequence[Sample], classes: Sequence[str], count: int) -> set[str]:
+    """The ids of up to ``count`` images that carry a graded pair (positive for a class of the run,
+    with its region), evenly spaced over them in sorted id order: the same images for every model
+    on a dataset, spread over the split (a split sorted by finding or site is not cut at its start)."""
+    eligible = sorted(s.image_id for s in samples if any(s.labels.get(key) == 1 and key in s.regions for key in classes))
+    if count >= len(eligible):
+        return set(eligible)
+    return {eligible[int(i)] for i in np.linspace(0, len(eligible) - 1, count).round()}
+
+
+def reads_only_its_input(model: XBenchModel) -> str | None:
+    """Why the checks cannot perturb or re-run ``model`` on its input alone, or ``None`` if they can: a
+    model that overrides ``infer`` reads more of the batch (the Oracle reads the answer; saved outputs
+    and the noise baseline ignore the pixels)."""
+    if type(model).infer is not XBenchModel.infer:
+        return f"{type(model).__name__} makes its maps from more than its input (it overrides infer)"
+    return None
+
+
+def input_of(model: XBenchModel, batch: dict) -> tuple[Tensor, Tensor]:
+    """The model's input in ``batch`` and the window [B, 4] it covers in the frame."""
+    if model.preprocess is None:
+        image = batch["image"]
+        return image, whole_frame(image.shape[0], tuple(image.shape[-2:]), image.device)
+    return batch["model_input"], batch["window"]
+
+
+@torch.no_grad()
+def run_model(trainer: L.Trainer, model: XBenchModel, inputs: Tensor, chunk: int,
+              maps: bool = True) -> tuple[Tensor, Tensor | None]:
+    """The model's logits [N, C] and (with ``maps``) raw maps of ``inputs`` [N, ...], ``chunk`` inputs
+    per forward, in the run's precision (``test_step`` runs in the precision plugin's context, and so
+    do these). The maps are the run's (``XBenchModel.explain``, as ``test_step`` makes them); the
+    scores alone need only the forward."""
+    logits, grids = [], []
+    with trainer.precision_plugin.forward_context():
+        for start in range(0, inputs.shape[0], chunk):
+            part = inputs[start:start + chunk]
+            scores, found = model.explain(part) if maps else model(part)
+            logits.append(scores.float())
+            if maps:
+                grids.append(found.float())
+    return torch.cat(logits), torch.cat(grids) if maps else None
+
+
+def chosen_rows(batch: dict, chosen: set[str]) -> list[int]:
+    """The rows of ``batch`` whose image is among ``chosen``."""
+    return [row for row, image_id in enumerate(batch["image_id"]) if image_id in chosen]

@@ -1,0 +1,93 @@
+"""How alike two maps of the same (image, class) are, for the sanity check's cascading
+randomisation (Adebayo et al., NeurIPS 2018): the map of the model as trained against the map after
+some of its layers were re-initialised.
+
+- :func:`spearman`: Spearman's rank correlation of the two maps placed in the frame, before min-max
+  normalisation (which keeps ranks but would make every value non-negative): the Pearson correlation
+  of the ranks, equal values sharing their mean rank; undefined (NaN) where either map is constant.
+  Taken plain and of the absolute values, as Adebayo et al. report both (a signed map may flip).
+- :func:`ssim`: the structural similarity of the two min-max normalised frame maps (data range 1,
+  torchmetrics' Gaussian window: 11 pixels, sigma 1.5), what the metrics see.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchmetrics.functional.image import structural_similarity_index_measure
+from torchmetrics.utilities import dim_zero_cat
+
+from xbench.metrics.common import MetricValues, RecordsMetric
+from xbench.metrics.faithfulness import pair_order
+
+#: The per-pair similarities a sanity record holds, in the tables' order.
+SIMILARITIES = ("spearman", "spearman_abs", "ssim")
+
+
+def average_ranks(values: Tensor) -> Tensor:
+    """float64 [N, n]: the ranks (1..n) of each row of ``values`` [N, n], equal values sharing the
+    mean of their ranks (``scipy.stats.rankdata``'s ``average``)."""
+    ordered, order = torch.sort(values, dim=-1, stable=True)
+    starts = torch.ones_like(ordered, dtype=torch.bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    group = starts.cumsum(-1) - 1  # the tie group of each sorted position
+    position = torch.arange(1, values.shape[-1] + 1, dtype=torch.float64, device=values.device).expand_as(ordered)
+    sums = torch.zeros_like(position).scatter_add_(-1, group, position)
+    counts = torch.zeros_like(position).scatter_add_(-1, group, torch.ones_like(position))
+    mean_rank = sums.gather(-1, group) / counts.gather(-1, group)
+    return torch.empty_like(mean_rank).scatter_(-1, order, mean_rank)
+
+
+def spearman(a: Tensor, b: Tensor) -> Tensor:
+    """float64 [N]: Spearman's rank correlation of each row of ``a`` and ``b`` [N, n] (maps flattened);
+    NaN where either row is constant."""
+    ranks_a, ranks_b = average_ranks(a.flatten(1)), average_ranks(b.flatten(1))
+    ranks_a = ranks_a - ranks_a.mean(-1, keepdim=True)
+    ranks_b = ranks_b - ranks_b.mean(-1, keepdim=True)
+    spread = (ranks_a.square().sum(-1) * ranks_b.square().sum(-1)).sqrt()
+    return torch.where(spread > 0, (ranks_a * ranks_b).sum(-1) / spread, torch.nan)
+
+
+def ssim(a: Tensor, b: Tensor) -> Tensor:
+    """float64 [N]: the structural similarity of normalised maps ``a`` and ``b`` [N, H, W] in [0, 1]."""
+    return structural_similarity_index_measure(a.double().unsqueeze(1), b.double().unsqueeze(1), data_range=1.0,
+                                               reduction="none")
+
+
+def similarities(original: Tensor, randomised: Tensor, original_saliency: Tensor,
+                 randomised_saliency: Tensor) -> dict[str, Tensor]:
+    """The :data:`SIMILARITIES` [N] of N map pairs: frame maps before normalisation [N, H, W] (the
+    rank correlations) and the normalised ones (SSIM)."""
+    return {"spearman": spearman(original, randomised),
+            "spearman_abs": spearman(original.abs(), randomised.abs()),
+            "ssim": ssim(original_saliency, randomised_saliency)}
+
+
+class SanityRecords(RecordsMetric):
+    """One row per (image, class, cascade step): the similarities of the map at that step to the
+    original, gathered across processes like every record state."""
+
+    full_state_update = False
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._add_record_states()
+
+    def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"sa_index": ((), torch.int64), "sa_class": ((), torch.int64), "sa_step": ((), torch.int64),
+                **{f"sa_{name}": ((), torch.float64) for name in SIMILARITIES}}
+
+    def update(self, index: Tensor, classes: Tensor, step: int, values: dict[str, Tensor]) -> None:
+        self.sa_index.append(index)
+        self.sa_class.append(classes)
+        self.sa_step.append(torch.full_like(index, step))
+        for name in SIMILARITIES:
+            getattr(self, f"sa_{name}").append(values[name].double())
+
+    def compute(self) -> MetricValues:
+        """Every process's rows, ordered by (step, image index, class)."""
+        index, cls, step = dim_zero_cat(self.sa_index), dim_zero_cat(self.sa_class), dim_zero_cat(self.sa_step)
+        within = pair_order(index, cls)
+        order = within[torch.argsort(step[within], stable=True)]
+        return MetricValues({"index": index[order], "class": cls[order], "step": step[order],
+                             **{name: dim_zero_cat(getattr(self, f"sa_{name}"))[order] for name in SIMILARITIES}})

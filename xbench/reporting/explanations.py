@@ -1,0 +1,237 @@
+"""Is the map an explanation? The report's tables and figures of the sanity and faithfulness checks
+(``xbench.checks``), for the runs that have them:
+
+- one table with plausibility (Pointing Game, Dice), faithfulness (deletion and insertion AUC,
+  ROAD) and sanity (similarity to the original map after every layer group is randomised) side by
+  side per model and dataset, with the analysis' bootstrap intervals (:func:`explanation_table`);
+- per model and dataset, the cascade as a table (:func:`cascade_tables`) and as the classic figure:
+  one pair's map as the layers are randomised from the output down, and the similarities of every
+  pair's map to the original at each step (:func:`cascade_figures`);
+- plausibility against faithfulness, one point per model and dataset (:func:`plausibility_vs_faithfulness`).
+
+The definitions: ``docs/explanations.md``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.lines import Line2D
+
+from xbench.analysis.tables import MACRO
+from xbench.metrics.names import long, short
+from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.figures import FONT_SIZE, MARKERS, Plot, _figure, _style, model_colours, overlay_rgb
+from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis
+from xbench.reporting.table import Cell, Column, Row, Table
+from xbench.results.folder import SANITY_MAPS, read_overlays
+
+CHECKS = ("faithfulness", "sanity")
+#: The explanation table's columns: (section of metrics.json, key), by column group.
+COLUMNS = {
+    "Plausibility": (("grounding", "pointing_game"), ("grounding", "dice@0.5")),
+    "Faithfulness": (("faithfulness", "deletion_auc"), ("faithfulness", "insertion_auc"), ("faithfulness", "road")),
+    "Sanity (all randomised)": (("sanity", "spearman"), ("sanity", "ssim")),
+}
+#: Where a lower value is the better explanation: a deletion curve that falls fast, a map that changes.
+LOWER_BETTER = frozenset({"deletion_auc", "spearman", "spearman_abs", "ssim"})
+#: The cascade table's and figure's similarities, and the grounding of the randomised model.
+SIMILARITIES = ("spearman", "spearman_abs", "ssim")
+STEP_GROUNDING = ("pointing_game", "dice@0.5", "iou@0.5")
+#: Maps shown in a cascade figure's strip (the original and the last step always among them).
+STRIP_MAPS = 8
+#: The faithfulness panels of the scatter.
+SCATTER_METRICS = ("deletion_auc", "insertion_auc", "road")
+
+DEFINITIONS = (
+    "Faithfulness, on the images the check scored: deletion (insertion) AUC = area under the class's logit as "
+    "the most salient input pixels are set to 0 (restored into a blurred input) in K steps; ROAD = (LeRF − MoRF) / "
+    "2, the logit change when the least (most) relevant pixels are imputed by noisy linear imputation, averaged "
+    "over the percentiles. Sanity: Spearman rank correlation and SSIM of each pair's map with the original map "
+    "once every layer group of the model is re-initialised (cascading randomisation); a map that stays alike "
+    "does not depend on the weights. Definitions: docs/explanations.md."
+)
+
+
+def _applicable(run, section: str) -> bool:
+    return bool((run.results.get(section) or {}).get("applicable"))
+
+
+def checked_runs(bench: Benchmark) -> list[tuple[str, str]]:
+    """(model, dataset) of the runs with a check that applied, in the report's order."""
+    return [(model, dataset) for dataset in bench.datasets for model in bench.models_on(dataset)
+            if any(_applicable(bench.get(model, dataset), section) for section in CHECKS)]
+
+
+def _column(group: str, key: str) -> Column:
+    return Column(short(key), group, percent=key in ("pointing_game", "dice@0.5"), lower_better=key in LOWER_BETTER)
+
+
+def explanation_table(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Table | None:
+    """Plausibility, faithfulness and sanity side by side per dataset (row groups) and model, macro
+    means with bootstrap intervals (``None`` when no run has a check)."""
+    runs = checked_runs(bench)
+    if not runs:
+        return None
+    columns = tuple(_column(group, key) for group, keys in COLUMNS.items() for _, key in keys)
+    rows, scopes = [], set()
+    for model, dataset in runs:
+        results = bench.get(model, dataset).results
+        cells = []
+        for keys in COLUMNS.values():
+            for section, key in keys:
+                value = (results.get(section) or {}).get("macro", {}).get(key)
+                interval = analysis.interval(dataset, model, MACRO, key) if analysis and value is not None else None
+                cells.append(Cell(value, interval))
+        for section in CHECKS:
+            if _applicable(bench.get(model, dataset), section):
+                scopes.add(f"{section}: {results[section]['images']} images")
+        rows.append(Row(bench.model_label(model), tuple(cells), group=bench.dataset_label(dataset)))
+    caption = (
+        "Is the map an explanation? Plausibility: Pointing Game and Dice at τ = 0.5 over the whole split, in "
+        "percent. " + DEFINITIONS + " AUCs and ROAD in logits (each model's own scale: compare a model's rows, and "
+        "rank models with care); Spearman and SSIM from −1 to 1. Lower is better for deletion AUC, Spearman and "
+        "SSIM, higher for the rest. – : the check did not run or does not apply (a model without weights has "
+        f"no sanity check). Images checked per run: {', '.join(sorted(scopes))}. "
+        + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE
+    )
+    return Table("explanations", "Plausibility, faithfulness and sanity of each model's maps (macro mean over classes)",
+                 caption, "Model", columns, tuple(rows))
+
+
+def cascade_tables(bench: Benchmark) -> list[Table]:
+    """Per run with the sanity check: each cascade step's similarity to the original map and the
+    randomised model's grounding on the checked images."""
+    tables = []
+    for model, dataset in checked_runs(bench):
+        run = bench.get(model, dataset)
+        if not _applicable(run, "sanity"):
+            continue
+        section = run.results["sanity"]
+        columns = (*(Column(short(key), "Similarity to the original", ranked=False, percent=False)
+                     for key in SIMILARITIES),
+                   *(Column(short(key), "Grounding of the randomised model", ranked=False) for key in STEP_GROUNDING))
+        rows = tuple(Row(f"{step['step']}. {step['layers']}",
+                         (*(Cell(step[key]) for key in SIMILARITIES),
+                          *(Cell(step["grounding"][key]) for key in STEP_GROUNDING)))
+                     for step in section["steps"])
+        label = f"{bench.model_label(model)} on {bench.dataset_label(dataset)}"
+        tables.append(Table(
+            f"sanity_{model}_{dataset}", f"Cascading randomisation of {label}",
+            f"Step k re-initialises the layers named and every layer above it (from the output down; seed "
+            f"{section['seed']}), step 0 is the model as loaded. Similarities: mean over the {section['pairs']} graded "
+            f"pairs of {section['images']} images of Spearman's rank correlation (plain and of absolute values) and "
+            "SSIM between the pair's map and its original map (macro over classes); a map that explains the model "
+            "falls towards 0. Grounding (percent): the randomised model's maps graded on the same images. "
+            "Meaningful with the authors' weights only: random weights have nothing to destroy.",
+            "Randomised up to", columns, rows))
+    return tables
+
+
+def _strip_steps(count: int) -> list[int]:
+    """Up to :data:`STRIP_MAPS` steps of ``count``, evenly spaced, the first and last among them."""
+    return sorted({int(round(v)) for v in np.linspace(0, count - 1, min(count, STRIP_MAPS))})
+
+
+def cascade_figures(bench: Benchmark) -> list[Plot]:
+    """Per run with the sanity check, the classic cascade figure: one pair's map at steps of the
+    cascade (when the run saved them) above the similarity of every pair's map to the original."""
+    plots = []
+    for model, dataset in checked_runs(bench):
+        run = bench.get(model, dataset)
+        if not _applicable(run, "sanity"):
+            continue
+        steps = run.results["sanity"]["steps"]
+        saved = read_overlays(run.folder, SANITY_MAPS)
+        shown = _strip_steps(len(steps)) if saved is not None else []
+        figure = _figure(max(7.0, 1.15 * len(shown)), 5.6 if shown else 3.4)
+        if shown:
+            top, bottom = figure.subfigures(2, 1, height_ratios=(1, 1.5))
+            for ax, k in zip(top.subplots(1, len(shown), squeeze=False)[0], shown):
+                ax.imshow(overlay_rgb(saved["image"], saved["maps"][k], saved["mask"].astype(bool)))
+                ax.set_title(f"{k}. {steps[k]['layers']}", fontsize=FONT_SIZE - 2, wrap=True)
+                ax.set_axis_off()
+        else:
+            bottom = figure
+        ax = bottom.subplots()
+        x = np.arange(len(steps))
+        for key, style in zip((*SIMILARITIES, "pointing_game"), ("-o", "-s", "-^", "--D")):
+            values = [step["grounding"][key] if key == "pointing_game" else step[key] for step in steps]
+            ax.plot(x, [math.nan if v is None else v for v in values], style, markersize=3.5, linewidth=1.3,
+                    label=long(key) if key == "pointing_game" else short(key))
+        ax.axhline(0, color="0.4", linewidth=0.8)
+        ax.set_xticks(x, [f"{step['step']}. {step['layers']}" for step in steps], rotation=60, ha="right",
+                      fontsize=FONT_SIZE - 2)
+        ax.set_ylim(-1.05, 1.05)
+        ax.set_ylabel("similarity to the original map", fontsize=FONT_SIZE)
+        ax.set_xlabel("randomised up to (cumulative, from the output down)", fontsize=FONT_SIZE)
+        _style(ax)
+        ax.legend(fontsize=FONT_SIZE - 1, frameon=False, ncols=4, loc="lower left")
+        label = f"{bench.model_label(model)} on {bench.dataset_label(dataset)}"
+        section = run.results["sanity"]
+        caption = (
+            f"Cascading randomisation of {label}: "
+            + (f"top, the map of {saved['finding'].item()} on image {saved['image_id'].item()} (white: the region) "
+               "as the model is randomised step by step; bottom, " if shown else "")
+            + f"the mean similarity of the {section['pairs']} graded pairs' maps to their original maps (Spearman, "
+            "plain and of absolute values, and SSIM) and the Pointing Game of the randomised model (a fraction). A "
+            "map that explains the model changes as its weights are destroyed; one that stays alike explains the "
+            "image. Meaningful with the authors' weights only."
+        )
+        plots.append(Plot(f"sanity_{model}_{dataset}", figure, caption))
+    return plots
+
+
+def plausibility_vs_faithfulness(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Plot | None:
+    """One point per (model, dataset) with the faithfulness check: macro Pointing Game against each
+    faithfulness measure, with bootstrap intervals as error bars where the analysis gives them."""
+    runs = [(m, d) for m, d in checked_runs(bench) if _applicable(bench.get(m, d), "faithfulness")]
+    if not runs:
+        return None
+    colours = model_colours(bench)
+    markers = {d: MARKERS[i % len(MARKERS)] for i, d in enumerate(bench.datasets)}
+    figure = _figure(10.0, 3.6)
+    axes = figure.subplots(1, len(SCATTER_METRICS))
+    for ax, key in zip(axes, SCATTER_METRICS):
+        for model, dataset in runs:
+            results = bench.get(model, dataset).results
+            x, y = results["grounding"]["macro"]["pointing_game"], results["faithfulness"]["macro"][key]
+            if x is None or y is None:
+                continue
+            errors = {}
+            for axis, (metric, value, scale) in {"xerr": ("pointing_game", x, 100), "yerr": (key, y, 1)}.items():
+                interval = analysis.interval(dataset, model, MACRO, metric) if analysis else None
+                if interval is not None and not any(v is None or math.isnan(v) for v in interval):
+                    errors[axis] = [[scale * (value - interval[0])], [scale * (interval[1] - value)]]
+            ax.errorbar(100 * x, y, **errors, fmt=markers[dataset], color=colours[model], markersize=6,
+                        markeredgecolor="black", markeredgewidth=0.4, elinewidth=0.8, capsize=2)
+        ax.set_xlabel("Plausibility: macro Pointing Game (%)", fontsize=FONT_SIZE)
+        ax.set_ylabel(f"{long(key)}", fontsize=FONT_SIZE - 1)
+        _style(ax)
+    shown = list(dict.fromkeys(m for m, _ in runs))
+    figure.legend(handles=[Line2D([], [], marker="o", linestyle="", color=colours[m], markeredgecolor="black",
+                                  markeredgewidth=0.4, label=bench.model_label(m)) for m in shown]
+                  + [Line2D([], [], marker=markers[d], linestyle="", color="0.6", markeredgecolor="black",
+                            markeredgewidth=0.4, label=bench.dataset_label(d))
+                     for d in dict.fromkeys(d for _, d in runs)],
+                  fontsize=FONT_SIZE, loc="outside right upper", frameon=False)
+    caption = (
+        "Plausibility against faithfulness: each point is one model on one dataset (colour: model, shape: dataset); "
+        "x, the macro Pointing Game over the whole split; y, the macro deletion AUC (lower is more faithful), "
+        "insertion AUC and ROAD (higher is more faithful) on the images the check scored, in the model's logits. A "
+        "map can point where the radiologist looked without driving the model's score, and the reverse. "
+        + ("Error bars: bootstrap percentile intervals (images resampled, paired with the Pointing Game's)."
+           if analysis else "")
+    )
+    return Plot("plausibility_vs_faithfulness", figure, caption.strip())
+
+
+def explanation_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
+    table = explanation_table(bench, analysis)
+    return ([table] if table is not None else []) + cascade_tables(bench)
+
+
+def explanation_figures(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Plot]:
+    scatter = plausibility_vs_faithfulness(bench, analysis)
+    return ([scatter] if scatter is not None else []) + cascade_figures(bench)
