@@ -196,13 +196,15 @@ class Sanity(Callback):
                                            pl_module.classes, [step["layers"] for step in section["steps"]])
         pl_module.checks[SECTION] = (section, pairs)
 
-    def maps(self, trainer: L.Trainer, model: XBenchModel, part: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        """The frame maps of the kept images, before and after normalisation [n, C, S, S]."""
+    def maps(self, trainer: L.Trainer, model: XBenchModel, part: dict[str, Tensor]
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The frame maps of the kept images, before and after normalisation [n, C, S, S], and the
+        frame pixels the model saw [n, S, S] (``None``: all)."""
         device = model.device
         batch = {"masks": part["masks"].to(device), "window": part["window"].to(device)}
         _, raw = run_model(trainer, model, part["input"].to(device), part["chunk"])
         frame = tuple(part["masks"].shape[-2:])
-        return place_in_frame(raw, batch["window"], frame, model.map_upsample), model.frame_saliency(raw, batch)
+        return place_in_frame(raw, batch["window"], frame, model.map_upsample), *model.frame_saliency(raw, batch)
 
     @staticmethod
     def compare(records: SanityRecords, grounding: GroundingMetrics, part: dict[str, Tensor], step: int,
@@ -210,7 +212,7 @@ class Sanity(Callback):
         """Grade the step's maps and record their similarity to the original maps, per graded pair."""
         device = randomised[1].device
         has_mask, index = part["has_mask"].to(device), part["index"].to(device)
-        grounding.update(randomised[1], part["masks"].to(device), has_mask, index)
+        grounding.update(randomised[1], part["masks"].to(device), has_mask, index, seen=randomised[2])
         rows, classes = has_mask.nonzero(as_tuple=True)
         values = similarities(original[0][rows, classes], randomised[0][rows, classes],
                               original[1][rows, classes], randomised[1][rows, classes])
