@@ -180,12 +180,11 @@ class Sanity(Callback):
                     randomise(pl_module, cascade.parameters, self.seed)
                     if cascade.text:
                         pl_module.build(pl_module.classes)
-                for p, (part, (placed, saliency)) in enumerate(zip(kept, original)):
-                    now_placed, now_saliency = (placed, saliency) if cascade is None else \
-                        self.maps(trainer, pl_module, part)
-                    self.compare(records, grounding[step], part, step, (placed, saliency), (now_placed, now_saliency))
+                for p, (part, maps) in enumerate(zip(kept, original)):
+                    now = maps if cascade is None else self.maps(trainer, pl_module, part)
+                    self.compare(records, grounding[step], part, step, maps, now)
                     if strip is not None and strip[0] == p:
-                        strip_maps.append(now_saliency[strip[1], strip[2]].cpu())
+                        strip_maps.append(now[1][strip[1], strip[2]].cpu())
         finally:
             restore(pl_module, snapshot)
             if any(step.text for step in self.steps):
@@ -208,7 +207,8 @@ class Sanity(Callback):
 
     @staticmethod
     def compare(records: SanityRecords, grounding: GroundingMetrics, part: dict[str, Tensor], step: int,
-                original: tuple[Tensor, Tensor], randomised: tuple[Tensor, Tensor]) -> None:
+                original: tuple[Tensor, Tensor, Tensor | None],
+                randomised: tuple[Tensor, Tensor, Tensor | None]) -> None:
         """Grade the step's maps and record their similarity to the original maps, per graded pair."""
         device = randomised[1].device
         has_mask, index = part["has_mask"].to(device), part["index"].to(device)
