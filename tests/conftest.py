@@ -130,6 +130,25 @@ def write_ms_cxr(
     return csv_path
 
 
+def tiny_clip_state(folder: Path, name: str, vision_layers: int) -> dict:
+    """A tiny open_clip architecture ``name`` (32 px images in 8 px patches, width 32, a one-block
+    text tower) registered from its config written to ``folder``, and its seeded random weights
+    (CLIP's state dict, ``random_weights.clip_state``)."""
+    import open_clip
+
+    from xbench.models.random_weights import clip_state
+
+    config = {
+        "embed_dim": 16,
+        "quick_gelu": True,
+        "vision_cfg": {"image_size": 32, "layers": vision_layers, "width": 32, "head_width": 16, "patch_size": 8},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    (folder / f"{name}.json").write_text(json.dumps(config))
+    open_clip.add_model_config(folder / f"{name}.json")
+    return clip_state(name, 0)
+
+
 #: The datasets a model's end-to-end CLI test runs on (``model_cli_dataset``): the phantom and the
 #: phrase fixture. The other formats reach a model as the same decoded batch (each dataset's tests,
 #: and ``tests/test_cache_exact.py`` for every model's transform on every format).

@@ -12,13 +12,11 @@
 
 from __future__ import annotations
 
-import json
 import typing
 from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
-import open_clip
 import pytest
 import pytorch_grad_cam
 import torch
@@ -30,33 +28,24 @@ from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
 from safetensors.torch import save_file
 from torch import nn
 
-from conftest import CONFIGS, run_args
+from conftest import CONFIGS, run_args, tiny_clip_state
 from xbench import catalog
 from xbench.models.base import XBenchModel
 from xbench.models.baselines import CentrePrior, Oracle, RandomSaliency
 from xbench.models.clip import CLIP
 from xbench.models.explainers import CAM_METHODS, NATIVE, CamTarget, ClassScores, Explainer, check_explainer
 from xbench.models.precomputed import PrecomputedSaliency
-from xbench.models.random_weights import clip_state
 from xbench.reporting.benchmark import Benchmark
 
 CLASSES = ["nodule", "mass", "consolidation"]  # the phantom's
 TINY_CLIP = "xbench-explainers-tiny-clip"
-TINY_CLIP_CONFIG = {
-    "embed_dim": 16,
-    "quick_gelu": True,
-    "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-}
 
 
 @pytest.fixture(scope="module")
 def clip_folder(tmp_path_factory):
     """Tiny random CLIP weights (a 4x4 patch grid at 32 px) in CLIP's file layout."""
     folder = tmp_path_factory.mktemp("clip")
-    (folder / f"{TINY_CLIP}.json").write_text(json.dumps(TINY_CLIP_CONFIG))
-    open_clip.add_model_config(folder / f"{TINY_CLIP}.json")
-    save_file(clip_state(TINY_CLIP, 0), folder / "open_clip_model.safetensors")
+    save_file(tiny_clip_state(folder, TINY_CLIP, vision_layers=2), folder / "open_clip_model.safetensors")
     return folder
 
 

@@ -16,16 +16,14 @@ own prompt style for phrases (``encode_phrases``) and grounds it with the classe
 
 from __future__ import annotations
 
-import json
 import warnings
 
-import open_clip
 import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import BertConfig, BertModel
 
-from conftest import assert_cam_declaration
+from conftest import assert_cam_declaration, tiny_clip_state
 
 from xbench.findings import finding_text
 from xbench.models import random_weights
@@ -45,12 +43,6 @@ from xbench.models.precomputed import PrecomputedSaliency
 CLASSES = ["pneumonia", "pleural_effusion", "nodule"]
 PHRASE = "small left apical pneumothorax"
 TINY_CLIP = "xbench-phrase-tiny-clip"
-TINY_CLIP_CONFIG = {
-    "embed_dim": 16,
-    "quick_gelu": True,
-    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
-    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-}
 CARZERO_TINY = Architecture(width=32, vision_depth=1, vision_heads=2, fusion_layers=2, fusion_heads=4, fusion_ffn=64,
                             head_widths=(16,))
 CARZERO_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "there", "is", "lung", "nod", "##ule", "pulmonary",
@@ -80,9 +72,7 @@ def close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-6) -> None:
 
 def clip_family(name: str, folder, **kwargs):
     if name in ("clip", "clip_gradcam", "chexzero"):
-        (folder / f"{TINY_CLIP}.json").write_text(json.dumps(TINY_CLIP_CONFIG))
-        open_clip.add_model_config(folder / f"{TINY_CLIP}.json")
-        state = random_weights.clip_state(TINY_CLIP, 0)
+        state = tiny_clip_state(folder, TINY_CLIP, vision_layers=1)
         if name == "chexzero":
             torch.save(state, folder / CHEXZERO_FILE)
             return CheXzero(checkpoint_dir=str(folder), arch=TINY_CLIP), 32
