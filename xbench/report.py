@@ -42,14 +42,15 @@ ANALYSIS_FOLDER = "analysis"
 
 
 def _runs_section(bench: Benchmark) -> list[str]:
-    runs = [(m, d, None, run) for (m, d), run in [*bench.runs.items(), *bench.ceilings.items()]]
-    runs += [(m, d, p, run) for (m, d, p), run in bench.perturbed.items()]
+    runs = [(m, d, None, bench_run) for (m, d), bench_run in [*bench.runs.items(), *bench.ceilings.items()]]
+    runs += [(m, d, p, bench_run) for (m, d, p), bench_run in bench.perturbed.items()]
     rows = []
-    for model, dataset, perturbation, run in runs:
-        data = run.results["data"]
-        label = bench.model_label(model) + (" (ceiling)" if run.instrument else "")
+    for model, dataset, perturbation, bench_run in runs:
+        data = bench_run.results["data"]
+        label = bench.model_label(model) + (" (ceiling)" if bench_run.instrument else "")
         rows.append([label, bench.dataset_label(dataset), perturbation or "–",
-                     f"{data['images_evaluated']} of {data['images_in_split']}", run.results["created"], f"`{run.folder}`"])
+                     f"{data['images_evaluated']} of {data['images_in_split']}", bench_run.results["created"],
+                     f"`{bench_run.folder}`"])
     lines = ["## Runs", "", *markdown_grid(["Model", "Dataset", "Perturbation", "Images", "Created", "Folder"], rows,
                                           text_columns=3)]
     if bench.superseded:
