@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import textwrap
 from pathlib import Path
@@ -170,8 +171,18 @@ def test_devices_2_runs_two_pinned_jobs_at_once_and_writes_what_a_serial_run_wri
         assert files == serial[key], key
 
 
+@pytest.fixture
+def terminal_ctrl_c():
+    """SIGINT handled as in a terminal, where a user presses Ctrl-C. A process started in the background
+    by a non-interactive shell (``pytest &`` in a script) ignores SIGINT, and so would the jobs it starts:
+    they would finish before the SIGKILL that follows an ignored SIGINT after 10 s."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("options", [["--launcher", "slurm"], ["--devices", "2"]])
-def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch, capsys, options):
+def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch, capsys, options, terminal_ctrl_c):
     monkeypatch.setattr(launch, "CLUSTER", "local")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     if len(os.sched_getaffinity(0)) < 2:

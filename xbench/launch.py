@@ -327,7 +327,8 @@ class LocalRun:
         return "ok", str(new[-1]) if new else "(no results folder written)"
 
     def cancel(self) -> None:
-        """SIGINT to its session (a clean stop: W&B and Lightning close), SIGKILL after 10 s."""
+        """SIGINT to its session (a clean stop: W&B and Lightning close), SIGKILL after 10 s (a job
+        ignores SIGINT where the suite itself does and it passed on: a background job of a script)."""
         if self.process is None:
             return
         for sig in (signal.SIGINT, signal.SIGKILL):
