@@ -33,7 +33,7 @@ import torch
 
 from xbench.findings import PAPER_CLASSES
 from xbench.models.explainers import CAM_METHODS, NATIVE
-from throughput import BUILDERS, PAPER_MODELS
+from throughput import BUILDERS, NETWORK_MODELS
 from timing import best_seconds
 
 #: Measured unless ``--explainers`` names others (Score-CAM: see the module's docstring).
@@ -58,7 +58,7 @@ def seconds(model, inputs: torch.Tensor, explainer: str, device: torch.device, r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", nargs="+", default=list(PAPER_MODELS), choices=list(PAPER_MODELS))
+    parser.add_argument("--models", nargs="+", default=list(NETWORK_MODELS), choices=list(NETWORK_MODELS))
     parser.add_argument("--explainers", nargs="+", default=DEFAULT_EXPLAINERS, choices=list(CAM_METHODS))
     parser.add_argument("--classes", type=int, default=10, help="the first N of ChestX-Det10's classes")
     parser.add_argument("--images", type=int, default=2, help="images per batch")

@@ -47,18 +47,25 @@ from xbench.findings import PAPER_CLASSES
 from xbench.models.base import XBenchModel
 from xbench.models.baselines import CentrePrior, RandomSaliency
 from xbench.models.biomedclip import BiomedCLIP
+from xbench.models.biovil import BioViL, BioViLT
 from xbench.models.carzero import CARZero
+from xbench.models.chexzero import CheXzero
 from xbench.models.clip import CLIP
 from xbench.models.devide import DeViDe
+from xbench.models.gloria import GLoRIA
 from xbench.models.kad import KAD
 from xbench.models.mavl import MAVL
 from xbench.models.medklip import MedKLIP
 from xbench.models.random_weights import (
     write_bert,
     write_biomedclip,
+    write_biovil,
+    write_biovil_t,
     write_carzero,
+    write_chexzero,
     write_clip,
     write_devide,
+    write_gloria,
     write_kad,
     write_mavl,
     write_medklip,
@@ -87,10 +94,16 @@ BUILDERS: dict[str, Callable[[Path, list[str]], XBenchModel]] = {
     "kad": lambda folder, classes: KAD(checkpoint_dir=str(write_kad(folder))),
     "devide": lambda folder, classes: DeViDe(checkpoint_dir=str(write_devide(folder))),
     "carzero": lambda folder, classes: CARZero(checkpoint_dir=str(write_carzero(folder, classes))),
+    "chexzero": lambda folder, classes: CheXzero(checkpoint_dir=str(write_chexzero(folder))),
+    "biovil": lambda folder, classes: BioViL(checkpoint_dir=str(write_biovil(folder))),
+    "biovil_t": lambda folder, classes: BioViLT(checkpoint_dir=str(write_biovil_t(folder))),
+    "gloria": lambda folder, classes: GLoRIA(checkpoint_dir=str(write_gloria(folder))),
     "random": lambda folder, classes: RandomSaliency(),
     "centre_prior": lambda folder, classes: CentrePrior(),
 }
 PAPER_MODELS = ("clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero")
+#: Every model with a network: the paper's and the newer ones.
+NETWORK_MODELS = (*PAPER_MODELS, "chexzero", "biovil", "biovil_t", "gloria")
 
 
 class LoopClock(L.Callback):
@@ -223,7 +236,7 @@ def main() -> None:
                 model = BUILDERS[model_name](scratch / "weights", classes)
             rows.append(measure(model_name, model, datamodule, args, device, scratch / "results"))
             row = rows[-1]
-            overhead = f"{100 * row.overhead:+6.1f} %" if row.name in PAPER_MODELS else "(no network)"
+            overhead = f"{100 * row.overhead:+6.1f} %" if row.name in NETWORK_MODELS else "(no network)"
             print(f"  {row.name:<13} bare {row.bare:9.2f} images/s   harness {row.harness:8.2f} images/s   "
                   f"{row.harness_ms:+6.1f} ms per image   overhead {overhead}   fixed {row.fixed:5.1f} s per run",
                   flush=True)

@@ -209,6 +209,20 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
 CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfulness.steps", "2",
               "--faithfulness.road_percentiles", "[90]")
 
+#: The CAM explainer a model runs with :data:`CHECK_ARGS` in its phantom CLI test (:func:`explainer_args`);
+#: its real-format CLI test runs the checks on the native map. Every method of ``CAM_METHODS`` goes
+#: through ``python -m xbench.test`` on a shipped model (``tests/test_explainers.py`` holds the table to
+#: that): Score-CAM, a forward pass per channel of the layer, per image and class, on the tiny CLIP (32
+#: channels); the others on the authors' architectures at full size too (CheXzero: two ViT-B/32 blocks).
+CLI_EXPLAINERS = {"medklip": "gradcam++", "mavl": "hirescam", "kad": "xgradcam", "devide": "layercam",
+                  "gloria": "eigencam", "biovil": "gradcam", "biovil_t": "gradcam++", "chexzero": "xgradcam",
+                  "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam"}
+
+
+def explainer_args(model: str) -> tuple[str, ...]:
+    """``model``'s CAM explainer of :data:`CLI_EXPLAINERS` and both checks at their smallest settings."""
+    return ("--model.explainer", CLI_EXPLAINERS[model], *CHECK_ARGS)
+
 
 def check_explanation_sections(results: dict, folder: Path) -> None:
     """A run with :data:`CHECK_ARGS` scored one image's graded pairs for sanity (every cascade step,
@@ -261,7 +275,10 @@ def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extr
     ``query_mode`` says (:func:`check_phrase_results`). The metrics.json payload."""
     root, data_extra, images = model_cli_dataset(data, folder, phantom_root)
     results = main(run_args(model, data, root, folder / "results", *extra, *data_extra))
-    assert results["model"] == model and results["data"]["images_evaluated"] == images
+    explainer = extra[extra.index("--model.explainer") + 1] if "--model.explainer" in extra else "native"
+    assert results["explainer"]["name"] == explainer
+    assert results["model"] == (model if explainer == "native" else f"{model}+{explainer}")
+    assert results["data"]["images_evaluated"] == images
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())

@@ -176,17 +176,18 @@ def test_bf16_mixed_stays_close_to_fp32(tiny_folder):
 
 
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, no_network):
-    from conftest import CHECK_ARGS, check_explanation_sections, only_folder
+    """With BiomedCLIP's CAM explainer of ``conftest.CLI_EXPLAINERS`` and both checks."""
+    from conftest import check_explanation_sections, explainer_args, only_folder
 
-    results = main(run_args("biomedclip", "phantom", phantom_root, tmp_path, *CHECK_ARGS,
+    results = main(run_args("biomedclip", "phantom", phantom_root, tmp_path, *explainer_args("biomedclip"),
                             "--model.checkpoint_dir", str(tiny_folder), "--data.batch_size", "4"))
     check_explanation_sections(results, only_folder(tmp_path))
-    assert results["model"] == "biomedclip" and results["data"]["images_evaluated"] == 9
+    assert results["model"] == "biomedclip+gradcam" and results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
 
 
 def test_cli_grounds_ms_cxr_phrases(tiny_folder, tmp_path, no_network):
-    from conftest import run_on_ms_cxr
+    from conftest import CHECK_ARGS, run_on_ms_cxr
 
-    run_on_ms_cxr("biomedclip", tmp_path, "phrase", "--model.checkpoint_dir", str(tiny_folder))
+    run_on_ms_cxr("biomedclip", tmp_path, "phrase", "--model.checkpoint_dir", str(tiny_folder), *CHECK_ARGS)

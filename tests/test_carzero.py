@@ -587,18 +587,19 @@ def test_bf16_mixed_stays_close_to_fp32(checkpoint_folder, tiny):
 
 
 def test_cli_grounds_ms_cxr_phrases(checkpoint_folder, tmp_path, tiny, no_network):
-    from conftest import run_on_ms_cxr
+    from conftest import CHECK_ARGS, run_on_ms_cxr
 
-    run_on_ms_cxr("carzero", tmp_path, "phrase", "--model.checkpoint_dir", str(checkpoint_folder))
+    run_on_ms_cxr("carzero", tmp_path, "phrase", "--model.checkpoint_dir", str(checkpoint_folder), *CHECK_ARGS)
 
 
 def test_cli_runs_carzero_on_the_phantom(checkpoint_folder, phantom_root, tmp_path, tiny, no_network):
-    from conftest import CHECK_ARGS, check_explanation_sections, only_folder
+    """With CARZero's CAM explainer of ``conftest.CLI_EXPLAINERS`` and both checks."""
+    from conftest import check_explanation_sections, explainer_args, only_folder
 
-    results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results", *CHECK_ARGS,
+    results = main(run_args("carzero", "phantom", phantom_root, tmp_path / "results", *explainer_args("carzero"),
                             "--model.checkpoint_dir", str(checkpoint_folder), "--data.batch_size", "4"))
     check_explanation_sections(results, only_folder(tmp_path / "results"))
-    assert results["model"] == "carzero" and results["data"]["images_evaluated"] == 9
+    assert results["model"] == "carzero+hirescam" and results["data"]["images_evaluated"] == 9
     assert results["config"]["model"]["class_path"] == "xbench.models.carzero.CARZero"
     graded = sum(v["pairs"] for v in results["grounding"]["per_class"].values())
     assert graded > 0 and 0 <= results["grounding"]["macro"]["dice@best"] <= 1

@@ -237,14 +237,16 @@ def test_every_paper_class_has_prompt_text():
 
 @pytest.mark.parametrize("extra", [[], ["--trainer.precision", "bf16-mixed"]], ids=["fp32", "bf16"])
 def test_cli_end_to_end(tiny_folder, phantom_root, tmp_path, extra, no_network):
-    from conftest import CHECK_ARGS, check_explanation_sections, only_folder
+    """In float32 with CLIP's CAM explainer of ``conftest.CLI_EXPLAINERS`` (Score-CAM) and both checks."""
+    from conftest import CLI_EXPLAINERS, check_explanation_sections, explainer_args, only_folder
 
-    checks = CHECK_ARGS if not extra else ()  # the checks once, on the default map
+    checks = explainer_args("clip") if not extra else ()  # the explainer and checks once, in float32
     results = main(run_args("clip", "phantom", phantom_root, tmp_path, *extra, *checks, "--model.checkpoint_dir",
                             str(tiny_folder), "--model.arch", "xbench-tiny-clip", "--data.batch_size", "4"))
     if checks:
         check_explanation_sections(results, only_folder(tmp_path))
-    assert results["model"] == "clip" and results["data"]["images_evaluated"] == 9
+    assert results["model"] == ("clip" if extra else f"clip+{CLI_EXPLAINERS['clip']}")
+    assert results["data"]["images_evaluated"] == 9
     assert results["config"]["trainer"]["precision"] == ("bf16-mixed" if "--trainer.precision" in extra else "32-true")
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)

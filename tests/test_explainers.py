@@ -138,6 +138,22 @@ def test_the_choices_and_who_may_use_them():
         CLIP(explainer="grad-cam")
 
 
+def test_every_method_runs_through_the_cli_on_a_shipped_model():
+    """The phantom CLI tests of ``conftest.CLI_EXPLAINERS`` together run every CAM method, each with a
+    model config whose class declares a layer for it."""
+    import importlib
+
+    import yaml
+
+    from conftest import CLI_EXPLAINERS
+
+    assert set(CLI_EXPLAINERS.values()) == set(CAM_METHODS)
+    for name in CLI_EXPLAINERS:
+        config = yaml.safe_load((CONFIGS / "models" / f"{name}.yaml").read_text())
+        module, _, cls = config["model"]["class_path"].rpartition(".")
+        assert getattr(importlib.import_module(module), cls).cam_target is not None, name
+
+
 def test_a_wrong_declaration_is_named(clip):
     model = clip[0]
     with pytest.raises(ValueError, match="declares the CAM layer 'model.visual.blocks', but it has no 'blocks' there"):

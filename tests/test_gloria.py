@@ -149,11 +149,12 @@ def test_letterbox_and_crop_are_the_authors(height, width, rows, columns):
 def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
     the MS-CXR fixture (``CLI_DATASETS``): every image evaluated, metrics in range, MS-CXR's
-    phrases grounded."""
-    from conftest import run_model_cli
+    phrases grounded; both checks, on the phantom of the maps of GLoRIA's CAM explainer
+    (``conftest.CLI_EXPLAINERS``)."""
+    from conftest import CHECK_ARGS, explainer_args, run_model_cli
 
     run_model_cli("gloria", data, tmp_path, phantom_root, "--model.checkpoint_dir", str(small_folder),
-                  "--data.batch_size", "5")
+                  "--data.batch_size", "5", *(explainer_args("gloria") if data == "phantom" else CHECK_ARGS))
 
 
 def test_bf16_mixed_runs_the_trunk_in_bf16_and_the_heads_in_float32(small_model, real_data):

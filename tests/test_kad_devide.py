@@ -258,8 +258,11 @@ def test_maps_and_scores_come_from_the_last_layer_over_the_authors_query_set(kad
 
 
 def cli_args(model: str, checkpoint_dir: Path, data_root: Path, results: Path) -> list[str]:
+    """The phantom run of ``model``, with its CAM explainer and both checks (``conftest.explainer_args``)."""
+    from conftest import explainer_args
+
     return run_args(model, "phantom", data_root, results, "--model.checkpoint_dir", str(checkpoint_dir),
-                    "--data.batch_size", "4")
+                    "--data.batch_size", "4", *explainer_args(model))
 
 
 def test_kad_bf16_mixed_stays_close_to_fp32(kad224):
@@ -281,15 +284,18 @@ def test_kad_channels_last_converts_its_whole_trunk(kad224):
 
 
 def test_kad_grounds_ms_cxr_phrases_through_the_cli(kad_files, tmp_path, no_network):
-    from conftest import run_on_ms_cxr
+    from conftest import CHECK_ARGS, run_on_ms_cxr
 
-    run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]))
+    run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]), *CHECK_ARGS)
 
 
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
     """The 64-px metric frame does not limit the model: it reads the 256-px native phantom at 224."""
+    from conftest import check_explanation_sections, only_folder
+
     results = main(cli_args("kad", kad_files[0], phantom_root, tmp_path))
-    assert results["model"] == "kad" and results["config"]["model"]["init_args"]["variant"] == 224
+    assert results["model"] == "kad+xgradcam" and results["config"]["model"]["init_args"]["variant"] == 224
+    check_explanation_sections(results, only_folder(tmp_path))
     assert results["preprocess"]["size"] == 224 and results["map_upsample"] == "bilinear"
     assert results["data"]["images_evaluated"] == 9
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
@@ -411,13 +417,16 @@ def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
 
 
 def test_devide_grounds_ms_cxr_phrases_through_the_cli(devide_dir, tmp_path, no_network):
-    from conftest import run_on_ms_cxr
+    from conftest import CHECK_ARGS, run_on_ms_cxr
 
     with pytest.warns(UserWarning, match="provisional"):
-        run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]))
+        run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]), *CHECK_ARGS)
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):
+    from conftest import check_explanation_sections, only_folder
+
     with pytest.warns(UserWarning, match="provisional"):
         results = main(cli_args("devide", devide_dir[0], phantom_root, tmp_path))
-    assert results["model"] == "devide" and results["data"]["images_evaluated"] == 9
+    assert results["model"] == "devide+layercam" and results["data"]["images_evaluated"] == 9
+    check_explanation_sections(results, only_folder(tmp_path))

@@ -413,16 +413,20 @@ def test_histogram_equalisation_matches_skimage_recipe_and_is_an_option():
 @pytest.mark.parametrize("model, files, class_path", [
     ("medklip", "medklip_files", "xbench.models.medklip.MedKLIP"), ("mavl", "mavl_files", "xbench.models.mavl.MAVL")])
 def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path, no_network):
-    """4 phantom images (seed 2: all three lesion kinds), since every image costs a ResNet-50 at 224x224."""
+    """4 phantom images (seed 2: all three lesion kinds), since every image costs a ResNet-50 at 224x224;
+    the maps from the model's CAM explainer of ``conftest.CLI_EXPLAINERS``, with both checks."""
+    from conftest import CLI_EXPLAINERS, check_explanation_sections, explainer_args
+
     folder, _ = request.getfixturevalue(files)
     results = main(run_args(
         model, "phantom", tmp_path / "phantom", tmp_path / "results", "--model.checkpoint_dir", str(folder),
         "--data.num_images", "4", "--data.native_size", "64", "--data.seed", "2", "--data.batch_size", "3",
-        image_size=None,
+        *explainer_args(model), image_size=None,
     ))
     (run,) = (tmp_path / "results").iterdir()
-    assert run.name.startswith(f"{model}__phantom__") and (run / "metrics.json").is_file()
-    assert results["data"]["images_evaluated"] == 4
+    assert run.name.startswith(f"{model}+{CLI_EXPLAINERS[model]}__phantom__") and (run / "metrics.json").is_file()
+    assert results["data"]["images_evaluated"] == 4 and results["explainer"]["name"] == CLI_EXPLAINERS[model]
+    check_explanation_sections(results, run)
     assert results["config"]["model"]["class_path"] == class_path
     graded = [values for values in results["grounding"]["per_class"].values() if values["pairs"]]
     assert len(graded) == 3 and all(0 <= v["dice@best"] <= 1 and 0 <= v["pointing_game"] <= 1 for v in graded)
@@ -439,11 +443,12 @@ def test_layer_groups_fit_the_network(fixture, request):
 
 @pytest.mark.parametrize("model, files", [("medklip", "medklip_files"), ("mavl", "mavl_files")])
 def test_ms_cxr_queries_are_grounded_by_their_finding(model, files, request, tmp_path, no_network):
-    """A fixed vocabulary: each report phrase is grounded by its finding's map, and the results say so."""
-    from conftest import run_on_ms_cxr
+    """A fixed vocabulary: each report phrase is grounded by its finding's map, and the results say so;
+    both checks on the native map of this real-format fixture."""
+    from conftest import CHECK_ARGS, run_on_ms_cxr
 
     folder, _ = request.getfixturevalue(files)
-    run_on_ms_cxr(model, tmp_path, "finding", "--model.checkpoint_dir", str(folder))
+    run_on_ms_cxr(model, tmp_path, "finding", "--model.checkpoint_dir", str(folder), *CHECK_ARGS)
 
 
 # -- the GPU path: bf16 and channels-last -------------------------------------------------------------
