@@ -29,6 +29,7 @@ import warnings
 from datetime import date
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from xbench.findings import PAPER_CLASSES
@@ -41,9 +42,13 @@ DEFAULT_EXPLAINERS = [method for method in CAM_METHODS if method != "scorecam"]
 
 
 def model_input(model, images: int, device: torch.device) -> torch.Tensor:
-    """Random inputs at the model's own input size (a model without preprocess sees the frame, 224)."""
-    side = model.preprocess.size if model.preprocess is not None else 224
-    return torch.rand(images, 3, side, side, generator=torch.Generator().manual_seed(0)).to(device)
+    """Random inputs of the shape the model's transform makes (CheXzero's letterbox of 320 is resized
+    to 224); a model without one sees the frame, 224."""
+    shape = (3, 224, 224)
+    if model.preprocess is not None:
+        ramp = np.arange(256, dtype=np.uint8)[None].repeat(256, 0)  # not constant: BioViL stretches it
+        shape = tuple(model.preprocess(ramp, 224)[0].shape)
+    return torch.rand(images, *shape, generator=torch.Generator().manual_seed(0)).to(device)
 
 
 def seconds(model, inputs: torch.Tensor, explainer: str, device: torch.device, repeats: int) -> float:
