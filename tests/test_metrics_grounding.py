@@ -1,5 +1,8 @@
 """GroundingMetrics against an independent brute-force loop over all 101 thresholds."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -7,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xbench.metrics import GroundingMetrics, THRESHOLDS, grounding, grounding_records, threshold_counts
+
+from conftest import SUBPROCESS_SAFETY_TIMEOUT
 
 TAUS = [np.float32(k / 100) for k in range(101)]
 EDGE_VALUES = np.array([0.29, 0.5, 1.0, 0.0, 0.01, 0.53, 0.09, 0.33, 0.99], dtype=np.float32)
@@ -196,13 +201,13 @@ def test_metric_matches_brute_force(shape):
         assert records["inter"][i].tolist() == inters
 
 
-@pytest.mark.parametrize("block", [None, 5], ids=["blocks-of-pairs", "several-blocks-a-map"])
-def test_cnr_takes_only_the_pixels_the_model_saw(block, monkeypatch):
+@pytest.mark.parametrize("chunk", [None, 5], ids=["a-chunk-a-map", "several-chunks-a-map"])
+def test_cnr_takes_only_the_pixels_the_model_saw(chunk, monkeypatch):
     """With ``seen`` (a window per image: a centre crop, one edge, all, none of a region), CNR is the
     brute-force one over the seen pixels alone; every other value is the one without ``seen``. Also
-    where a map spans several blocks of the pass (blocks shrunk to 5 elements a thread)."""
-    if block is not None:
-        monkeypatch.setattr(grounding, "_CPU_BLOCK_ELEMENTS_PER_THREAD", block)
+    where a map spans several chunks of the CPU pass (chunks shrunk to 5 pixels)."""
+    if chunk is not None:
+        monkeypatch.setattr(grounding, "_CPU_CHUNK_PIXELS", chunk)
     shape = (3, 4, 9, 7)
     rng = np.random.default_rng(sum(shape))
     batch, _, height, width = shape
@@ -419,3 +424,50 @@ def test_validation_rejects_unnormalised_maps():
         metric.update(torch.ones(1, 1, 2, 2), m, has)
     with pytest.raises(ValueError, match="bool"):
         metric.update(torch.ones(1, 1, 2, 2), m.float(), has)
+
+
+@pytest.mark.parametrize("seen", [False, True], ids=["all-seen", "a-window"])
+@pytest.mark.parametrize("shape,block", [((3, 4, 9, 7), 5), ((3, 4, 9, 7), 1 << 24), ((1, 2, 300, 301), 1 << 16)],
+                         ids=["blocks-of-part-of-a-map", "one-block", "blocks-of-one-map"])
+def test_block_pass_equals_the_cpu_pass(shape, block, seen, monkeypatch):
+    """The pass other devices run (torch operations in blocks, run here on the CPU) gives the CPU
+    pass's code counts exactly and its float64 sums to rounding, with values on every threshold."""
+    monkeypatch.setattr(grounding, "_BLOCK_ELEMENTS", block)
+    monkeypatch.setattr(grounding, "_CPU_CHUNK_PIXELS", 1000)  # the 300 x 301 maps in several chunks
+    rng = np.random.default_rng(sum(shape))
+    s, m, _ = make_batch(rng, *shape)
+    s.reshape(-1)[:101] = THRESHOLDS.numpy()
+    batch, classes, height, width = shape
+    pixels = height * width
+    window = torch.from_numpy(rng.random((batch, height, width)) > 0.3) if seen else None
+    expected = grounding._scan(torch.from_numpy(s), torch.from_numpy(m), True, window)
+    sides = torch.from_numpy(m).reshape(batch, classes, pixels).view(torch.uint8)
+    if seen:
+        sides = sides + 2 * (~window.reshape(batch, 1, pixels)).view(torch.uint8)
+    codes = expected[0].shape[-1]
+    counts, sums = grounding._scan_blocks(torch.from_numpy(s).reshape(-1, pixels), sides.reshape(-1, pixels), codes,
+                                          True)
+    assert torch.equal(counts.view(expected[0].shape), expected[0])
+    for k in (0, 1):
+        torch.testing.assert_close(sums[k].view(expected[0].shape), expected[1 + k], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 1.5, -0.25])
+def test_values_outside_the_unit_interval_are_refused_without_validation(bad):
+    """The metric as a run builds it (``validate_args=False``): a value outside [0, 1] or NaN is
+    an error naming the map, never a pixel counted in another pair's histogram or a lost one."""
+    s = torch.rand(2, 3, 8, 8)
+    s[1, 2, 4, 5] = bad
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\].*image 1, slot 2 .*normalise"):
+        GroundingMetrics(3, validate_args=False).update(s, s > 0.5, torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_the_cpu_pass_leaves_torchs_thread_count_as_it_was():
+    """The CPU pass leaves torch's thread count as the user set it: numba's OpenMP pool, started by
+    the first call in a process, sets the OpenMP thread count torch reads."""
+    code = ("import torch; torch.set_num_threads(1); from xbench.metrics import threshold_counts; "
+            "threshold_counts(torch.rand(2, 3, 5, 5), torch.rand(2, 3, 5, 5) > 0.5); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=SUBPROCESS_SAFETY_TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]

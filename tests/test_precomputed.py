@@ -147,7 +147,7 @@ def test_malicious_pickle_runs_nothing(tmp_path):
 
 
 def test_threshold_counts_in_blocks_of_one_pairs_pixels():
-    """A native-size pair (more pixels than one CPU block) counts exactly as a direct comparison."""
+    """A native-size pair (more pixels than one chunk of the CPU pass) counts exactly as a direct comparison."""
     gen = torch.Generator().manual_seed(0)
     saliency = torch.rand(2, 1, 1031, 1030, generator=gen)
     saliency[..., 0, :101] = THRESHOLDS  # values exactly on every threshold

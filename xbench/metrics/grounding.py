@@ -23,6 +23,8 @@ finding (``pair_class``).
 
 from __future__ import annotations
 
+import numba
+import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
@@ -39,14 +41,14 @@ FIXED_TAU_INDEX = 50
 # its side is inside R (1) or not (0), plus 2 where the model never saw it (when CNR is asked with
 # the seen pixels).
 _CODES_PER_SIDE = 2 * NUM_THRESHOLDS
-# Codes are built in float32 before the integer cast, counted from their block's first pair;
-# integers stay exact below 2**24.
+# The block pass builds codes in float32 before the integer cast, counted from their block's first
+# pair; integers stay exact below 2**24.
 _MAX_CODES_PER_BLOCK = 1 << 24
-# Elements per block: on CPU each thread's share of a block keeps its temporaries in the core's
-# cache (blocks of a few MB per thread ran at memory speed); on CUDA few, large blocks keep launches
-# few. A native-size map spans several blocks.
-_CPU_BLOCK_ELEMENTS_PER_THREAD = 1 << 17
-_CUDA_BLOCK_ELEMENTS = 1 << 24
+# Elements per block of the block pass: few, large blocks keep kernel launches few.
+_BLOCK_ELEMENTS = 1 << 24
+# Pixels per chunk of the CPU pass: a native-size map is split over the threads, while a 224 x 224
+# map is one chunk (the histograms of the chunks of a pair are summed afterwards).
+_CPU_CHUNK_PIXELS = 1 << 16
 
 
 def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
@@ -80,7 +82,7 @@ def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = No
     """
     hist, sum_e, sum_e2 = _scan(saliency, masks, moments=True, seen=seen)
     predicted, inter = _threshold_counts(hist)
-    shape = (*hist.shape[:2], -1, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
+    shape = (*hist.shape[:2], hist.shape[-1] // _CODES_PER_SIDE, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
     count, sum_e, sum_e2 = (part.view(shape)[:, :, :2] for part in (hist.double(), sum_e, sum_e2))  # seen sides
     tau = THRESHOLDS.to(device=hist.device, dtype=torch.float64).view(NUM_THRESHOLDS, 1)
     pixels = count.sum((-2, -1))
@@ -93,7 +95,7 @@ def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = No
 def _threshold_counts(hist: Tensor) -> tuple[Tensor, Tensor]:
     """``|B_k|`` and ``|B_k & R|`` from the code histogram [B, C, sides * 202]: the bin of code (r,
     above) is ``r - 1 + above``, so bin k collects (k, 1) and (k + 1, 0); seen or not, alike."""
-    by_code = hist.view(*hist.shape[:2], -1, 2, NUM_THRESHOLDS, 2).sum(2)  # [B, C, inside, r, above]
+    by_code = hist.view(*hist.shape[:2], hist.shape[-1] // (2 * _CODES_PER_SIDE), 2, NUM_THRESHOLDS, 2).sum(2)  # [B, C, inside, r, above]
     bins = by_code[..., 1].clone()
     bins[..., :-1] += by_code[..., 1:, 0]
     outside, inside = bins.unbind(2)
@@ -102,21 +104,22 @@ def _threshold_counts(hist: Tensor) -> tuple[Tensor, Tensor]:
 
 def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = None
           ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """One pass over blocks of pixels (whole pairs, or a part of one large pair): per block, a
-    histogram of the pixels' codes and, if asked, the float64 sums of ``e`` and ``e^2`` per code.
+    """One pass over the pixels: per pair, a histogram of the pixels' codes and, if asked, the
+    float64 sums of ``e`` and ``e^2`` per code.
 
     The bin of a pixel is ``r - 1 + (s >= r / 100)`` with ``r = round(100 s)``: ``100 s`` is
     within half a bin of the true bin edge, and the comparison against the float32 threshold
-    ``r / 100`` (bitwise equal to ``THRESHOLDS[r]``) settles the pixels that rounding puts on the
-    wrong side. It is decided on ``e = s - r / 100``, which is exact (``s`` and ``r / 100`` are
-    within a factor of 2, or ``r = 0``). A pixel's code keeps ``r`` and the comparison (the bin
-    follows from them), so ``s = tau_r + e`` holds for all pixels of a code. Returns flat
-    histograms over [pair, side, r, comparison]: int64 counts and, with ``moments``, the sums. The
-    side is inside ``R`` or not and, with ``seen`` [B, H, W], seen or not: the mask's byte with 2
-    added where unseen, made before the pass (one byte per pixel), so the pass itself is unchanged.
+    ``THRESHOLDS[r]`` settles the pixels that rounding puts on the wrong side. It is decided on
+    ``e = s - THRESHOLDS[r]``, which is exact (``s`` and the threshold are within a factor of 2, or
+    ``r = 0``). A pixel's code keeps ``r`` and the comparison (the bin follows from them), so
+    ``s = tau_r + e`` holds for all pixels of a code. Returns histograms [B, C, codes] over [side,
+    r, comparison]: int64 counts and, with ``moments``, the sums. The side is inside ``R`` or not
+    and, with ``seen`` [B, H, W], seen or not: the mask's byte with 2 added where unseen, made
+    before the pass (one byte per pixel), so the pass itself is unchanged.
 
-    On CUDA the histograms are ``index_add_``, not ``torch.bincount``, which reads the codes'
-    minimum and maximum back to the host and would stall every step; on CPU bincount is faster.
+    On a CPU the pass is one compiled loop that reads each pixel once (:func:`_scan_kernel`);
+    elsewhere blocks of torch operations (:func:`_scan_blocks`): a dozen elementwise passes and
+    three histogram sums, which on a CPU cost about twice the loop.
     """
     if saliency.shape != masks.shape or saliency.ndim != 4:
         raise ValueError(
@@ -124,28 +127,100 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = 
         )
     batch, classes, height, width = saliency.shape
     pairs, pixels = batch * classes, height * width
-    device = saliency.device
-    cuda = device.type == "cuda"
     flat_saliency = saliency.reshape(pairs, pixels).float()
-    # bool -> float conversions take a slow path on CPU; uint8 -> float is a plain vectorised cast
-    flat_masks = masks.reshape(pairs, pixels).view(torch.uint8)
+    flat_sides = masks.reshape(pairs, pixels).view(torch.uint8)
     sides = 2
     if seen is not None:
         unseen = (~seen.reshape(batch, 1, pixels)).view(torch.uint8)
-        flat_masks = torch.add(flat_masks.view(batch, classes, pixels), unseen, alpha=2).view(pairs, pixels)
+        flat_sides = torch.add(flat_sides.view(batch, classes, pixels), unseen, alpha=2).view(pairs, pixels)
         sides = 4
-    codes_per_pair = sides * _CODES_PER_SIDE
-    limit = _CUDA_BLOCK_ELEMENTS if cuda else _CPU_BLOCK_ELEMENTS_PER_THREAD * torch.get_num_threads()
-    columns = max(1, min(pixels, limit))
-    rows = min(max(1, limit // columns), max(pairs, 1), _MAX_CODES_PER_BLOCK // codes_per_pair)
+    if saliency.device.type == "cpu":
+        hist, sums, outside = _scan_cpu(flat_saliency, flat_sides, sides * _CODES_PER_SIDE, moments)
+        if outside.any():
+            image, slot = divmod(int(outside.nonzero()[0, 0]), classes)
+            raise ValueError(f"saliency must lie in [0, 1] (min-max normalised); the map of batch image {image}, "
+                             f"slot {slot} holds a value outside it or NaN. Normalise with "
+                             "xbench.geometry.maps.normalise first.")
+    else:
+        hist, sums = _scan_blocks(flat_saliency, flat_sides, sides * _CODES_PER_SIDE, moments)
+    shape = (batch, classes, sides * _CODES_PER_SIDE)
+    if not moments:
+        return hist.view(shape), None, None
+    return hist.view(shape), sums[0].view(shape), sums[1].view(shape)
+
+
+def _scan_cpu(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: bool
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_scan_kernel` on torch's CPU threads; a large pair's pixels are split into chunks,
+    summed afterwards. Counts [pairs, codes], sums [2, pairs, codes] (e, e^2) and, per pair, whether
+    a value lay outside [0, 1] (bool [pairs])."""
+    pairs, pixels = saliency.shape
+    chunks = max(1, -(-pixels // _CPU_CHUNK_PIXELS))
+    threads = torch.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    counts, sums, outside = _scan_kernel(saliency.detach().contiguous().numpy(), sides.contiguous().numpy(),
+                                         THRESHOLDS.numpy(), codes_per_pair, _CPU_CHUNK_PIXELS, chunks, moments)
+    if torch.get_num_threads() != threads:  # numba's OpenMP pool, started by its first call, resets torch's
+        torch.set_num_threads(threads)
+    counts, sums, outside = torch.from_numpy(counts), torch.from_numpy(sums), torch.from_numpy(outside)
+    if chunks > 1:
+        counts = counts.view(pairs, chunks, codes_per_pair).sum(1)
+        sums = sums.view(2, pairs, chunks, sums.shape[-1]).sum(2)
+        outside = outside.view(pairs, chunks).any(1)
+    return counts, sums, outside
+
+
+@numba.njit(parallel=True, cache=True)
+def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, moments):  # pragma: no cover (compiled)
+    """The pass of :func:`_scan` as one loop over each chunk of a pair's pixels (float32 [pairs,
+    pixels] maps, uint8 sides): per chunk, the code counts and, with ``moments``, the float64 sums
+    of ``e`` and ``e^2`` per code, and whether a value lay outside [0, 1] or was NaN (skipped, so no
+    code ever leaves its chunk's histogram)."""
+    pairs, pixels = saliency.shape
+    tasks = pairs * chunks
+    counts = np.zeros((tasks, codes_per_pair), np.int64)
+    sums = np.zeros((2, tasks, codes_per_pair if moments else 0), np.float64)
+    outside = np.zeros(tasks, np.bool_)
+    hundred = np.float32(100)
+    for task in numba.prange(tasks):
+        start = (task % chunks) * chunk
+        stop = min(start + chunk, pixels)
+        values, side = saliency[task // chunks, start:stop], sides[task // chunks, start:stop]
+        count, sum_e, sum_e2 = counts[task], sums[0, task], sums[1, task]
+        for i in range(values.size):
+            s = values[i]
+            if not (s >= 0 and s <= 1):
+                outside[task] = True
+                continue
+            r = np.int32(np.rint(s * hundred))
+            e = s - thresholds[r]
+            code = np.int32(side[i]) * _CODES_PER_SIDE + 2 * r + np.int32(e >= 0)
+            count[code] += 1
+            if moments:
+                wide = np.float64(e)
+                sum_e[code] += wide
+                sum_e2[code] += wide * wide
+    return counts, sums, outside
+
+
+def _scan_blocks(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: bool) -> tuple[Tensor, Tensor]:
+    """The pass of :func:`_scan` in torch operations, over blocks of pixels (whole pairs, or a part
+    of one large pair), few and large so that kernel launches stay few. The histograms are
+    ``index_add_``, not ``torch.bincount``, which reads the codes' minimum and maximum back to the
+    host and would stall every step on CUDA. Counts [pairs, codes] and sums [2, pairs, codes]."""
+    pairs, pixels = saliency.shape
+    device = saliency.device
+    columns = max(1, min(pixels, _BLOCK_ELEMENTS))
+    rows = min(max(1, _BLOCK_ELEMENTS // columns), max(pairs, 1), _MAX_CODES_PER_BLOCK // codes_per_pair)
     size = rows * columns  # one block's elements at most; the buffers are reused by every block
-    # int16 codes where a block's codes fit: CPU bincount reads them faster (index_add_ takes int32)
-    small = not cuda and rows * codes_per_pair <= torch.iinfo(torch.int16).max
-    codes = torch.empty(size, dtype=torch.int16 if small else torch.int32, device=device)
     floats = torch.empty(4, size, device=device)
+    codes = torch.empty(size, dtype=torch.int32, device=device)
     wide = torch.empty(2, size if moments else 0, dtype=torch.float64, device=device)
     offsets = (torch.arange(rows, dtype=torch.float32, device=device) * codes_per_pair).unsqueeze(1)
     ones = torch.ones((), dtype=torch.int64, device=device).expand(size)
+    # a divisor on the device: CUDA divides by a Python number as a product with its reciprocal,
+    # which is not always the correctly rounded r / 100 that THRESHOLDS holds
+    hundred = torch.tensor(100.0, device=device)
     hist = torch.zeros(pairs * codes_per_pair, dtype=torch.int64, device=device)
     sums = torch.zeros(2 if moments else 0, pairs * codes_per_pair, dtype=torch.float64, device=device)
 
@@ -162,32 +237,21 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = 
             count = stop - start
             r, e, c, side_float, block_codes, e_wide, e_square = (
                 full if (count, right - left) == (rows, columns) else views(count, right - left))
-            s, side = flat_saliency[start:stop, left:right], flat_masks[start:stop, left:right]
+            s, side = saliency[start:stop, left:right], sides[start:stop, left:right]
             torch.mul(s, 100, out=r).round_()
-            torch.div(r, 100, out=e)
+            torch.div(r, hundred, out=e)  # bitwise THRESHOLDS[r]
             torch.sub(s, e, out=e)  # exact
-            torch.ge(e, 0, out=c)  # 1.0 where s >= r / 100
+            torch.ge(e, 0, out=c)  # 1.0 where s >= THRESHOLDS[r]
             c.add_(r, alpha=2).add_(side_float.copy_(side), alpha=_CODES_PER_SIDE)
             if count > 1:
                 c.add_(offsets[:count])
             block_codes.copy_(c.view(-1))
-            weighted = ()
-            if moments:  # e in float64: bincount and index_add_ sum in their weights' type
+            hist[span].index_add_(0, block_codes, ones[: block_codes.numel()])
+            if moments:  # e in float64: index_add_ sums in its source's type
                 torch.mul(e_wide.copy_(e.view(-1)), e_wide, out=e_square)
-                weighted = ((sums[0], e_wide), (sums[1], e_square))
-            if cuda:
-                hist[span].index_add_(0, block_codes, ones[: block_codes.numel()])
-                for total, weight in weighted:
-                    total[span].index_add_(0, block_codes, weight)
-            else:
-                length = count * codes_per_pair
-                hist[span] += torch.bincount(block_codes, minlength=length)
-                for total, weight in weighted:
-                    total[span] += torch.bincount(block_codes, weight, minlength=length)
-    shape = (batch, classes, codes_per_pair)
-    if not moments:
-        return hist.view(shape), None, None
-    return hist.view(shape), sums[0].view(shape), sums[1].view(shape)
+                sums[0, span].index_add_(0, block_codes, e_wide)
+                sums[1, span].index_add_(0, block_codes, e_square)
+    return hist.view(pairs, codes_per_pair), sums.view(len(sums), pairs, codes_per_pair)
 
 
 def _suffix_sum(hist: Tensor) -> Tensor:
