@@ -201,16 +201,18 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
 
 
-#: The checks of ``xbench.checks`` at their smallest settings, which one CLI test of every model with a
-#: tiny test checkpoint runs (each costs a forward per cascade step and 8 inputs per pair): the cascade
-#: on one image, deletion and insertion in two steps and ROAD at one percentile (the 90th: a tenth of the
-#: input imputed, the cheapest solve). Models tested at full size (a ResNet-50: a second a forward on a
-#: loaded CPU) take :func:`check_layer_groups` instead.
+#: The checks of ``xbench.checks`` at their smallest settings (each costs a forward per cascade step and 8
+#: inputs per pair): the cascade on one image, deletion and insertion in two steps and ROAD at one
+#: percentile (the 90th: a tenth of the input imputed, the cheapest solve). Every model with a network
+#: runs them in one CLI test with its CAM explainer (:func:`explainer_args`); on native maps of MS-CXR's
+#: query slots, the cheapest model of each query mode runs them (BiomedCLIP and CARZero, tiny: a phrase's
+#: own map; MedKLIP: its finding's map), since the checks call the same ``model.explain`` whatever the
+#: model (a full-size model's checks on MS-CXR took 10-30 s each).
 CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfulness.steps", "2",
               "--faithfulness.road_percentiles", "[90]")
 
 #: The CAM explainer a model runs with :data:`CHECK_ARGS` in its phantom CLI test (:func:`explainer_args`;
-#: BioViL-T's one CLI test, on ChestX-Det10); its MS-CXR CLI test runs the checks on the native map.
+#: BioViL-T's one CLI test, on ChestX-Det10).
 #: Every method of ``CAM_METHODS`` goes through ``python -m xbench.test`` on a shipped model
 #: (``tests/test_explainers.py`` holds the table to that): Score-CAM, a forward pass per channel of the
 #: layer, per image and class, on the tiny CLIP (32 channels); the others on the authors' architectures

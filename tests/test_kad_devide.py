@@ -284,9 +284,9 @@ def test_kad_channels_last_converts_its_whole_trunk(kad224):
 
 
 def test_kad_grounds_ms_cxr_phrases_through_the_cli(kad_files, tmp_path, no_network):
-    from conftest import CHECK_ARGS, run_on_ms_cxr
+    from conftest import run_on_ms_cxr
 
-    run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]), *CHECK_ARGS)
+    run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]))
 
 
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
@@ -417,10 +417,10 @@ def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
 
 
 def test_devide_grounds_ms_cxr_phrases_through_the_cli(devide_dir, tmp_path, no_network):
-    from conftest import CHECK_ARGS, run_on_ms_cxr
+    from conftest import run_on_ms_cxr
 
     with pytest.warns(UserWarning, match="provisional"):
-        run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]), *CHECK_ARGS)
+        run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]))
 
 
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):
