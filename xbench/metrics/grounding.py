@@ -171,7 +171,7 @@ def _scan_cpu(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: boo
 
 
 @numba.njit(parallel=True, cache=True)
-def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, moments):  # pragma: no cover (compiled)
+def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, moments):
     """The pass of :func:`_scan` as one loop over each chunk of a pair's pixels (float32 [pairs,
     pixels] maps, uint8 sides): per chunk, the code counts and, with ``moments``, the float64 sums
     of ``e`` and ``e^2`` per code, and whether a value lay outside [0, 1] or was NaN (skipped, so no
