@@ -1,5 +1,6 @@
 """GroundingMetrics against an independent brute-force loop over all 101 thresholds."""
 
+import os
 import subprocess
 import sys
 
@@ -462,12 +463,16 @@ def test_values_outside_the_unit_interval_are_refused_without_validation(bad):
         GroundingMetrics(3, validate_args=False).update(s, s > 0.5, torch.ones(2, 3, dtype=torch.bool))
 
 
-def test_the_cpu_pass_leaves_torchs_thread_count_as_it_was():
-    """The CPU pass leaves torch's thread count as the user set it: numba's OpenMP pool, started by
-    the first call in a process, sets the OpenMP thread count torch reads."""
+def test_the_cpu_pass_runs_without_a_cache_folder_and_leaves_torchs_thread_count():
+    """In a fresh process where numba finds no folder to cache its compiled loop in (a read-only
+    install and home: here, numba told to look only where a script has none), the metric imports and
+    counts; and the CPU pass leaves torch's thread count as the user set it (numba's OpenMP pool,
+    started by the first call in a process, sets the OpenMP thread count torch reads)."""
     code = ("import torch; torch.set_num_threads(1); from xbench.metrics import threshold_counts; "
-            "threshold_counts(torch.rand(2, 3, 5, 5), torch.rand(2, 3, 5, 5) > 0.5); print(torch.get_num_threads())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+            "predicted, _ = threshold_counts(torch.tensor([[[[0.0, 0.5, 1.0]]]]), torch.zeros(1, 1, 1, 3, dtype=torch.bool)); "
+            "print(predicted[0, 0, [0, 50, 51, 100]].tolist(), torch.get_num_threads())")
+    environment = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
                           timeout=SUBPROCESS_SAFETY_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1"]
+    assert done.stdout.split() == ["[3,", "2,", "1,", "1]", "1"]

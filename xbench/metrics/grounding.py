@@ -170,7 +170,17 @@ def _scan_cpu(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: boo
     return counts, sums, outside
 
 
-@numba.njit(parallel=True, cache=True)
+def _compiled(function):
+    """``function`` compiled by numba for all cores, cached on disk where numba finds a folder to write
+    (beside this module, the user's cache folder or ``NUMBA_CACHE_DIR``); where it finds none (a
+    read-only install and home), compiled anew in each process rather than failing the import."""
+    try:
+        return numba.njit(parallel=True, cache=True)(function)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(parallel=True)(function)
+
+
+@_compiled
 def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, moments):
     """The pass of :func:`_scan` as one loop over each chunk of a pair's pixels (float32 [pairs,
     pixels] maps, uint8 sides): per chunk, the code counts and, with ``moments``, the float64 sums
