@@ -212,11 +212,10 @@ CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfuln
               "--faithfulness.road_percentiles", "[90]")
 
 #: The CAM explainer a model runs with :data:`CHECK_ARGS` in its phantom CLI test (:func:`explainer_args`;
-#: BioViL-T's one CLI test, on ChestX-Det10).
-#: Every method of ``CAM_METHODS`` goes through ``python -m xbench.test`` on a shipped model
-#: (``tests/test_explainers.py`` holds the table to that): Score-CAM, a forward pass per channel of the
-#: layer, per image and class, on the tiny CLIP (32 channels); the others on the authors' architectures
-#: at full size too (CheXzero: two ViT-B/32 blocks).
+#: BioViL-T's one CLI test, on ChestX-Det10). Every method of ``CAM_METHODS`` goes through
+#: ``python -m xbench.test`` on a shipped model (``tests/test_explainers.py`` holds the table to that):
+#: Score-CAM, a forward pass per channel of the layer, per image and class, on the tiny CLIP (32
+#: channels); the others on the authors' architectures at full size too (CheXzero: two ViT-B/32 blocks).
 CLI_EXPLAINERS = {"medklip": "gradcam++", "mavl": "hirescam", "kad": "xgradcam", "devide": "layercam",
                   "gloria": "eigencam", "biovil": "gradcam", "biovil_t": "gradcam++", "chexzero": "xgradcam",
                   "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam"}
