@@ -10,9 +10,9 @@ layout (``<cxr_id>_<pathology>_map.pkl``: ``map`` [1, 1, h, w], ``prob``, ``task
 in a temporary folder; then, per (CXR, pathology), their ``pkl_to_mask`` binarises at the fixed
 threshold 0.5 and by Otsu (contours filled), their ``calculate_iou`` scores both against the mask
 from ``gt_segmentations_val.json``, and their ``get_hitrates`` gives the Pointing Game hit; each
-segmentation is kept as its pixel count and digest (:func:`segmentation_digest`).
+segmentation is kept as its pixel count and digest (`segmentation_digest`).
 
-Beside them, :func:`crafted_maps` (maps made here, kept whole in the golden file): holes, islands
+Beside them, `crafted_maps` (maps made here, kept whole in the golden file): holes, islands
 in holes, isolated pixels, two-pixel and diagonal components, thin lines, blobs on the border,
 upsampled random maps, and float64 maps whose values sit where float32 would round them across a
 level of ``uint8(255 s)`` or the fixed threshold. Their pickles go through the same

@@ -19,7 +19,7 @@ PACKAGES = ("xbench.models", "xbench.data")
 
 
 def load_all() -> None:
-    """Import every module of :data:`PACKAGES`, so that their classes are known subclasses."""
+    """Import every module of `PACKAGES`, so that their classes are known subclasses."""
     for name in PACKAGES:
         package = import_module(name)
         for module in pkgutil.iter_modules(package.__path__, f"{name}."):

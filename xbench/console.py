@@ -1,7 +1,7 @@
 """Tables a person reads in a terminal, a log file or a pipe: no number is ever cut.
 
 rich shrinks a table that is wider than the console by cutting cells (``Pai…``, ``16…``): at 80
-columns, the width of a pipe, a run's ten-column summary did not fit. :func:`print_table` gives
+columns, the width of a pipe, a run's ten-column summary did not fit. `print_table` gives
 every number column its full width and, when the columns do not fit side by side, prints them in
 groups, each beside the label columns (as pandas wraps a wide frame); label columns fold onto
 further lines instead of being cut. Where not even one number column fits beside the labels, each

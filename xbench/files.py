@@ -2,7 +2,7 @@
 the modes the user's umask gives.
 
 Every file and folder XBench creates -- results, analyses, reports, the decoded-image cache, the
-phantom, text embeddings -- goes through :func:`atomic_write` or :func:`staging_folder`, so a
+phantom, text embeddings -- goes through `atomic_write` or `staging_folder`, so a
 group the user shares a folder with can read it as it could a file made by ``open``.
 """
 

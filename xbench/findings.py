@@ -1,13 +1,15 @@
 """The one table of findings: canonical keys, display names, short names and raw spellings.
 
 Every other module refers to a finding by its canonical key (``pleural_effusion``), never by a
-dataset's own spelling. Loaders translate raw spellings with :func:`finding_key`; reports use
-:func:`display_name` and :func:`short_name`. The short names follow the paper's table style
-(ATE, CARD, EFF, ...); where the paper does not print one, the abbreviation is ours.
+dataset's own spelling. Loaders translate raw spellings with
+[`finding_key`][xbench.findings.finding_key]; reports use
+[`display_name`][xbench.findings.display_name] and [`short_name`][xbench.findings.short_name]. The
+short names follow the paper's table style (ATE, CARD, EFF, ...); where the paper does not print
+one, the abbreviation is ours.
 
 The tables below are the paper's vocabulary, the default. A user's dataset adds its own from its
-own module with :func:`register` (a ``XBenchDataModule`` subclass does so by stating
-``spellings`` as a dict, see ``examples/png_folder.py``); nothing here needs editing.
+own module with [`register`][xbench.findings.register] (a ``XBenchDataModule`` subclass does so by
+stating ``spellings`` as a dict, see ``examples/png_folder.py``); nothing here needs editing.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every tensor's name, shape and dtype; each state dict's common key prefix (a DDP ``module.``);
 and the entries that are not tensors (optimizer, config, epoch). The file is read with
-:func:`xbench.models.checkpoints.safe_load`, so nothing in it runs; an object of a class torch
-does not allow is shown as ``<inert ClassName>``.
+[`xbench.models.checkpoints.safe_load`][xbench.models.checkpoints.safe_load], so nothing in it runs;
+an object of a class torch does not allow is shown as ``<inert ClassName>``.
 
 Names follow the key manifests (``xbench/models/manifests/*.keys.json``): a tensor's path of
 string keys joined by ``/``, e.g. ``image_encoder/resnet.conv1.weight``; a file that is itself a

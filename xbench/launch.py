@@ -11,7 +11,7 @@ nodes) alone in ``python -m xbench.test``. Jobs run
   affinity, and as many torch threads); a job that starts processes of its own runs after the
   others, alone, on every device;
 - ``--launcher slurm``: each a SLURM job through submitit, with the resources of the suite file's
-  ``slurm:`` block (:func:`parse_slurm`), in the environment and the folder the suite was started
+  ``slurm:`` block (`parse_slurm`), in the environment and the folder the suite was started
   from.
 
 Jobs that run at once start longest first (``xbench.costs``). Every job's outcome comes from the

@@ -1,10 +1,10 @@
 """One job of a suite: its pairs in one process, ``python -m xbench.suite_worker < REQUEST``.
 
 Started by ``xbench.suite``, never by hand: as a process of this machine, or as a SLURM job
-through submitit (:func:`run_submitted`, the same loop). REQUEST (JSON, on stdin: LightningCLI
+through submitit (`run_submitted`, the same loop). REQUEST (JSON, on stdin: LightningCLI
 warns when the command line holds arguments beside the ones it is given) names an ``outcomes``
 file and lists the ``jobs``, each ``{"number", "total", "name", "args"}`` with ``args`` the pair's
-``xbench.test`` arguments. They run in turn through :func:`xbench.test.run_test`, which reuses the
+``xbench.test`` arguments. They run in turn through `xbench.test.run_test`, which reuses the
 model (its weights loaded once) while its settings stay the same. A pair that raises is reported and
 the next one runs. JSON lines go to the outcomes file: ``started`` before each pair, ``progress``
 with the images it has scored (every ``PROGRESS_SECONDS``), then ``ok`` or ``failed`` with the

@@ -52,7 +52,7 @@ FRAME = 224
 #: Classes whose upsampled map the golden file keeps (positions in the class list): one pins the rule.
 UPSAMPLED_CLASSES = (0,)
 #: The transformers dual encoders (MedSigLIP, XrayCLIP, XraySigLIP): their published configs with
-#: :data:`HF_LAYERS` vision and text blocks and seeded random weights.
+#: `HF_LAYERS` vision and text blocks and seeded random weights.
 HF_MODELS = ("medsiglip", "xray_clip", "xray_siglip")
 HF_LAYERS = 1
 MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", "chexzero", "biovil", "biovil_t",
@@ -82,8 +82,8 @@ def pixel_digest(path: Path) -> str:
 @dataclass(frozen=True)
 class GoldenInput:
     """One input of the golden files: ``name`` (a file relative to the real-data folder, or a
-    :data:`CROPS` name), ``key`` (its entries' prefix in a golden file), ``path`` (the file read) and,
-    for a crop, ``pixels`` (:func:`pixel_digest`)."""
+    `CROPS` name), ``key`` (its entries' prefix in a golden file), ``path`` (the file read) and,
+    for a crop, ``pixels`` (`pixel_digest`)."""
 
     name: str
     key: str
@@ -100,7 +100,7 @@ class GoldenInput:
 
 
 def golden_inputs(root: Path, names: list[str] | tuple[str, ...], scratch: Path) -> list[GoldenInput]:
-    """``names`` (:data:`INPUTS` by default) as files: a radiograph is read where it is under
+    """``names`` (`INPUTS` by default) as files: a radiograph is read where it is under
     ``root``; a crop is cut from its source (Pillow's decode) and written as PNG into ``scratch``."""
     from PIL import Image
 
@@ -152,7 +152,7 @@ def write_weights(model: str, folder: Path) -> Path:
 
 
 def prompts(model: str) -> list | dict:
-    """The prompts XBench sends for :func:`classes`: MedKLIP's and MAVL's query book (entities, whose
+    """The prompts XBench sends for `classes`: MedKLIP's and MAVL's query book (entities, whose
     texts both sides read from the checkpoint folder), KAD's query set, CARZero's and GLoRIA's one
     prompt per class, the (positive, negative) pair per class of the CLIPs and BioViLs."""
     keys = classes()
@@ -224,7 +224,7 @@ class Tolerance:
     """How far XBench's run may be from a golden file: logits (absolute), raw maps (``map_atol`` plus
     ``map_rtol_of_spread`` times each golden map's spread, max - min: the scale of the normalised map
     the metrics see), windows (frame pixels). The golden's ``upsampled`` map is float16: its rounding
-    (:data:`FLOAT16_RTOL` of the value) is allowed on top of the raw maps' allowance."""
+    (`FLOAT16_RTOL` of the value) is allowed on top of the raw maps' allowance."""
 
     logits: float = 1e-4
     map_atol: float = 0.0
@@ -336,8 +336,8 @@ def check_inputs(inputs: list[GoldenInput], golden: Path, meta: dict) -> None:
 def compare(model_name: str, golden: Path, folder: Path, root: Path, scratch: Path
             ) -> dict[tuple[bool, int], dict[str, dict[str, float]]]:
     """XBench's run (``run_path.run_xbench``: datamodule, ``trainer.test``) on the golden file's
-    inputs, under each of :data:`SETTINGS`, against the file: ``{(cache, workers): {input name:
-    :func:`differences`}}``. The crops are written into ``scratch``."""
+    inputs, under each of `SETTINGS`, against the file: ``{(cache, workers): {input name:
+    `differences`}}``. The crops are written into ``scratch``."""
     from run_path import run_xbench
 
     per_image, _, meta = load_golden(golden)

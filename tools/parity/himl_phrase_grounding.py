@@ -4,7 +4,7 @@ Development only; the authors' package (``microsoft/hi-ml``, ``hi-ml-multimodal`
 from ``--authors-repo`` (as fetched), never copied. Their ``ImageTextInferenceEngine.
 convert_similarity_to_image_size`` -- the step of ``get_similarity_map_from_raw_data`` that puts a
 patch-similarity map onto the image at its native size, ``NaN`` outside the model's centre crop --
-runs on seeded random maps for the transforms of :data:`CASES` (BioViL's 512/480 and BioViL-T's
+runs on seeded random maps for the transforms of `CASES` (BioViL's 512/480 and BioViL-T's
 512/448 with their default ``nearest``, the notebook's ``bilinear``, a CLIP-style 224/224 and a
 map over the whole image without a crop) on portrait, landscape, square and extreme-aspect images.
 hi-ml has no CNR code; the BioViL paper's CNR, ``|mean_in - mean_out| / sqrt(var_in + var_out)``

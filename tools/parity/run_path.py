@@ -1,6 +1,6 @@
 """XBench's side of a parity check: the path a run takes, from the image files to the model's outputs.
 
-``run_xbench`` puts the files in a datamodule (:class:`GoldenImages`: one sample per file, no labels
+``run_xbench`` puts the files in a datamodule (`GoldenImages`: one sample per file, no labels
 or regions) and runs ``trainer.test`` with the trainer settings of ``python -m xbench.test``, so the
 images go through everything a run does -- the decoded-image cache (or the file), the DataLoader
 workers that make the model's input and window, batching, the base's ``test_step`` -- and records,
@@ -67,7 +67,7 @@ class ForwardRecorder(L.Callback):
 
 def run_xbench(model: XBenchModel, files: dict[str, Path], *, cache: bool, num_workers: int, batch_size: int
                ) -> dict[str, dict[str, np.ndarray]]:
-    """``trainer.test`` of ``model`` on ``files`` (key -> image file) through :class:`GoldenImages`
+    """``trainer.test`` of ``model`` on ``files`` (key -> image file) through `GoldenImages`
     with the decoded-image cache on or off (under ``$XBENCH_CACHE``), ``num_workers`` DataLoader
     workers and ``batch_size`` images a batch, on the CPU in float32: per key, the model's logits
     [C], raw maps [C, h, w] and window [4] in that run."""

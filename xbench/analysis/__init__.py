@@ -5,9 +5,9 @@
 - a calibrated threshold per class, chosen on a validation run or by K-fold cross-fitting;
 - lesion-size strata; the recognition-vs-grounding R².
 
-``analyze(folders, validation=..., settings=Settings(...))`` returns an :class:`Analysis`; the
-functions in :mod:`xbench.analysis.tables` turn it into plain tables. ``python -m
-xbench.analyze`` writes them to disk.
+``analyze(folders, validation=..., settings=Settings(...))`` returns an `Analysis`; the
+functions in [`xbench.analysis.tables`][xbench.analysis.tables] turn it into plain tables. ``python
+-m xbench.analyze`` writes them to disk.
 
 The names below load on first use, so that ``xbench.analysis.settings`` (the CLIs' options)
 imports without torch.

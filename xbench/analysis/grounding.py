@@ -65,7 +65,7 @@ class GroundingStatistics:
 
     ``per_class``: name -> float64 [R + 1, C]; ``best_index``: curve -> int64 [R + 1, C] (-1: none);
     ``calibrated_tau``: curve -> float64 [R + 1, C, K] (per fold; K = 1 for a validation choice);
-    ``strata``: name (:data:`STRATUM_SUMS`; the calibrated ones only with a calibration) ->
+    ``strata``: name (`STRATUM_SUMS`; the calibrated ones only with a calibration) ->
     float64 [R + 1, C, S] sums.
     """
 
@@ -115,9 +115,9 @@ def grounding_statistics(
 
     Args:
         pairs: the run's graded pairs (``pairs.image`` indexes the columns of ``weights``).
-        weights: float64 [R + 1, N] image multiplicities (:func:`~xbench.metrics.bootstrap.resample_weights`).
+        weights: float64 [R + 1, N] image multiplicities (`resample_weights`).
         calibration: how the calibrated tau is chosen; ``None`` skips it.
-        strata: int64 [P] stratum of each pair (:func:`size_strata`); ``None``: one stratum.
+        strata: int64 [P] stratum of each pair (`size_strata`); ``None``: one stratum.
     """
     rows = weights.shape[0]
     image_weights = weights.T.contiguous()  # [N, R + 1]: an image's multiplicities side by side

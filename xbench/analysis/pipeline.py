@@ -1,7 +1,7 @@
 """From results folders to every analysis: group by dataset, resample once, compute per run.
 
-:func:`analyze` is the one entry point (the CLI and the report call it); the tables in
-:mod:`xbench.analysis.tables` read its :class:`Analysis`.
+[`analyze`][xbench.analysis.pipeline.analyze] is the one entry point (the CLI and the report call
+it); the tables in [`xbench.analysis.tables`][xbench.analysis.tables] read its `Analysis`.
 """
 
 from __future__ import annotations

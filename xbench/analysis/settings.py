@@ -59,6 +59,6 @@ def add_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
 
 
 def from_arguments(options: argparse.Namespace) -> Settings:
-    """The :class:`Settings` the options of :func:`add_arguments` name."""
+    """The [`Settings`][xbench.analysis.settings.Settings] the options of `add_arguments` name."""
     return Settings(replicates=options.replicates, seed=options.seed, confidence=options.confidence,
                     folds=options.folds, size_bins=tuple(options.size_bins))

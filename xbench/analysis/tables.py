@@ -1,6 +1,6 @@
-"""Plain tables (pandas DataFrames) of an :class:`~xbench.analysis.pipeline.Analysis` and its JSON
+"""Plain tables (pandas DataFrames) of an `Analysis` and its JSON
 payload. Values are fractions as in ``metrics.json`` (0.616, not 61.6); the Markdown a person reads
-is :mod:`xbench.reporting.analysis_summary`'s.
+is `xbench.reporting.analysis_summary`'s.
 """
 
 from __future__ import annotations

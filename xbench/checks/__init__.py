@@ -1,9 +1,9 @@
 """Is the map an explanation? Run-level checks beside plausibility, as Lightning callbacks that
 ``xbench.test`` adds to every run (off unless asked for):
 
-- :class:`~xbench.checks.sanity.Sanity` (``--sanity.*``): cascading model-parameter randomisation
+- `Sanity` (``--sanity.*``): cascading model-parameter randomisation
   (Adebayo et al., 2018) -- does the map change when the model's weights are re-initialised?
-- :class:`~xbench.checks.faithfulness.Faithfulness` (``--faithfulness.*``): deletion and insertion
+- `Faithfulness` (``--faithfulness.*``): deletion and insertion
   (RISE) and ROAD -- do the pixels the map ranks highest drive the model's score?
 
 Each works on whatever maps the model's ``forward`` returns, on a subset of the split's images (the

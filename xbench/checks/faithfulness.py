@@ -4,7 +4,7 @@ AUC (RISE) and ROAD, per (image, class) pair, on a subset of the split's images.
 A Lightning callback (``--faithfulness.*`` of ``xbench.test``; a script adds it to its ``Trainer``).
 On each batch it takes the chosen images' graded pairs (positive, with a region: the pairs the
 grounding metrics grade), runs the model on its own input, places each map on the input's pixels
-and scores the perturbed inputs (:mod:`xbench.metrics.faithfulness` has the definitions). The class
+and scores the perturbed inputs (`xbench.metrics.faithfulness` has the definitions). The class
 score is the class's logit, as the model's zero-shot rule gives it. A pair whose map points nowhere
 (near-constant, a Pointing Game miss) has no order to follow: it is counted, and its values are
 left undefined. The section ``faithfulness`` of ``metrics.json`` holds per-class and macro means

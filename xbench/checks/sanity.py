@@ -6,7 +6,7 @@ A Lightning callback (``--sanity.*`` of ``xbench.test``; a script adds it to its
 the test loop it keeps the chosen images' inputs; after it (``on_test_epoch_end``, before the model's
 results are made) it re-initialises the model's layer groups one step at a time, from the output down
 (``XBenchModel.layer_groups``; cumulative: step k has every group up to k randomised), and at each
-step compares the maps of the graded pairs with the original ones (:mod:`xbench.metrics.sanity`:
+step compares the maps of the graded pairs with the original ones (`xbench.metrics.sanity`:
 Spearman's rank correlation, plain and of absolute values, and SSIM) and grades the randomised maps
 with the run's grounding metrics. The model's weights are restored afterwards, exactly.
 
@@ -266,7 +266,7 @@ def strip_pair(kept: list[dict]) -> tuple[int, int, int] | None:
 
 
 def _shrunk(values: Tensor, nearest: bool = False) -> Tensor:
-    """Maps [n, S, S] at most :data:`STRIP_SIDE` on a side (area average; ``nearest`` for masks)."""
+    """Maps [n, S, S] at most `STRIP_SIDE` on a side (area average; ``nearest`` for masks)."""
     if values.shape[-1] <= STRIP_SIDE:
         return values.float()
     size = (STRIP_SIDE, STRIP_SIDE)
@@ -277,7 +277,7 @@ def _shrunk(values: Tensor, nearest: bool = False) -> Tensor:
 
 def strip_arrays(part: dict, row: int, c: int, maps: Tensor, classes: list[str], layers: list[str]) -> dict:
     """The saved cascade of one pair: its radiograph, region and normalised map at every step, uint8
-    at most :data:`STRIP_SIDE` on a side, with the steps' layers (``sanity_maps.npz``)."""
+    at most `STRIP_SIDE` on a side, with the steps' layers (``sanity_maps.npz``)."""
     as_bytes = lambda values: (values.clamp(0, 1) * 255).round().to(torch.uint8).numpy()  # noqa: E731
     return {"image_id": np.array(part["image_id"][row]), "finding": np.array(classes[c]),
             "image": as_bytes(_shrunk(part["image"][row, :1]))[0],

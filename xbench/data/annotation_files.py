@@ -1,6 +1,6 @@
 """Reading the CSV files that datasets ship, with errors that name the file and the line.
 
-Files are read as downloaded (:func:`xbench.files.open_text`): a UTF-8 byte-order mark is
+Files are read as downloaded (`xbench.files.open_text`): a UTF-8 byte-order mark is
 tolerated, header names and values are compared with surrounding spaces stripped (SIIM's header is
 ``ImageId, EncodedPixels``, with a space, and its values carry a leading space in some copies but
 not in others).

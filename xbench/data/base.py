@@ -1,25 +1,26 @@
 """The DataModule every dataset subclasses, the sample record, and the exactly-once sampler.
 
-A dataset module only reads its annotation files into :class:`Sample` records (``index``); the
-base decodes images in DataLoader workers, draws regions at native size, resizes image and masks
-to the batch geometry and yields the batch dict of the architecture contract:
+A dataset module only reads its annotation files into [`Sample`][xbench.data.base.Sample] records
+(``index``); the base decodes images in DataLoader workers, draws regions at native size, resizes
+image and masks to the batch geometry and yields the batch dict of the architecture contract:
 
 ``image`` float32 [B,1,S,S] in [0,1]; ``labels`` float32 [B,C] (1, 0, -1 unknown); ``masks``
 bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
 data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
 outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame,
 also when an augmentation pushed it out). When the model handed the datamodule its transform
-(:meth:`XBenchDataModule.set_model_transform`), also ``model_input`` float32 [B,3,s,s], made in the
-workers from the native image (after decoding, the cache and any augmentation), and ``window``
-float32 [B,4], the (top, left, height, width) that input covers in the frame.
+([`XBenchDataModule.set_model_transform`][xbench.data.base.XBenchDataModule.set_model_transform]),
+also ``model_input`` float32 [B,3,s,s], made in the workers from the native image (after decoding,
+the cache and any augmentation), and ``window`` float32 [B,4], the (top, left, height, width) that
+input covers in the frame.
 
-A phrase-grounding dataset (MS-CXR) gives samples free-text :class:`Query` records; its batches
-then also carry a query axis of ``Q`` slots (the most queries any image of the split has):
-``query_masks`` bool [B,Q,S,S], ``query_has_mask`` bool [B,Q] (a slot holds a query whose region
-is not empty in the frame), ``query_class`` int64 [B,Q] (the query's finding, an index into the
-classes; -1 for an unused slot), ``query_phrase`` int64 [B,Q] (an index into the datamodule's
-``phrases``; -1 unused) and ``query_lost`` bool [B,Q] (a query region empty inside the frame, left
-out). Class-level datasets carry none of these keys.
+A phrase-grounding dataset (MS-CXR) gives samples free-text [`Query`][xbench.data.queries.Query]
+records; its batches then also carry a query axis of ``Q`` slots (the most queries any image of the
+split has): ``query_masks`` bool [B,Q,S,S], ``query_has_mask`` bool [B,Q] (a slot holds a query
+whose region is not empty in the frame), ``query_class`` int64 [B,Q] (the query's finding, an index
+into the classes; -1 for an unused slot), ``query_phrase`` int64 [B,Q] (an index into the
+datamodule's ``phrases``; -1 unused) and ``query_lost`` bool [B,Q] (a query region empty inside the
+frame, left out). Class-level datasets carry none of these keys.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ MIN_FRAME, MAX_FRAME = 2, 4096
 @dataclass
 class Sample:
     """One image of a split: where it is, its labels and its regions, by canonical class key; a
-    phrase-grounding dataset also lists the image's queries (:class:`xbench.data.queries.Query`)."""
+    phrase-grounding dataset also lists the image's queries
+    ([`xbench.data.queries.Query`][xbench.data.queries.Query])."""
 
     image_id: str
     path: Path
@@ -209,9 +211,10 @@ class ModelInputDataset(Dataset):
 class XBenchDataModule(L.LightningDataModule, ABC):
     """Base of every dataset: the class list, the exactly-once test loader, the batch geometry.
 
-    Subclasses set ``name`` and implement :meth:`index`, which reads the annotation files, checks that
-    every image file exists (without decoding it) and returns the split's samples in a stable
-    order. Anything the loader skipped or merged goes into ``self.notes`` for the results.
+    Subclasses set ``name`` and implement [`index`][xbench.data.base.XBenchDataModule.index], which
+    reads the annotation files, checks that every image file exists (without decoding it) and
+    returns the split's samples in a stable order. Anything the loader skipped or merged goes into
+    ``self.notes`` for the results.
 
     Vocabulary: a paper dataset's is in ``xbench.findings`` under its ``name`` (``spellings`` names
     another entry there if it shares one). A user's dataset states its own on the class, and the

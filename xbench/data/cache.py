@@ -8,7 +8,7 @@ the classes that have a region on the image (and a phrase dataset's query masks,
 first run writes, per split and setting, memory-mapped files and an index; later runs of any model
 read them, and each model's own transform runs on the native image read back.
 
-The native image is kept as it is decoded (:class:`xbench.geometry.image.CodedImage`): its integer codes
+The native image is kept as it is decoded (`xbench.geometry.image.CodedImage`): its integer codes
 at native resolution and the float32 grey level of each code. Without the cache the image is the
 same look-up of the same codes and levels, so a model's input is identical bit for bit with and
 without the cache. An augmented image has no such codes: it is kept as float32, also exact. The
@@ -17,13 +17,13 @@ frame image is put on the 16-bit grid (an error below 1e-5) whether or not the c
 The folder's name carries a fingerprint of everything the content depends on: the parsed
 annotations of every sample, each image (and mask) file's size and modification time, the class
 list, ``image_size``, the mask threshold, the augmentation and its seed, the cache format, the
-package version and the source of the code that decides the pixels (:func:`code_digest`). A
+package version and the source of the code that decides the pixels (`code_digest`). A
 changed file, setting or decoding rule therefore names a different folder. A cache is written
 into a temporary folder and renamed into place when complete, so a half-written cache is never
 read.
 
 What was written is checked on read: ``manifest.json`` states each file's size and the sample
-count (checked when the folder is opened: :func:`check_folder`; a cache that fails it is rebuilt),
+count (checked when the folder is opened: `check_folder`; a cache that fails it is rebuilt),
 and the index holds an xxHash (XXH3-64) of each sample's frame and mask rows and of its native
 image, checked against the bytes each read returns (1.4 ms for a VinDr-size image, ``bench/loading.py``).
 A mismatch is an error that names the folder and the fix.
@@ -145,8 +145,8 @@ def _digest(*parts: np.ndarray) -> int:
 
 
 def _native_entry(native: CodedImage | np.ndarray) -> tuple[int, np.ndarray, int]:
-    """A native image as stored: its kind (an index into :data:`NATIVE_KINDS`), its bytes (the
-    codes, padded to :data:`ALIGNMENT`, then the float32 levels; or the float32 pixels) and the
+    """A native image as stored: its kind (an index into `NATIVE_KINDS`), its bytes (the
+    codes, padded to `ALIGNMENT`, then the float32 levels; or the float32 pixels) and the
     number of levels (0 for float pixels)."""
     if not isinstance(native, CodedImage):
         return FLOAT_KIND, np.ascontiguousarray(native, dtype=np.float32).reshape(-1).view(np.uint8), 0
@@ -268,7 +268,7 @@ def _file_digest(path: Path) -> int:
 
 
 def _manifest(folder: Path, samples: int) -> dict:
-    """What :func:`check_folder` checks: each file's size, the arrays' headers, the index's hash."""
+    """What `check_folder` checks: each file's size, the arrays' headers, the index's hash."""
     files = {name: {"bytes": (folder / name).stat().st_size} for name in FILES}
     for name in ("frames.npy", "masks.npy"):
         files[name]["header"] = _npy_header(folder / name)
@@ -279,7 +279,7 @@ def _manifest(folder: Path, samples: int) -> dict:
 def check_folder(folder: Path, samples: int) -> None:
     """The cache folder holds what ``manifest.json`` says was written for ``samples`` samples: each
     file at its size, the arrays' headers, the index's content (a few MB at most); else
-    :class:`CacheDamagedError` saying what differs. Reads no pixels."""
+    `CacheDamagedError` saying what differs. Reads no pixels."""
     try:
         written = json.loads((folder / "manifest.json").read_text())
         if written["format"] != FORMAT or written["samples"] != samples or set(written["files"]) != set(FILES):
@@ -305,8 +305,8 @@ def check_folder(folder: Path, samples: int) -> None:
 
 
 class CachedDataset(Dataset):
-    """Samples read back from a cache folder; the same dicts :class:`XBenchDataset` yields, and
-    (:meth:`item`) the cached native image."""
+    """Samples read back from a cache folder; the same dicts `XBenchDataset` yields, and
+    (`item`) the cached native image."""
 
     def __init__(self, folder: Path, samples: Sequence, classes: Sequence[str], image_size: int,
                  query_slots: int = 0, phrases: Sequence[str] = ()) -> None:
@@ -365,7 +365,7 @@ class CachedDataset(Dataset):
         return self.item(index, with_native=False)[0]
 
     def item(self, index: int, with_native: bool) -> tuple[dict, CodedImage | np.ndarray | None]:
-        """The sample dict and, if asked, the cached native image (as :meth:`XBenchDataset.item`)."""
+        """The sample dict and, if asked, the cached native image (as `XBenchDataset.item`)."""
         if self._frames is None:  # opened in each worker: a memory map does not pickle
             self._open()
         size, num_classes = self.image_size, len(self.classes)

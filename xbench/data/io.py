@@ -1,6 +1,6 @@
-"""Reading radiographs: every loader goes through :func:`read_coded` (or :func:`read_image`).
+"""Reading radiographs: every loader goes through `read_coded` (or `read_image`).
 
-A decoded radiograph is a :class:`~xbench.geometry.image.CodedImage`: integer codes at the file's native resolution (its
+A decoded radiograph is a `CodedImage`: integer codes at the file's native resolution (its
 stored pixel values; for colour-stored grey the channel sum) and the grey level in [0, 1] of every
 possible code, made by running the pointwise decoding arithmetic (scaling; a DICOM's modality LUT,
 VOI LUT or window, clipping, MONOCHROME1 inversion) on the codes themselves. The float image is
@@ -116,7 +116,7 @@ def read_raster(path: Path) -> CodedImage:
 
 def read_dicom(path: Path) -> CodedImage:
     """DICOM: the stored values (less the smallest, where negative) as codes, and their levels by
-    :func:`_grey_levels`."""
+    `_grey_levels`."""
     dataset = _read_dataset(path)
     stored = _decode_pixels(dataset, path)
     _widen_bits_stored(dataset, stored, path)

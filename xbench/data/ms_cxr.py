@@ -6,12 +6,12 @@ without the ``split`` column), one row per box: ``dicom_id, category_name, label
 w, h, image_width, image_height[, split]``. ``path`` is relative to the MIMIC-CXR-JPG folder
 (``files/p10/p10000032/s50414267/<dicom_id>.jpg``); MS-CXR ships no images. A box ``x, y, w, h``
 is in pixels of its image, whose size the row states (``image_width x image_height``): boxes are
-drawn on that grid scaled to the decoded image (:class:`~xbench.data.regions.GridBoxes`), exactly
-as given on MIMIC-CXR-JPG's full-size files, and in place on a resized copy of them. The rows with
-the same ``(dicom_id, category_name, label_text)`` are the boxes of one phrase.
+drawn on that grid scaled to the decoded image ([`GridBoxes`][xbench.data.regions.GridBoxes]),
+exactly as given on MIMIC-CXR-JPG's full-size files, and in place on a resized copy of them. The
+rows with the same ``(dicom_id, category_name, label_text)`` are the boxes of one phrase.
 
 Every image is one sample, in the order of its first row in the file. Its queries are its phrases
-in file order, each a :class:`~xbench.data.queries.Query` (``label_text``, the finding of
+in file order, each a [`Query`][xbench.data.queries.Query] (``label_text``, the finding of
 ``category_name``, all the phrase's boxes as one region); its region
 for a finding is the union of the boxes of that finding's phrases.
 

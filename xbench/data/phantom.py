@@ -105,7 +105,8 @@ class Phantom(ChestXDet10):
     Args:
         root: where the files are (or will be) written; default ``$XBENCH_CACHE`` or ``~/.cache/xbench``.
         num_images: images in the split. native_size: side of the written PNGs
-        (at least :data:`MIN_NATIVE_SIZE`, so that every lesion covers a pixel). seed: the generator's seed.
+        (at least `MIN_NATIVE_SIZE`, so that every lesion covers a pixel). seed: the generator's
+        seed.
     """
 
     name = "phantom"

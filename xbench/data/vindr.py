@@ -14,8 +14,8 @@ Boxes are xyxy floats in the native pixel grid; ``No finding`` rows carry no box
 has one consensus reader (its label file has no ``rad_id``, so every test box is the consensus's,
 whatever ``rad_id`` the box file gives); the train split has three per image, merged by
 ``readers``: ``union`` (any radiologist) or ``majority`` (more than half of the image's
-radiologists, for labels and pixel by pixel for regions). Images are decoded by :func:`xbench.data.io.read_dicom`
-(MONOCHROME1, 10-16 bit, JPEG 2000).
+radiologists, for labels and pixel by pixel for regions). Images are decoded by
+`xbench.data.io.read_dicom` (MONOCHROME1, 10-16 bit, JPEG 2000).
 """
 
 from __future__ import annotations

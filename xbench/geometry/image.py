@@ -1,8 +1,8 @@
 """The decoded radiograph as every layer holds it: integer codes and the grey level of each code.
 
-Made by :mod:`xbench.data.io` (from a file) or the decoded-image cache, read by a model's
-:class:`~xbench.geometry.preprocess.Preprocess`: any pointwise step (8-bit rounding, a table) runs
-on the levels and is looked up by the codes, so both sources give the same input bit for bit.
+Made by `xbench.data.io` (from a file) or the decoded-image cache, read by a model's
+[`Preprocess`][xbench.geometry.preprocess.Preprocess]: any pointwise step (8-bit rounding, a table)
+runs on the levels and is looked up by the codes, so both sources give the same input bit for bit.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 class CodedImage:
     """A grey radiograph as ``codes`` (uint8 or uint16 [H, W]) and ``levels`` (float32 [K], every
     code below K): the image is ``levels[codes]``. Any pointwise function of the image is that
-    function of ``levels`` looked up by the codes (:meth:`look_up`), element for element."""
+    function of ``levels`` looked up by the codes (`look_up`), element for element."""
 
     codes: np.ndarray
     levels: np.ndarray

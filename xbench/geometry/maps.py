@@ -3,11 +3,12 @@
 Every layer shares these rules: the model's ``test_step`` applies them to each map, the metrics and
 cheXlocalize's native-size protocol normalise with them, and saved outputs are placed with them.
 
-- :func:`near_constant`: a raw map that points nowhere, decided on the model's own grid;
-- :func:`place_in_frame`: a map covering its input's window, placed into the frame by the model's
-  rule (``MapUpsample``), the frame pixels the model never saw taking the map's minimum;
-  :func:`seen_pixels`: which frame pixels it saw (CNR leaves the others out);
-- :func:`normalise`: min-max to [0, 1], a constant map all zeros.
+- [`near_constant`][xbench.geometry.maps.near_constant]: a raw map that points nowhere, decided on
+  the model's own grid;
+- [`place_in_frame`][xbench.geometry.maps.place_in_frame]: a map covering its input's window, placed
+  into the frame by the model's rule (``MapUpsample``), the frame pixels the model never saw taking
+  the map's minimum; `seen_pixels`: which frame pixels it saw (CNR leaves the others out);
+- [`normalise`][xbench.geometry.maps.normalise]: min-max to [0, 1], a constant map all zeros.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from torch import Tensor
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import MapUpsample
 
-#: Float32 ulps of a map's magnitude within which its spread counts as none (:func:`near_constant`).
+#: Float32 ulps of a map's magnitude within which its spread counts as none (`near_constant`).
 NEAR_CONSTANT_ULPS = 8
 
 
@@ -53,7 +54,8 @@ def _window_offset(size: int, start: Tensor, extent: Tensor) -> tuple[Tensor, Te
 
 def seen_pixels(windows: Tensor, frame: tuple[int, int]) -> Tensor:
     """Bool [B, *frame]: the frame pixels whose centre lies in each sample's window (top, left,
-    height, width) -- those :func:`place_in_frame` gives the map's values; the model never saw the rest."""
+    height, width) -- those [`place_in_frame`][xbench.geometry.maps.place_in_frame] gives the map's
+    values; the model never saw the rest."""
     windows = windows.double()
     rows = _window_offset(frame[0], windows[:, :1], windows[:, 2:3])[1]
     columns = _window_offset(frame[1], windows[:, 1:2], windows[:, 3:4])[1]
@@ -92,7 +94,7 @@ def place_in_frame(maps: Tensor, windows: Tensor, frame: tuple[int, int], mode: 
     """Maps [B, C, h, w], each covering its sample's window of the frame -> maps [B, C, *frame].
 
     ``windows`` [B, 4] are (top, left, height, width) in frame pixels (``model_input``'s window in
-    the batch; :func:`whole_frame` for maps of the whole image). Each frame pixel whose centre lies
+    the batch; `whole_frame` for maps of the whole image). Each frame pixel whose centre lies
     in the window takes the map's value there by ``mode``; the rest of the frame, which the model
     never saw, takes the map's minimum, so it cannot attract the maximum. Float32, also under
     mixed precision.

@@ -5,7 +5,7 @@ which sends every matrix product to bfloat16 (8 significant bits). That is what 
 the towers. XBench's own arithmetic around them -- the resize weights of a model's input, placing a
 map back into the frame, the cosine heads of the CLIP models -- would otherwise be rounded too, and
 rounding a map to 8 bits creates tied maxima the model never made (the Pointing Game counts ties).
-Those helpers run inside :func:`float32` instead; ``test_step`` places and normalises maps in
+Those helpers run inside `float32` instead; ``test_step`` places and normalises maps in
 float32 and the metrics cast to float32 themselves.
 """
 

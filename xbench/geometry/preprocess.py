@@ -1,10 +1,10 @@
 """A model's input made from the native image as its authors make it, stated as data.
 
-:class:`Preprocess` is the one config type every model states its authors' transform in (resize
-rule, filter, the library whose rounding they go through, mean/std, histogram equalisation) and its
-map rule; called on the decoded native-aspect image in a DataLoader worker it returns the model's
-input and the window that input covers in the metric frame. The statistics below are written
-once here.
+[`Preprocess`][xbench.geometry.preprocess.Preprocess] is the one config type every model states its
+authors' transform in (resize rule, filter, the library whose rounding they go through, mean/std,
+histogram equalisation) and its map rule; called on the decoded native-aspect image in a DataLoader
+worker it returns the model's input and the window that input covers in the metric frame. The
+statistics below are written once here.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Preprocess:
     on the decoded native-aspect image.
 
     Calling it on a native grey image [H, W] in [0, 1] (float32, or a
-    :class:`~xbench.geometry.image.CodedImage`, which gives the same result bit for bit: every step
+    `CodedImage`, which gives the same result bit for bit: every step
     before the resize is pointwise, so it runs on the code's levels) and the metric frame's side
     ``frame`` returns the model's input [3, size, size] and the window (top, left, height, width) that the
     input covers, in frame pixels (the frame is the whole radiograph squashed to frame x frame).
@@ -217,7 +217,7 @@ def area_weights(size_in: int, size_out: int, device: torch.device | None = None
 
 
 def area_resize(image: Tensor, height: int, width: int) -> Tensor:
-    """Images [..., H, W] -> [..., height, width] by exact area weights (:func:`area_weights`),
+    """Images [..., H, W] -> [..., height, width] by exact area weights (`area_weights`),
     in the image's dtype also under mixed precision."""
     rows = area_weights(image.shape[-2], height, image.device).to(image.dtype)
     columns = area_weights(image.shape[-1], width, image.device).to(image.dtype)

@@ -5,7 +5,7 @@ depend only on the order of the scores, so each class's logits are replaced by t
 scaled to [0, 1] before torchmetrics sees them: a float32 sigmoid would saturate large logits to
 1.0 and create ties the model never made. Labels of -1 are unknown and ignored everywhere. Max-F1,
 its threshold and the accuracy there come from the weighted kernel the bootstrap uses
-(:mod:`xbench.metrics.recognition`), with every image weighted once.
+(`xbench.metrics.recognition`), with every image weighted once.
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ def rank_scores(logits: Tensor) -> Tensor:
 
 
 def classification_scores(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
-    """Functional twin of :class:`ClassificationMetrics` on all rows at once.
+    """Functional twin of
+    [`ClassificationMetrics`][xbench.metrics.classification.ClassificationMetrics] on all rows at
+    once.
 
     Args:
         logits: float [N, C] log-odds. labels: [N, C] with 1, 0 or -1 (unknown).

@@ -47,11 +47,11 @@ class PackedSyncMetric(Metric):
     """A ``Metric`` whose states cross processes in a few collectives, not three per state.
 
     torchmetrics gathers each state on its own (a barrier, its shape, its values): 51 collectives
-    for a :class:`~xbench.metrics.grounding.GroundingMetrics` at the end of a run. Here the sum
-    states of one dtype travel as one flat tensor, and the concatenated states as one gather of
-    every state's row count and one flat tensor per dtype. Results are those of torchmetrics' sync:
-    sums over processes in rank order, rows concatenated in rank order. Concatenated states must
-    hold at least one (possibly empty) tensor, as :class:`RecordsMetric` ensures.
+    for a [`GroundingMetrics`][xbench.metrics.grounding.GroundingMetrics] at the end of a run. Here
+    the sum states of one dtype travel as one flat tensor, and the concatenated states as one gather
+    of every state's row count and one flat tensor per dtype. Results are those of torchmetrics'
+    sync: sums over processes in rank order, rows concatenated in rank order. Concatenated states
+    must hold at least one (possibly empty) tensor, as `RecordsMetric` ensures.
     """
 
     def _sync_dist(self, dist_sync_fn=gather_all_tensors, process_group=None) -> None:

@@ -3,19 +3,19 @@ RISE, 2018) and ROAD (Rong et al., ICML 2022), on the model's input.
 
 The definitions (``docs/explanations.md`` states them for readers):
 
-- **The map on the input** (:func:`input_saliency`): the model's raw map covers its input, as the
+- **The map on the input** (`input_saliency`): the model's raw map covers its input, as the
   input covers its window of the frame; each input pixel takes the map's value at its centre by the
   model's map rule (the same rule that places the map in the frame, so it is the frame map's
   value at the frame point the pixel shows, without resampling twice). An input pixel that shows no
   part of the frame (letterbox padding) takes the map's minimum.
-- **The order** (:func:`removal_rank`): pixels by decreasing saliency, equal values in raster order.
+- **The order** (`removal_rank`): pixels by decreasing saliency, equal values in raster order.
 - **Deletion**: at step k of K the first ``floor(k n / K)`` pixels of the order are set to 0 in
   every channel of the input (RISE's substrate: the normalisation mean of a model that normalises,
   black for a model that reads the [0, 1] frame). **Insertion**: starts from the input blurred
   (Gaussian, kernel 11, sigma 5, RISE's) and puts back the same pixels of the original. The curve is
   the class's logit at the K + 1 steps; its AUC the trapezoid over the removed fraction in [0, 1]
-  (:func:`curve_auc`). A faithful map: a low deletion AUC, a high insertion AUC.
-- **ROAD** (:func:`road_inputs`): pytorch-grad-cam's own ``RemoveMostRelevantFirst`` and
+  (`curve_auc`). A faithful map: a low deletion AUC, a high insertion AUC.
+- **ROAD** (`road_inputs`): pytorch-grad-cam's own ``RemoveMostRelevantFirst`` and
   ``RemoveLeastRelevantFirst`` with its ``NoisyLinearImputer`` at each percentile p (MoRF imputes the
   pixels at or above the p-th percentile of the map normalised to [0, 1], LeRF those at or above the
   p-th percentile of 1 - map), its noise drawn from a seeded generator. A value is the logit after
@@ -121,7 +121,7 @@ def road_inputs(image: Tensor, saliency: Tensor, percentiles: Sequence[int], see
 
 def pair_values(deletion: Tensor, insertion: Tensor, road_morf: Tensor, road_lerf: Tensor) -> dict[str, Tensor]:
     """Per pair, from its curves [P, K + 1] and ROAD differences [P, percentiles]: the numbers of
-    :data:`PAIR_VALUES` [P] (NaN where the curves are: a map that points nowhere)."""
+    `PAIR_VALUES` [P] (NaN where the curves are: a map that points nowhere)."""
     morf, lerf = road_morf.mean(-1), road_lerf.mean(-1)
     return {"deletion_auc": curve_auc(deletion), "insertion_auc": curve_auc(insertion), "road_morf": morf,
             "road_lerf": lerf, "road": (lerf - morf) / 2}

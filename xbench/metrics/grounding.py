@@ -67,7 +67,7 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
 
 def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = None
                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """:func:`threshold_counts` and, from the same pass over the pixels, each pair's map mean and
+    """`threshold_counts` and, from the same pass over the pixels, each pair's map mean and
     population variance outside and inside ``R``: float64 [B, C, 2] each (index 0 outside, 1
     inside), NaN where a side has no pixel. ``seen`` (bool [B, H, W], default all): the pixels the
     moments take; the others (frame pixels outside the model's window) are in neither side, and
@@ -117,8 +117,8 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = 
     and, with ``seen`` [B, H, W], seen or not: the mask's byte with 2 added where unseen, made
     before the pass (one byte per pixel), so the pass itself is unchanged.
 
-    On a CPU the pass is one compiled loop that reads each pixel once (:func:`_scan_kernel`);
-    elsewhere blocks of torch operations (:func:`_scan_blocks`): a dozen elementwise passes and
+    On a CPU the pass is one compiled loop that reads each pixel once (`_scan_kernel`);
+    elsewhere blocks of torch operations (`_scan_blocks`): a dozen elementwise passes and
     three histogram sums, which on a CPU cost about twice the loop.
     """
     if saliency.shape != masks.shape or saliency.ndim != 4:
@@ -151,7 +151,7 @@ def _scan(saliency: Tensor, masks: Tensor, moments: bool, seen: Tensor | None = 
 
 def _scan_cpu(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: bool
               ) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`_scan_kernel` on torch's CPU threads; a large pair's pixels are split into chunks,
+    """`_scan_kernel` on torch's CPU threads; a large pair's pixels are split into chunks,
     summed afterwards. Counts [pairs, codes], sums [2, pairs, codes] (e, e^2) and, per pair, whether
     a value lay outside [0, 1] (bool [pairs])."""
     pairs, pixels = saliency.shape
@@ -182,7 +182,7 @@ def _compiled(function):
 
 @_compiled
 def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, moments):
-    """The pass of :func:`_scan` as one loop over each chunk of a pair's pixels (float32 [pairs,
+    """The pass of `_scan` as one loop over each chunk of a pair's pixels (float32 [pairs,
     pixels] maps, uint8 sides): per chunk, the code counts and, with ``moments``, the float64 sums
     of ``e`` and ``e^2`` per code, and whether a value lay outside [0, 1] or was NaN (skipped, so no
     code ever leaves its chunk's histogram)."""
@@ -214,7 +214,7 @@ def _scan_kernel(saliency, sides, thresholds, codes_per_pair, chunk, chunks, mom
 
 
 def _scan_blocks(saliency: Tensor, sides: Tensor, codes_per_pair: int, moments: bool) -> tuple[Tensor, Tensor]:
-    """The pass of :func:`_scan` in torch operations, over blocks of pixels (whole pairs, or a part
+    """The pass of `_scan` in torch operations, over blocks of pixels (whole pairs, or a part
     of one large pair), few and large so that kernel launches stay few. The histograms are
     ``index_add_``, not ``torch.bincount``, which reads the codes' minimum and maximum back to the
     host and would stall every step on CUDA. Counts [pairs, codes] and sums [2, pairs, codes]."""
@@ -280,7 +280,7 @@ def pair_scores(predicted: Tensor, inter: Tensor) -> tuple[Tensor, Tensor]:
 
 def contrast_to_noise(mean: Tensor, variance: Tensor) -> Tensor:
     """CNR from the map's mean and variance outside and inside ``R`` ([..., 2], as
-    :func:`counts_and_moments` gives them); NaN where undefined (a side without pixels, or no noise
+    `counts_and_moments` gives them); NaN where undefined (a side without pixels, or no noise
     with a contrast)."""
     contrast = (mean[..., 1] - mean[..., 0]).abs()
     noise = variance.sum(-1).sqrt()
@@ -290,8 +290,9 @@ def contrast_to_noise(mean: Tensor, variance: Tensor) -> Tensor:
 
 def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor, seen: Tensor | None = None
                       ) -> dict[str, Tensor]:
-    """Functional twin of :class:`GroundingMetrics`: everything one batch contributes, per pair
-    (``seen``: the pixels CNR takes, see :func:`counts_and_moments`).
+    """Functional twin of [`GroundingMetrics`][xbench.metrics.grounding.GroundingMetrics]:
+    everything one batch contributes, per pair (``seen``: the pixels CNR takes, see
+    `counts_and_moments`).
 
     Returns a dict of [B, C] tensors (``graded``: the pair enters grounding -- it has a mask and the
     mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``; ``cnr``, NaN

@@ -1,7 +1,7 @@
 """Peers' native-resolution protocols: cheXlocalize's beside XBench's, and hi-ml's phrase grounding.
 
 hi-ml (BioViL's ``ImageTextInferenceEngine``) places a map at the image's native resolution
-(:func:`himl_native_saliency`) and leaves the pixels outside the model's centre crop out (NaN);
+(`himl_native_saliency`) and leaves the pixels outside the model's centre crop out (NaN);
 a phrase run with ``--model.phrase_protocol hi-ml`` scores its queries there, against their boxes
 drawn at that size (``xbench.models.base``).
 
@@ -11,12 +11,12 @@ min-max normalises it, and compares it with the radiologist mask drawn at that s
 same map gives, on the same pixels:
 
 - XBench's definitions: Dice and IoU at the 101 thresholds (``s >= tau_k``, from
-  :func:`~xbench.metrics.grounding.threshold_counts`) and the Pointing Game with symmetric ties,
+  `threshold_counts`) and the Pointing Game with symmetric ties,
   on the map in float32 (as in the frame);
 - cheXlocalize's binarisations, as extra, separately named values, computed as their
   ``heatmap_to_segmentation.py`` does, in the saved map's own precision (float64 stays float64):
   IoU at a fixed threshold with its strict ``s > t``; IoU of its Otsu segmentation
-  (:func:`otsu_segmentation`: Otsu's level of the 8-bit map ``uint8(255 s)``, the contours of
+  (`otsu_segmentation`: Otsu's level of the 8-bit map ``uint8(255 s)``, the contours of
   ``levels > level`` filled, single-point contours dropped); and its hit, the first maximum in
   row-major order (``np.argmax``) inside the mask.
 
@@ -76,7 +76,7 @@ def fill_contours(binary: np.ndarray) -> np.ndarray:
 def otsu_segmentation(saliency: Tensor) -> tuple[int, Tensor]:
     """cheXlocalize's Otsu segmentation of a min-max normalised map [H, W] (in its own precision):
     the level of ``uint8(255 s)`` (truncation, as numpy's cast) and the filled contours of the
-    pixels above it (:func:`fill_contours`), bool [H, W]."""
+    pixels above it (`fill_contours`), bool [H, W]."""
     levels = (saliency * 255).to(torch.uint8)
     level = otsu_threshold(levels)
     return level, torch.from_numpy(fill_contours((levels > level).numpy()))
@@ -93,7 +93,7 @@ def chexlocalize_segmentations(raw_map: Tensor, image_size: tuple[int, int], fix
     """cheXlocalize's binarisations of a raw map [h, w] at the native ``image_size``, in the map's
     precision: the ``upsampled`` raw map, its min-max ``normalised`` form (bitwise as their ``(x -
     min) / max(x - min)``), the ``fixed`` segmentation (``s > fixed_threshold``), the ``otsu_level``
-    and the ``otsu`` segmentation (:func:`otsu_segmentation`)."""
+    and the ``otsu`` segmentation (`otsu_segmentation`)."""
     upsampled = native_upsample(raw_map, image_size)
     normalised = normalise(upsampled[None, None])[0, 0]
     level, otsu = otsu_segmentation(normalised)
@@ -106,7 +106,7 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
 
     Returns XBench's ``dice`` and ``iou`` curves (float64 [101]) and ``hit``; cheXlocalize's
     ``iou_fixed`` (``s > fixed_threshold``), ``otsu_level`` and ``iou_otsu`` (its Otsu
-    segmentation, :func:`otsu_segmentation`) and ``argmax_hit``. IoU of an empty mask with an empty
+    segmentation, `otsu_segmentation`) and ``argmax_hit``. IoU of an empty mask with an empty
     prediction is NaN (as theirs).
     """
     mask = mask.bool()
@@ -149,12 +149,12 @@ def himl_native_saliency(maps: Tensor, preprocess: Preprocess | None, window: Te
     """One image's raw maps [1, K, h, w] placed at its native ``image_size`` as hi-ml does and
     min-max normalised (a map that points nowhere all zeros), and the pixels the model saw [1, H, W].
 
-    The maps are interpolated onto :func:`himl_window` by the model's rule (``F.interpolate``, as
+    The maps are interpolated onto `himl_window` by the model's rule (``F.interpolate``, as
     hi-ml); the pixels outside, NaN in hi-ml's map, take the minimum of the pixels inside (so the
     normalised map is hi-ml's, min-max normalised over its pixels that are not NaN) and are not seen. Where
     hi-ml has no rule, the model's own ``window`` [4] in the ``frame`` (the batch's; ``None`` only
     for a model without a preprocess, which hi-ml's rule covers) is scaled to native pixels and the
-    maps placed through it (:func:`~xbench.geometry.maps.place_in_frame`).
+    maps placed through it ([`place_in_frame`][xbench.geometry.maps.place_in_frame]).
     """
     height, width = image_size
     placement = himl_window(preprocess, image_size)

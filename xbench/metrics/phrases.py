@@ -6,7 +6,7 @@ and as a macro mean over findings, this gives Pointing Game, Dice and IoU at tau
 both, with bootstrap percentile intervals over images, and their paired difference (phrase minus
 name, the same replicates for both, so the interval is that of the difference itself).
 
-The replicates are those of :mod:`xbench.metrics.bootstrap` over the run's images in the order
+The replicates are those of `xbench.metrics.bootstrap` over the run's images in the order
 of their sorted ids (the analysis's convention), from the stream (seed, dataset, ``"test"``). The
 end of a phrase run computes them for ``metrics.json``; ``xbench.analyze --queries`` reads the
 same pairs back from ``queries.csv.gz``.

@@ -1,7 +1,7 @@
 """Recognition metrics with images weighted by multiplicity: the kernel of every bootstrap replicate
 at once (weights [R + 1, N]) and, with unit weights, of the run itself.
 
-The definitions are those of :func:`xbench.metrics.classification.classification_scores`: unknown
+The definitions are those of `xbench.metrics.classification.classification_scores`: unknown
 labels (-1) are left out; AUROC and AUPRC depend only on the order of a class's logits (ties are
 the logits' own, as ``rank_scores`` keeps them) and are NaN when the class's known labels in the
 replicate are all one value; F1 and accuracy at p >= 0.5 (logit >= 0); max-F1 over the distinct

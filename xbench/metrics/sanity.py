@@ -2,11 +2,11 @@
 randomisation (Adebayo et al., NeurIPS 2018): the map of the model as trained against the map after
 some of its layers were re-initialised.
 
-- :func:`spearman`: Spearman's rank correlation of the two maps placed in the frame, before min-max
+- `spearman`: Spearman's rank correlation of the two maps placed in the frame, before min-max
   normalisation (which keeps ranks but would make every value non-negative): the Pearson correlation
   of the ranks, equal values sharing their mean rank; undefined (NaN) where either map is constant.
   Taken plain and of the absolute values, as Adebayo et al. report both (a signed map may flip).
-- :func:`ssim`: the structural similarity of the two min-max normalised frame maps (data range 1,
+- `ssim`: the structural similarity of the two min-max normalised frame maps (data range 1,
   torchmetrics' Gaussian window: 11 pixels, sigma 1.5), what the metrics see.
 """
 
@@ -56,7 +56,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
 
 def similarities(original: Tensor, randomised: Tensor, original_saliency: Tensor,
                  randomised_saliency: Tensor) -> dict[str, Tensor]:
-    """The :data:`SIMILARITIES` [N] of N map pairs: frame maps before normalisation [N, H, W] (the
+    """The `SIMILARITIES` [N] of N map pairs: frame maps before normalisation [N, H, W] (the
     rank correlations) and the normalised ones (SSIM)."""
     return {"spearman": spearman(original, randomised),
             "spearman_abs": spearman(original.abs(), randomised.abs()),

@@ -3,30 +3,33 @@
 The base owns the evaluation: ``setup`` reads the datamodule's classes and creates the metrics,
 ``test_step`` places and normalises the model's maps and updates the metrics, and the end of the
 epoch checks that every sample was seen exactly once, logs the summary numbers and keeps the run's
-:attr:`~XBenchModel.results` (the ``metrics.json`` payload) and :attr:`~XBenchModel.records`.
+`results` (the ``metrics.json`` payload) and `records`.
 It writes nothing: the results folder, the overlays and the W&B run are the output callback's
-(:class:`xbench.reporting.writer.ResultsWriter`, which ``xbench.test`` adds; a script adds it to its
-``Trainer``). A subclass only says how to turn images into scores and maps:
+([`xbench.reporting.writer.ResultsWriter`][xbench.reporting.writer.ResultsWriter], which
+``xbench.test`` adds; a script adds it to its ``Trainer``). A subclass only says how to turn images
+into scores and maps:
 
 - ``build(classes)``: the text side and the checkpoint, once per run (called from ``setup``, with
   ``self.dataset_name`` already set for models whose prompts depend on the dataset).
 - ``preprocess``: its authors' input transform and map rule as a
-  :class:`~xbench.geometry.preprocess.Preprocess`; ``setup`` hands it to the datamodule, whose
+  [`Preprocess`][xbench.geometry.preprocess.Preprocess]; ``setup`` hands it to the datamodule, whose
   workers make ``model_input`` and its ``window`` from the native image. ``None`` (baselines, the
   Oracle): the model reads the frame image ``image`` and its maps cover the whole frame.
 - ``forward(model_input [B,3,s,s]) -> (logits [B,C], maps [B,C,h,w])``: ``logits`` are log-odds
   (``sigmoid`` is the model's probability), ``maps`` raw saliency on the model's own grid covering
   the window of the frame its input shows.
 - ``cam_target``: where a CAM explainer (``--model.explainer gradcam``, ...) reads it, as a
-  :class:`~xbench.models.explainers.CamTarget` (layer, token layout, class score); the base's
-  :meth:`~XBenchModel.explain` then gives that explainer's maps in place of ``forward``'s.
+  [`CamTarget`][xbench.models.explainers.CamTarget] (layer, token layout, class score); the base's
+  [`explain`][xbench.models.base.XBenchModel.explain] then gives that explainer's maps in place of
+  ``forward``'s.
 
 Phrase grounding (a dataset whose images carry free-text queries, such as MS-CXR): a model whose
 text side encodes free text sets ``query_mode = "phrase"`` and implements ``encode_phrases``, which
 returns its text side for the phrases as the attributes ``forward`` reads, one row per phrase; the
-base then runs ``forward`` with a batch's phrases in place of the classes (:meth:`phrase_maps`). A
-fixed-vocabulary model (MedKLIP, MAVL; baselines) keeps ``query_mode = "finding"``: it grounds the
-map of the phrase's finding, and the results say so.
+base then runs ``forward`` with a batch's phrases in place of the classes
+([`phrase_maps`][xbench.models.base.XBenchModel.phrase_maps]). A fixed-vocabulary model (MedKLIP,
+MAVL; baselines) keeps ``query_mode = "finding"``: it grounds the map of the phrase's finding, and
+the results say so.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ PHRASES_PER_CALL = 64
 @dataclass(frozen=True)
 class LayerGroup:
     """One group of a model's layers for the cascading randomisation of the sanity check
-    (:mod:`xbench.checks.sanity`); a model lists its groups from the output down.
+    (`xbench.checks.sanity`); a model lists its groups from the output down.
 
     ``patterns``: ``fnmatch`` patterns of the model's parameter names (``named_parameters``) the group
     holds; a parameter belongs to the first group, in the model's order, that matches it. ``blocks``: the
@@ -115,11 +118,12 @@ class XBenchModel(L.LightningModule, ABC):
             study: ``nearest``, ``bilinear`` or ``bilinear_align_corners``; the results record the rule used.
         explainer: which method makes the maps: ``native`` (the model's own) or a CAM method of the
             grad-cam library on the model's declared layer (``gradcam``, ``gradcam++``, ``hirescam``,
-            ``xgradcam``, ``layercam``, ``eigencam``, ``scorecam``; :mod:`xbench.models.explainers`).
+            ``xgradcam``, ``layercam``, ``eigencam``, ``scorecam``;
+            [`xbench.models.explainers`][xbench.models.explainers]).
         phrase_protocol: how a phrase dataset's queries are scored: ``xbench`` (default: in the
             metric frame, as every pair) or ``hi-ml`` (BioViL's phrase grounding: the map and the
             query's boxes at the image's native size, the pixels outside the model's crop in
-            neither of CNR's sides; :func:`~xbench.metrics.native.himl_native_saliency`). The
+            neither of CNR's sides; `himl_native_saliency`). The
             results record it under ``phrase_grounding.protocol``.
     """
 
@@ -134,7 +138,7 @@ class XBenchModel(L.LightningModule, ABC):
     #: The authors' input transform and map rule; ``None``: the model reads the frame image.
     preprocess: Preprocess | None = None
     #: How a free-text query is grounded: ``phrase`` (the text side encodes the phrase, see
-    #: :meth:`encode_phrases`) or ``finding`` (the map of the phrase's finding).
+    #: `encode_phrases`) or ``finding`` (the map of the phrase's finding).
     query_mode: ClassVar[Literal["phrase", "finding"]] = "finding"
     #: Where a CAM explainer reads the model (layer, token layout, class score); ``None``: the model
     #: has no network to explain and runs only with its native maps.
@@ -166,7 +170,7 @@ class XBenchModel(L.LightningModule, ABC):
         #: (``grounding``, ``classification``, a phrase run's ``queries`` by view) behind its tables.
         self.results: dict | None = None
         self.records: dict | None = None
-        #: What run-level checks (the sanity and faithfulness callbacks, :mod:`xbench.checks`) computed
+        #: What run-level checks (the sanity and faithfulness callbacks, `xbench.checks`) computed
         #: in this epoch, by section name: (the ``metrics.json`` section, its per-pair records). They
         #: fill it in their ``on_test_epoch_end``, which Lightning calls before the model's own; the
         #: model's results then carry each section, and its records go beside the run's.
@@ -182,7 +186,8 @@ class XBenchModel(L.LightningModule, ABC):
         return self.model_name() if self.explainer == NATIVE else f"{self.model_name()}+{self.explainer}"
 
     def explainer_results(self) -> dict:
-        """``metrics.json``'s ``explainer`` section (:func:`~xbench.models.explainers.explainer_record`)."""
+        """``metrics.json``'s ``explainer`` section
+        ([`explainer_record`][xbench.models.explainers.explainer_record])."""
         return explainer_record(self)
 
     @property
@@ -208,8 +213,9 @@ class XBenchModel(L.LightningModule, ABC):
 
     @torch.no_grad()
     def encode_all_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
-        """:meth:`encode_phrases` of every phrase of the split, :data:`PHRASES_PER_CALL` at a time (a
-        text tower holds every token's state of the phrases it encodes), the rows concatenated."""
+        """[`encode_phrases`][xbench.models.base.XBenchModel.encode_phrases] of every phrase of the
+        split, `PHRASES_PER_CALL` at a time (a text tower holds every token's state of the phrases
+        it encodes), the rows concatenated."""
         chunks = [self.encode_phrases(phrases[start : start + PHRASES_PER_CALL])
                   for start in range(0, len(phrases), PHRASES_PER_CALL)]
         return {name: torch.cat([chunk[name] for chunk in chunks]) for name in chunks[0]}
@@ -228,16 +234,19 @@ class XBenchModel(L.LightningModule, ABC):
 
     def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
         """Maps [B, T, h, w] of the T phrases whose text side ``rows`` holds (rows of
-        :meth:`encode_phrases`): :meth:`explain` with the phrases in place of the classes. A model whose
-        prompts are decoded together (KAD's query set) grounds each phrase on its own instead."""
+        [`encode_phrases`][xbench.models.base.XBenchModel.encode_phrases]):
+        [`explain`][xbench.models.base.XBenchModel.explain] with the phrases in place of the
+        classes. A model whose prompts are decoded together (KAD's query set) grounds each phrase on
+        its own instead."""
         with self.text_side(rows):
             return self.explain(model_input)[1]
 
     def explain(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         """Logits and the maps of the run's explainer: ``forward``'s own, or a CAM method's on the
-        declared layer, explaining each logit (:func:`~xbench.models.explainers.cam_maps`). The one
-        place maps are made from an input: the run (:meth:`infer`) and the checks re-running the model
-        on inputs of their making (``xbench.checks``) both call it."""
+        declared layer, explaining each logit ([`cam_maps`][xbench.models.explainers.cam_maps]). The
+        one place maps are made from an input: the run
+        ([`infer`][xbench.models.base.XBenchModel.infer]) and the checks re-running the model on
+        inputs of their making (``xbench.checks``) both call it."""
         return self(model_input) if self.explainer == NATIVE else cam_maps(self, model_input)
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
@@ -367,8 +376,9 @@ class XBenchModel(L.LightningModule, ABC):
 
     def ground_queries_natively(self, metric: GroundingMetrics, maps: Tensor, batch: dict,
                                 native: list[tuple[int, tuple[int, int], Tensor]]) -> None:
-        """hi-ml's protocol: each image's query maps at its native size (:meth:`native_queries`),
-        one image at a time (native sizes differ)."""
+        """hi-ml's protocol: each image's query maps at its native size
+        ([`native_queries`][xbench.models.base.XBenchModel.native_queries]), one image at a time
+        (native sizes differ)."""
         frame = tuple(batch["masks"].shape[-2:])
         for b, image_size, masks in native:
             slots = masks.shape[1]

@@ -4,7 +4,7 @@ The official ``open_clip_config.json`` is used unedited except that its text tow
 the checkpoint folder: the json names the hub repository of BiomedBERT, which open_clip would
 ask the network for even when the weights are local. The folder therefore also holds BiomedBERT's
 ``config.json`` and the tokenizer's ``vocab.txt``; no BERT weights are read from it, they are
-part of the BiomedCLIP checkpoint. Recognition and maps follow :class:`~xbench.models.clip.OpenClipDualEncoder`.
+part of the BiomedCLIP checkpoint. Recognition and maps follow `OpenClipDualEncoder`.
 """
 
 from __future__ import annotations

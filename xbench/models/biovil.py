@@ -1,6 +1,6 @@
 """BioViL (Boecking et al., ECCV 2022): a ResNet-50 image encoder and CXR-BERT, aligned by
 contrastive pre-training on MIMIC-CXR; and BioViL-T (Bannur et al., CVPR 2023) on single images
-(:class:`BioViLT`). MIT licence.
+(`BioViLT`). MIT licence.
 
 What the authors' code does (``microsoft/hi-ml``, ``hi-ml-multimodal`` at b67c1d2), and XBench with it:
 
@@ -9,9 +9,9 @@ What the authors' code does (``microsoft/hi-ml``, ``hi-ml-multimodal`` at b67c1d
   ``projector.model.*``), and CXR-BERT-specialized (``pytorch_model.bin``, ``config.json``,
   ``vocab.txt``: ``CXRBertModel``, BERT under ``bert.*``, the masked-language-model head under
   ``cls.predictions.*``, which embeddings do not use, and the projection head under
-  ``cls_projection_head.*``). XBench builds the same modules itself (:class:`CXRBertText`,
-  :class:`BioViLImageModel`): the Hub's code for CXR-BERT is never run.
-- **Input** (:class:`BioViLPreprocess`): ``load_image`` stretches the image's own range to 0..255
+  ``cls_projection_head.*``). XBench builds the same modules itself (`CXRBertText`,
+  `BioViLImageModel`): the Hub's code for CXR-BERT is never run.
+- **Input** (`BioViLPreprocess`): ``load_image`` stretches the image's own range to 0..255
   and truncates to 8 bits; torchvision resizes the shorter side to 512 (PIL bilinear) and crops the
   centre 480; no mean/std.
 - **Text**: the prompt without trailing ``!?.``, WordPiece with ``[CLS]``/``[SEP]``, the projected
@@ -151,7 +151,7 @@ class BioViLTImageModel(nn.Module):
     256 (``encoder.backbone_to_vit``), beside it the learnt embedding that stands for a missing
     prior image (``encoder.missing_previous_emb``), and the projector from the 512 together. The
     ViT pooler that compares a prior image (``encoder.vit_pooler.*``) does not run without one, in
-    the authors' code as here; its tensors are dropped by declaration (:data:`VIT_POOLER_DROPS`)."""
+    the authors' code as here; its tensors are dropped by declaration (`VIT_POOLER_DROPS`)."""
 
     def __init__(self, joint_size: int = 128, width: int = 256) -> None:
         super().__init__()
@@ -274,7 +274,7 @@ class BioViL(PromptPairs, XBenchModel):
             self.register_buffer(name, value, persistent=False)
 
     def forward(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
-        """Model input [B, 3, 480, 480] (:attr:`preprocess`) -> log-odds [B, C], maps [B, C, 15, 15]
+        """Model input [B, 3, 480, 480] (`preprocess`) -> log-odds [B, C], maps [B, C, 15, 15]
         (BioViL-T: 448, 14x14)."""
         patches = self.image_model(model_input)
         with float32(patches):
@@ -287,7 +287,7 @@ class BioViL(PromptPairs, XBenchModel):
 
 class BioViLT(BioViL):
     """BioViL-T (Bannur et al., CVPR 2023) on single images, from ``microsoft/BiomedVLP-BioViL-T``:
-    BioViL's recipe with BioViL-T's image model (:class:`BioViLTImageModel`) and CXR-BERT, and the
+    BioViL's recipe with BioViL-T's image model (`BioViLTImageModel`) and CXR-BERT, and the
     authors' 448 centre crop (14x14 maps). A prior study is not used: the benchmarks have none."""
 
     name: ClassVar[str] = "biovil_t"

@@ -92,7 +92,7 @@ OFFICIAL_PROMPTS: dict[str, str] = {
     "rib_fracture": "There is Rib Fracture",
 }
 #: Findings CARZero has no string for. Ours: the authors' phrasing with our display name
-#: (:func:`template_prompt`), e.g. ``There is Interstitial Lung Disease``.
+#: (`template_prompt`), e.g. ``There is Interstitial Lung Disease``.
 TEMPLATE_CLASSES: tuple[str, ...] = (
     "aortic_enlargement",
     "covid19",

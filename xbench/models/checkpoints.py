@@ -1,16 +1,19 @@
 """Loading the authors' checkpoints: safely, strictly, with every rename declared.
 
-- :func:`safe_load` never runs code from a pickle. It uses torch's ``weights_only`` unpickler; any
-  class or function the file refers to beyond tensors and containers (an OmegaConf config, a
-  Lightning callback, an ``argparse.Namespace``) becomes an :class:`InertObject` that only records
-  its name, arguments and state.
-- :class:`CheckpointLayout` says, as data next to each model, where the state dict sits in the
-  file, which prefix every key carries and which keys may be dropped (each with a reason and a
-  check). :func:`load_checkpoint` applies it and loads with exact key and shape matching; any
-  difference raises :class:`CheckpointMismatchError`, which lists missing, unexpected and
-  reshaped keys grouped by prefix. :func:`load_state_dicts` does the same for a file that holds
-  several state dicts (KAD: ``image_encoder``, ``text_encoder``, ``model``), with one error for all.
-- :func:`read_hyper_parameters` compares the training config a Lightning file carries with the
+- [`safe_load`][xbench.models.checkpoints.safe_load] never runs code from a pickle. It uses torch's
+  ``weights_only`` unpickler; any class or function the file refers to beyond tensors and containers
+  (an OmegaConf config, a Lightning callback, an ``argparse.Namespace``) becomes an `InertObject`
+  that only records its name, arguments and state.
+- [`CheckpointLayout`][xbench.models.checkpoints.CheckpointLayout] says, as data next to each model,
+  where the state dict sits in the file, which prefix every key carries and which keys may be
+  dropped (each with a reason and a check).
+  [`load_checkpoint`][xbench.models.checkpoints.load_checkpoint] applies it and loads with exact key
+  and shape matching; any difference raises
+  [`CheckpointMismatchError`][xbench.models.checkpoints.CheckpointMismatchError], which lists
+  missing, unexpected and reshaped keys grouped by prefix. `load_state_dicts` does the same for a
+  file that holds several state dicts (KAD: ``image_encoder``, ``text_encoder``, ``model``), with
+  one error for all.
+- `read_hyper_parameters` compares the training config a Lightning file carries with the
   values a model hard-codes (CARZero, GLoRIA).
 - A tensor the module registers under two names (a submodule reused inside another) must hold
   the same values under both names in the file; it is checked, not silently overwritten.
@@ -274,7 +277,8 @@ def load_state_dicts(
     """Load several state dicts of one loaded file (one layout per module, each naming its section).
 
     Every part is matched strictly; the differences of all parts are reported together in one
-    :class:`CheckpointMismatchError`, keys written ``<section>/<key>`` as in the key manifests.
+    [`CheckpointMismatchError`][xbench.models.checkpoints.CheckpointMismatchError], keys written
+    ``<section>/<key>`` as in the key manifests.
     """
     missing: list[str] = []
     unexpected: list[str] = []

@@ -8,7 +8,7 @@ What the authors' code does (``rajpurkarlab/CheXzero`` at 5c341db), and XBench w
   XBench builds with QuickGELU, the activation of OpenAI's class. The authors publish ten such
   files; their headline figures average the ten models' probabilities, XBench runs one
   (``checkpoint_file``; default the one the authors' follow-up work uses).
-- **Input** (:class:`CheXzeroPreprocess`): ``data_process.preprocess`` letterboxes the 8-bit image
+- **Input** (`CheXzeroPreprocess`): ``data_process.preprocess`` letterboxes the 8-bit image
   to 320 (longer side, PIL's Lanczos, which ``Image.ANTIALIAS`` named; zero padding, centred) and
   stores 0..255 values; ``zero_shot.make`` normalises them with one mean/std for all three
   channels (101.48761, 83.43944) and resizes the tensor to 224 bicubic, without antialiasing in

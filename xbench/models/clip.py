@@ -1,21 +1,23 @@
 """OpenAI CLIP through open_clip, and what every open_clip dual encoder here shares.
 
-:class:`OpenClipDualEncoder` holds the recipe CLIP and BiomedCLIP have in common (their specs,
+`OpenClipDualEncoder` holds the recipe CLIP and BiomedCLIP have in common (their specs,
 ``specs/models/clip.md`` and ``biomedclip.md``, sections 3-5):
 
 - **Input**: open_clip's own eval transform on the native image: the shorter side to 224 (PIL
   bicubic of the 8-bit image), centre crop 224, grey repeated to RGB, OpenAI CLIP's mean/std. On a
   non-square radiograph the crop leaves out the ends of the longer side; the maps cover the crop.
 - **Recognition**: per finding a positive and a negative prompt (CheXzero's ``"{}"`` / ``"no {}"``
-  pair, or a model's own template), filled with the finding's text (:func:`xbench.findings.finding_text`).
-  ``logit = s * (cos(image, pos) - cos(image, neg))`` with ``s = exp(logit_scale)``: the log-odds
-  of the 2-way softmax over the pair, never a softmax across findings (they are multi-label).
+  pair, or a model's own template), filled with the finding's text
+  ([`xbench.findings.finding_text`][xbench.findings.finding_text]). ``logit = s * (cos(image, pos) -
+  cos(image, neg))`` with ``s = exp(logit_scale)``: the log-odds of the 2-way softmax over the pair,
+  never a softmax across findings (they are multi-label).
 - **Map** (native): ``patch_text_similarity``, the cosine between each patch token (through the
   same final norm and projection as the image embedding) and the positive prompt. A CAM explainer
-  (``--model.explainer gradcam``, ...: :mod:`xbench.models.explainers`) reads the tokens entering
-  the last block's attention (after its first norm) and explains each finding's pair logit.
+  (``--model.explainer gradcam``, ...: [`xbench.models.explainers`][xbench.models.explainers]) reads
+  the tokens entering the last block's attention (after its first norm) and explains each finding's
+  pair logit.
 - **Phrase grounding**: a report phrase takes the finding text's place in the prompt pair
-  (:meth:`OpenClipDualEncoder.encode_phrases`); every explainer reads the pair as for a finding.
+  (`OpenClipDualEncoder.encode_phrases`); every explainer reads the pair as for a finding.
 
 A subclass loads its model from local files and says where its patch tokens come from.
 """

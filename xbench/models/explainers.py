@@ -8,11 +8,11 @@ score (Grad-CAM, Grad-CAM++, HiResCAM, XGrad-CAM, LayerCAM), by the score of the
 each activation channel (Score-CAM), or by no score at all (EigenCAM: the activations' first
 principal component, one map for every class, its sign SVD's).
 
-Each model class says where a CAM reads it, as data (:class:`CamTarget`, its ``cam_target``):
-the layer, the reshape of that layer's output into channels on a grid, and the class score its
-zero-shot rule gives, which is the logit the model reports for the class. This module reads the
-declaration for every model; the maps then go through the same placement in the frame and the
-same metrics as native maps.
+Each model class says where a CAM reads it, as data
+([`CamTarget`][xbench.models.explainers.CamTarget], its ``cam_target``): the layer, the reshape of
+that layer's output into channels on a grid, and the class score its zero-shot rule gives, which is
+the logit the model reports for the class. This module reads the declaration for every model; the
+maps then go through the same placement in the frame and the same metrics as native maps.
 
 How a batch is explained: one forward pass with the layer's output kept (a leaf that requires
 gradients, so the backward passes stop there), then per class one backward pass of its score to

@@ -6,23 +6,23 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
 
 - **Checkpoint**: ``chexpert_resnet50.ckpt``, the Lightning file of their ``PretrainModel``: the
   training config under ``hyper_parameters`` (an OmegaConf ``DictConfig``, read inertly and checked
-  against :data:`EXPECTED_HYPER_PARAMETERS`) and the weights under ``state_dict`` with the prefix
+  against `EXPECTED_HYPER_PARAMETERS`) and the weights under ``state_dict`` with the prefix
   ``gloria.``: torchvision's ResNet-50 without its ``fc`` (``img_encoder.model.*``),
   ``img_encoder.global_embedder`` (Linear 2048 -> 768), ``img_encoder.local_embedder`` (1x1 conv
   1024 -> 768, no bias) and BioClinicalBERT with its pooler (``text_encoder.model.*``, plus the
   ``position_ids`` buffer the transformers of 2021 saved). The BERT's config and vocabulary are
   ``emilyalsentzer/Bio_ClinicalBERT``'s, read from a local folder.
-- **Input** (:data:`GLoRIA.preprocess`): ``process_img``: ``cv2.imread(path, 0)``, the longer side to
+- **Input** (`GLoRIA.preprocess`): ``process_img``: ``cv2.imread(path, 0)``, the longer side to
   256 (``INTER_AREA``), the shorter zero-padded to a square (floor before, ceil after), then their
   test transform: ``CenterCrop(224)``, ``ToTensor``, ``Normalize(0.5, 0.5)``. Inside the image
   encoder the 224 crop is resized to 299 (bilinear, ``align_corners=True``); the regions are
   ResNet's layer-3 map, 19x19, the global vector layer 4 average-pooled.
-- **Text**: ``process_text``: the cleaning CARZero also does (:func:`~xbench.models.carzero.clean_text`:
+- **Text**: ``process_text``: the cleaning CARZero also does (`clean_text`:
   lower case, ``\\w+`` words, a sentence of one word dropped), WordPiece padded to 97 tokens; the
   text tower sums BERT's last four hidden states, sums each word's pieces into one word vector
   (``[CLS]`` first, ``[SEP]`` last, empty slots after) and averages the 97 slots into the sentence
   vector. CARZero's text tower, built on GLoRIA's code, computes the same (each is checked against
-  its authors' code); XBench has it once (:class:`~xbench.models.carzero.TextEncoder`).
+  its authors' code); XBench has it once (`TextEncoder`).
 - **Score**: ``get_similarities(..., "both")``: ``(global + local) / 2``. Global: the cosine of the
   image and sentence vectors. Local (``get_local_similarities``): the prompt's word vectors attend
   over the 361 regions (``attention_fn``: a softmax over the words per region, then, sharpened x4,
@@ -207,7 +207,7 @@ class GLoRIA(XBenchModel):
         self.prompts: list[str] = []
         #: Per class: how many word slots after ``[CLS]`` enter the local score (the prompt's
         #: characters), and how many of those are the prompt's words (the map's); int64 tensors
-        #: while phrases stand in for the classes (:meth:`encode_phrases`).
+        #: while phrases stand in for the classes (`encode_phrases`).
         self.word_lengths: list[int] | Tensor = []
         self.word_counts: list[int] | Tensor = []
 

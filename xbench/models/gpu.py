@@ -1,6 +1,6 @@
 """Channels-last convolutions for a GPU.
 
-The models with a ResNet trunk (MedKLIP, MAVL, KAD) take :class:`ChannelsLast`: on CUDA their
+The models with a ResNet trunk (MedKLIP, MAVL, KAD) take `ChannelsLast`: on CUDA their
 convolution weights are kept channels-last (NHWC), the layout cuDNN's fast kernels (tensor cores)
 work in; on a CPU it gains nothing, so there it is left off.
 """

@@ -10,10 +10,11 @@ looked up on a hub), and runs the model as transformers defines it:
   loading report (nothing missing, reshaped or left over but the ``position_ids`` buffers older
   versions saved).
 - **Input**: the image processor the folder's ``preprocessor_config.json`` makes, translated into a
-  :class:`~xbench.geometry.preprocess.Preprocess` (:func:`processor_preprocess`): resize rule and size,
-  centre crop (offset floored, as transformers crops), filter, the processor's own 8-bit resize
-  (torchvision's antialiased one for transformers' default processors since version 5, PIL for the
-  PIL ones), mean/std. A setting a ``Preprocess`` cannot state is an error, never approximated.
+  [`Preprocess`][xbench.geometry.preprocess.Preprocess] (`processor_preprocess`): resize rule and
+  size, centre crop (offset floored, as transformers crops), filter, the processor's own 8-bit
+  resize (torchvision's antialiased one for transformers' default processors since version 5, PIL
+  for the PIL ones), mean/std. A setting a ``Preprocess`` cannot state is an error, never
+  approximated.
 - **Text**: the folder's own tokenizer. CLIP pads to the longest prompt with its attention mask (its
   causal text tower pools the end-of-text token, so padding changes nothing); SigLIP pads to its
   64 positions and gets ``input_ids`` alone, as it was trained and as Google's MedSigLIP serving
@@ -74,8 +75,9 @@ def _size(value) -> dict[str, int]:
 
 def processor_preprocess(folder: str | Path, what: str = "HFDualEncoder") -> Preprocess:
     """The image processor of ``folder/preprocessor_config.json`` (as transformers' ``AutoImageProcessor``
-    makes it, its class defaults filled in) as a :class:`Preprocess` that gives its output from the
-    native image; an error for any setting it cannot state."""
+    makes it, its class defaults filled in) as a
+    [`Preprocess`][xbench.geometry.preprocess.Preprocess] that gives its output from the native
+    image; an error for any setting it cannot state."""
     folder = require_files(folder, ("preprocessor_config.json",), what)
     processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
     where = f"{what}: {folder / 'preprocessor_config.json'}"
@@ -234,7 +236,7 @@ class HFDualEncoder(OpenClipDualEncoder):
 
     @property
     def cam_target(self) -> CamTarget:
-        """The declaration for the folder's ``model_type`` (:attr:`cam_targets`)."""
+        """The declaration for the folder's ``model_type`` (`cam_targets`)."""
         return self.cam_targets[self.model_type]
 
     def prompt_pair(self, text: str) -> tuple[str, ...]:

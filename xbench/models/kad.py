@@ -9,10 +9,11 @@ cross-attention from its query to the image tokens, averaged over heads, on the 
 
 Checkpoint: ``best_valid.pt`` holds three state dicts -- ``image_encoder``, ``text_encoder`` and
 ``model`` (the decoder) -- plus optimizer, scheduler, config and epoch entries, which are read
-without running code (:func:`xbench.models.checkpoints.safe_load`). The authors' modules register
-some tensors under two names (the ResNet as ``resnet.*`` and ``res_features.N.*``; the decoder's
-final norm as ``decoder_norm.*`` and ``decoder.norm.*``); ours do the same, so the key sets match
-exactly and both copies are checked equal. See ``xbench/models/manifests/kad.keys.json``.
+without running code ([`xbench.models.checkpoints.safe_load`][xbench.models.checkpoints.safe_load]).
+The authors' modules register some tensors under two names (the ResNet as ``resnet.*`` and
+``res_features.N.*``; the decoder's final norm as ``decoder_norm.*`` and ``decoder.norm.*``); ours
+do the same, so the key sets match exactly and both copies are checked equal. See
+``xbench/models/manifests/kad.keys.json``.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def query_set(classes: list[str], dataset: str | None) -> tuple[list[str], list[
     """The prompts decoded together for ``classes`` of ``dataset``, and each class's position in them.
 
     The authors' set for the dataset when it holds every class (decoded whole, in their order);
-    otherwise the classes in the given order with :data:`PROPOSED_PROMPTS`. A key with no prompt
-    there gets :func:`xbench.findings.finding_text`, with a warning.
+    otherwise the classes in the given order with `PROPOSED_PROMPTS`. A key with no prompt
+    there gets [`xbench.findings.finding_text`][xbench.findings.finding_text], with a warning.
     """
     authors = dict(AUTHORS_QUERY_SETS.get(dataset, ()))
     if authors and set(classes) <= authors.keys():
@@ -240,12 +241,13 @@ POSITION_IDS_DROP = DeclaredDrop(
 class QueryDecoderModel(XBenchModel):
     """The query-decoder family (KAD, DeViDe): image tokens, Med-KEBERT prompt queries, 2 logits
     per query (logit = l1 - l0), the last layer's head-averaged cross-attention as the map. In phrase
-    grounding each report phrase is a query, decoded alone (:meth:`phrase_maps`).
+    grounding each report phrase is a query, decoded alone
+    ([`phrase_maps`][xbench.models.base.XBenchModel.phrase_maps]).
 
     A subclass sets ``self.image_encoder`` (returning tokens and their grid) and ``preprocess``
-    (:meth:`authors_transform` at its input side), and names its checkpoint file. ``checkpoint_dir`` holds the file and ``Med-KEBERT/`` (the
-    tokenizer files and ``config.json`` of ``xmcmic/Med-KEBERT``; the BERT weights come from the
-    checkpoint's ``text_encoder`` section).
+    (`authors_transform` at its input side), and names its checkpoint file. ``checkpoint_dir`` holds
+    the file and ``Med-KEBERT/`` (the tokenizer files and ``config.json`` of ``xmcmic/Med-KEBERT``;
+    the BERT weights come from the checkpoint's ``text_encoder`` section).
     """
 
     #: Module attribute -> where its state dict sits in the checkpoint file.
@@ -256,7 +258,7 @@ class QueryDecoderModel(XBenchModel):
     }
     query_mode = "phrase"
     #: The groups every query-decoder model shares, from the output down; a subclass puts its image
-    #: tower's between them (:meth:`decoder_groups`).
+    #: tower's between them (`decoder_groups`).
     HEAD_GROUPS: ClassVar[tuple[LayerGroup, ...]] = (
         LayerGroup("classifier head", ("query_decoder.mlp_head.*",)),
         LayerGroup("query decoder", ("query_decoder.*",), blocks="query_decoder.decoder.layers"),
@@ -321,7 +323,7 @@ class QueryDecoderModel(XBenchModel):
         self.weights_loaded = True
 
     def encode_queries(self, classes: list[str]) -> None:
-        """Embed the query set of ``classes`` (:func:`query_set`) once; every batch reuses it."""
+        """Embed the query set of ``classes`` (`query_set`) once; every batch reuses it."""
         self.prompts, index = query_set(classes, self.dataset_name)  # the authors' set where they have one
         log.info("%s decodes %d queries: %s", type(self).__name__, len(self.prompts), self.prompts)
         self.queries = self.embed_prompts(self.prompts)
@@ -337,7 +339,8 @@ class QueryDecoderModel(XBenchModel):
             return self.text_encoder(tokens["input_ids"], tokens["attention_mask"])
 
     def encode_phrases(self, phrases: list[str]) -> dict[str, Tensor]:
-        """Each phrase as a Med-KEBERT query, as written; :meth:`phrase_maps` decodes each on its own."""
+        """Each phrase as a Med-KEBERT query, as written;
+        [`phrase_maps`][xbench.models.base.XBenchModel.phrase_maps] decodes each on its own."""
         return {"queries": self.embed_prompts(phrases)}
 
     def build(self, classes: list[str]) -> None:
@@ -378,7 +381,7 @@ class KAD(ChannelsLast, QueryDecoderModel):
             (``checkpoints/README.md``).
         variant: the checkpoint's input size: 224 (ResNet-50 through layer3, 14x14 maps), 512
             (through layer4, 16x16) or 1024 (32x32). The native image is resized to it as the
-            authors do (:meth:`QueryDecoderModel.authors_transform`).
+            authors do (`QueryDecoderModel.authors_transform`).
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 

@@ -35,7 +35,7 @@ Scoring = Literal["feature", "text"]
 
 
 def read_aspects(path: Path, book: list[str]) -> list[list[str]]:
-    """The 8 aspect sentences of each entity of ``book``, checked against :data:`ASPECTS`."""
+    """The 8 aspect sentences of each entity of ``book``, checked against `ASPECTS`."""
     data = read_json_object(path)
     sentences = []
     for entity in book:
@@ -131,7 +131,7 @@ class MAVL(MedKLIP):
             and ChestX-ray14 classification).
         aspects_file: ``gpt4_mimic.json``; the authors use ``gpt4_mimic_covidr.json`` for COVID-Rural.
         scoring: ``feature`` or ``text`` (above).
-        bert_dir, equalize_histogram: as :class:`MedKLIP`.
+        bert_dir, equalize_histogram: as `MedKLIP`.
     """
 
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (

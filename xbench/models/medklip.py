@@ -5,11 +5,11 @@ Bio_ClinicalBERT ``[CLS]`` embedding of its description from ``observation expla
 projected to 256-d. A 4-layer pre-norm decoder lets the queries attend to each other and to the
 196 image tokens; a 2-way classifier scores each query. The checkpoint holds no text weights, so
 the queries are embedded at setup from the user's local BERT (cached on disk, see
-:func:`xbench.models.text.bert_cls_embeddings`).
+`xbench.models.text.bert_cls_embeddings`).
 
 Two rules keep the numbers the authors': the whole query book always runs (query self-attention
 makes every entity's score depend on all the others), and a dataset's classes are picked out of
-the book afterwards through :data:`CLASS_ENTITIES`. Facts: ``specs/models/medklip.md``.
+the book afterwards through `CLASS_ENTITIES`. Facts: ``specs/models/medklip.md``.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def read_descriptions(path: Path, book: list[str]) -> list[str]:
 
 
 class QueryDecoder(nn.Module):
-    """Four :class:`~xbench.models.decoder.PreNormQueryLayer` and a final LayerNorm, batch-first:
+    """Four `PreNormQueryLayer` and a final LayerNorm, batch-first:
     queries [B, Q, D] over memory [B, T, D] -> queries and the per-layer cross-attention [L, B, Q, T]."""
 
     def __init__(self, width: int = 256, heads: int = 4, hidden: int = 1024, depth: int = 4) -> None:
@@ -243,7 +243,7 @@ class MedKLIP(ChannelsLast, XBenchModel):
         # image, ToTensor, ImageNet's mean/std.
         self.preprocess = Preprocess(INPUT_SIZE, "squash", interpolation="bilinear", library="pil",
                                      equalize=equalize_histogram, map_upsample=self.map_rule)
-        #: The authors' network, built and loaded by :meth:`build`.
+        #: The authors' network, built and loaded by `build`.
         self.net: nn.Module | None = None
         #: The query book's text embeddings [Q, 768] (set by build).
         self.register_buffer("query_text", torch.empty(0, 768), persistent=False)

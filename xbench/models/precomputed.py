@@ -13,7 +13,7 @@ dataset's own files, findings as canonical keys from ``xbench.findings``):
   and ``logit`` or ``prob`` (a scalar), with the same optional ``window`` and ``image_size``.
 - ``chexlocalize``: cheXlocalize's pickles, ``<path>/<cxr_id>_<Pathology>_map.pkl`` holding
   ``map`` [1, 1, h, w], ``prob`` and ``cxr_dims`` (width, height); read by
-  :class:`~xbench.models.safe_pickle.DataUnpickler`, which runs nothing a file names.
+  `DataUnpickler`, which runs nothing a file names.
 - ``boxes``: ``<path>`` is a JSON Lines file, one line per pair: ``{"image_id", "finding",
   "image_size": [height, width], "boxes": [[x1, y1, x2, y2], ...] (native pixels), "scores":
   [...] (optional, one per box, default 1), "logit" or "prob"}``. The map is the score-weighted
@@ -25,14 +25,14 @@ A map is read in float32, or in float64 where it was saved so; the metric frame 
 float64 map is rounded to float32 before it is placed (docs/saved-outputs.md: the measured effect).
 Each map is resized onto the metric frame (the whole image squashed to S x S) bilinearly
 (``align_corners=False``), or, where the file states a window, placed into the frame through it
-(:func:`xbench.models.saliency.place_in_frame`); maps of different sizes in one batch therefore
-arrive as one [B, C, S, S] tensor. A pair without a file or line is an error at setup naming the
-first missing ones and their count; with ``missing="skip"`` such pairs leave both metrics (their
-label is treated as unknown and their mask as absent) and their number is written to the results
-under ``precomputed.missing_pairs``.
+([`place_in_frame`][xbench.geometry.maps.place_in_frame]); maps of different sizes in one batch
+therefore arrive as one [B, C, S, S] tensor. A pair without a file or line is an error at setup
+naming the first missing ones and their count; with ``missing="skip"`` such pairs leave both metrics
+(their label is treated as unknown and their mask as absent) and their number is written to the
+results under ``precomputed.missing_pairs``.
 
 With ``native_protocol=True`` the run also scores every pair with a region at the image's native
-size by cheXlocalize's protocol (:mod:`xbench.metrics.native`) and writes per-class means under
+size by cheXlocalize's protocol (`xbench.metrics.native`) and writes per-class means under
 ``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
 XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
 pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header; a float64
@@ -97,7 +97,8 @@ def native_window_in_frame(
 ) -> Tensor:
     """A window (top, left, height, width) in native pixels of an image of ``image_size`` (height,
     width) -> the same window in pixels of the frame, the whole image squashed to ``frame``, as the
-    one-row window tensor [1, 4] that :func:`~xbench.models.saliency.place_in_frame` takes."""
+    one-row window tensor [1, 4] that [`place_in_frame`][xbench.geometry.maps.place_in_frame]
+    takes."""
     top, left, height, width = window
     rows, columns = frame[0] / image_size[0], frame[1] / image_size[1]
     return torch.tensor([[top * rows, left * columns, height * rows, width * columns]])

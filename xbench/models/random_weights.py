@@ -321,7 +321,7 @@ def write_carzero(folder: Path, classes: list[str]) -> Path:
 
 #: CheXzero's ViT-B/32 with 2 vision blocks and 1 text block (the authors' ``build_model`` reads
 #: the depths from the file): what the parity tests run. Registered with open_clip by
-#: :func:`register_small_chexzero`.
+#: `register_small_chexzero`.
 SMALL_CHEXZERO = "xbench-chexzero-small"
 SMALL_CHEXZERO_CONFIG = {
     "embed_dim": 512,
@@ -332,7 +332,7 @@ SMALL_CHEXZERO_CONFIG = {
 
 
 def register_small_chexzero(folder: Path) -> str:
-    """Register :data:`SMALL_CHEXZERO` with open_clip (its config written to ``folder``); its name."""
+    """Register `SMALL_CHEXZERO` with open_clip (its config written to ``folder``); its name."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{SMALL_CHEXZERO}.json").write_text(json.dumps(SMALL_CHEXZERO_CONFIG))
     open_clip.add_model_config(folder / f"{SMALL_CHEXZERO}.json")
@@ -391,7 +391,7 @@ def write_cxr_bert(folder: Path, text_layers: int = 1, hidden_size: int = 64) ->
 
 def write_biovil(folder: Path, seed: int = 0) -> Path:
     """``checkpoints/biovil/``: the image model file (ResNet-50 + projector, batch-norm statistics
-    drawn too) and CXR-BERT's files (:func:`write_cxr_bert`)."""
+    drawn too) and CXR-BERT's files (`write_cxr_bert`)."""
     from xbench.models.biovil import IMAGE_FILE, BioViLImageModel
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -406,7 +406,7 @@ def write_biovil(folder: Path, seed: int = 0) -> Path:
 def write_biovil_t(folder: Path, seed: int = 0) -> Path:
     """``checkpoints/biovil_t/``: BioViL-T's image model file (the single-image path drawn as a
     module, the prior-image ViT pooler's tensors from the key manifest, std 0.02) and CXR-BERT's
-    files (:func:`write_cxr_bert`)."""
+    files (`write_cxr_bert`)."""
     from xbench.models.biovil import BIOVIL_T_IMAGE_FILE, BioViLTImageModel
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -559,7 +559,7 @@ def write_clip_tokenizer(folder: Path) -> None:
 
 def write_siglip_tokenizer(folder: Path) -> int:
     """A SentencePiece unigram model in SigLIP's layout (``<pad>`` 0, ``</s>`` 1 (end and padding),
-    ``<unk>`` 2), of the letters, digits and :data:`SIGLIP_WORDS`, saved as SigLIP's tokenizer
+    ``<unk>`` 2), of the letters, digits and `SIGLIP_WORDS`, saved as SigLIP's tokenizer
     (``spiece.model``). Written piece by piece, so the ids never depend on a trainer. Its size."""
     import tempfile
 
@@ -625,7 +625,7 @@ def write_hf_dual_encoder(folder: Path, config: dict, preprocessor: dict, seed: 
 
 def published_hf_dual_encoder(name: str, vision_layers: int = 2, text_layers: int = 1) -> tuple[dict, dict]:
     """``config.json`` and ``preprocessor_config.json`` of the published checkpoint ``name``
-    (:data:`HF_DUAL_ENCODERS`) with fewer layers: the parity weights' shape."""
+    (`HF_DUAL_ENCODERS`) with fewer layers: the parity weights' shape."""
     entry = json.loads(json.dumps(HF_DUAL_ENCODERS[name]))
     entry["config"]["vision_config"]["num_hidden_layers"] = vision_layers
     entry["config"]["text_config"]["num_hidden_layers"] = text_layers

@@ -3,9 +3,9 @@
 ``pickle.load`` calls whatever globals a file names, so a pickle from elsewhere can run code; and
 its BUILD, SETITEM(S), APPEND(S) and ADDITEMS steps change whatever object they are given, an
 imported function or class included (a 20-byte pickle can set ``__defaults__`` on torch's tensor
-rebuilder and so change every tensor loaded after it). :class:`DataUnpickler` admits data only:
+rebuilder and so change every tensor loaded after it). `DataUnpickler` admits data only:
 
-- a file may name only :data:`ALLOWED_GLOBALS`, and each name resolves to a builder here, never
+- a file may name only `ALLOWED_GLOBALS`, and each name resolves to a builder here, never
   to the library's own object; the builders check their arguments and always return a new object
   (tensor storages are read with ``torch.load(weights_only=True)``);
 - a file may call (REDUCE) only those builders; NEWOBJ, OBJ, INST and extension codes are refused;
@@ -216,7 +216,7 @@ class DataUnpickler(pickle._Unpickler):  # noqa: SLF001
 
 
 def load_data_pickle(path: Path):
-    """The object in the pickle at ``path``, rebuilt by :class:`DataUnpickler`; a file that is not a
+    """The object in the pickle at ``path``, rebuilt by `DataUnpickler`; a file that is not a
     pickle, or a damaged one, is an error naming it."""
     with open(path, "rb") as handle:
         try:

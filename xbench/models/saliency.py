@@ -1,7 +1,8 @@
-"""The map method several models use: patch–text similarity (CAM explainers: :mod:`xbench.models.explainers`).
+"""The map method several models use: patch–text similarity (CAM explainers:
+[`xbench.models.explainers`][xbench.models.explainers]).
 
 Deciding that a raw map points nowhere, placing it into the metric frame and normalising it are the
-harness's, shared with the data and the metrics: :mod:`xbench.geometry.maps`."""
+harness's, shared with the data and the metrics: [`xbench.geometry.maps`][xbench.geometry.maps]."""
 
 from __future__ import annotations
 

@@ -84,8 +84,8 @@ def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tupl
 
 def load_pretrained_bert(folder: str | Path, what: str, **kwargs) -> BertModel:
     """A ``BertModel`` with the weights in ``folder``, checked against its loading report
-    (:func:`load_pretrained`): unexpected keys may only be the pre-training heads and the old
-    ``position_ids`` buffer (:data:`BERT_EXTRA_KEYS`)."""
+    (`load_pretrained`): unexpected keys may only be the pre-training heads and the old
+    ``position_ids`` buffer (`BERT_EXTRA_KEYS`)."""
     folder = require_files(folder, ("config.json",), what)
     return load_pretrained(BertModel, folder, what, BERT_EXTRA_KEYS, **kwargs)
 
@@ -133,12 +133,12 @@ def bert_cls_embeddings(
     The recipe of MedKLIP-style query books, as the authors' ``models/tokenization_bert.py`` (the
     same file in MedKLIP and MAVL) builds a single text: ``[CLS]`` and the WordPiece tokens
     (lower-cased if ``lowercase``), no ``[SEP]``, cut to ``max_length - 1`` pieces and padded to
-    ``max_length`` (:func:`cls_only_tokens`); ``input_ids`` and ``attention_mask`` through the BERT in
+    ``max_length`` (`cls_only_tokens`); ``input_ids`` and ``attention_mask`` through the BERT in
     eval mode under ``no_grad``, on the CPU (once per cache entry; the values do not depend on the
-    device of the run that first needed them). The BERT is loaded by :func:`load_pretrained_bert`, so its loading
-    report is checked. The result is cached in ``$XBENCH_CACHE/text_embeddings/`` under a SHA-256
-    of the folder's weight and tokenizer files, the texts and these settings: a second run with the
-    same files and texts reads the cache and never builds the BERT.
+    device of the run that first needed them). The BERT is loaded by `load_pretrained_bert`, so its
+    loading report is checked. The result is cached in ``$XBENCH_CACHE/text_embeddings/`` under a
+    SHA-256 of the folder's weight and tokenizer files, the texts and these settings: a second run
+    with the same files and texts reads the cache and never builds the BERT.
     """
     folder = require_files(folder, ("config.json", "vocab.txt"), what)
     weights = [folder / name for name in BERT_WEIGHT_FILES if (folder / name).is_file()]

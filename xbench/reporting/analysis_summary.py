@@ -1,4 +1,4 @@
-"""The Markdown summary of an :class:`~xbench.analysis.pipeline.Analysis` (``xbench.analyze``'s
+"""The Markdown summary of an `Analysis` (``xbench.analyze``'s
 ``summary.md``): per dataset the macro means with their intervals, paired differences, threshold
 calibration and lesion-size strata, then the recognition-vs-grounding R²."""
 

@@ -3,11 +3,12 @@
 
 - one table with plausibility (Pointing Game, Dice), faithfulness (deletion and insertion AUC,
   ROAD) and sanity (similarity to the original map after every layer group is randomised) side by
-  side per model and dataset, with the analysis' bootstrap intervals (:func:`explanation_table`);
-- per model and dataset, the cascade as a table (:func:`cascade_tables`) and as the classic figure:
+  side per model and dataset, with the analysis' bootstrap intervals (`explanation_table`);
+- per model and dataset, the cascade as a table (`cascade_tables`) and as the classic figure:
   one pair's map as the layers are randomised from the output down, and the similarities of every
-  pair's map to the original at each step (:func:`cascade_figures`);
-- plausibility against faithfulness, one point per model and dataset (:func:`plausibility_vs_faithfulness`).
+  pair's map to the original at each step (`cascade_figures`);
+- plausibility against faithfulness, one point per model and dataset
+  (`plausibility_vs_faithfulness`).
 
 The definitions: ``docs/explanations.md``.
 """
@@ -130,7 +131,7 @@ def cascade_tables(bench: Benchmark) -> list[Table]:
 
 
 def _strip_steps(count: int) -> list[int]:
-    """Up to :data:`STRIP_MAPS` steps of ``count``, evenly spaced, the first and last among them."""
+    """Up to `STRIP_MAPS` steps of ``count``, evenly spaced, the first and last among them."""
     return sorted({int(round(v)) for v in np.linspace(0, count - 1, min(count, STRIP_MAPS))})
 
 

@@ -1,15 +1,15 @@
-"""The paper's figures from a :class:`~xbench.reporting.benchmark.Benchmark` (matplotlib, PNG).
+"""The paper's figures from a `Benchmark` (matplotlib, PNG).
 
-- Fig. 2: saliency overlays, the same images for every model (:func:`overlay_grids`);
+- Fig. 2: saliency overlays, the same images for every model (`overlay_grids`);
 - Fig. 3: recognition (macro AUROC) against grounding (macro Pointing Game) with a least-squares
-  line and its R² (:func:`recognition_vs_grounding`);
-- Fig. 4: Dice at the fixed tau = 0.5 against Dice at the best tau*, with the gap (:func:`dice_gap`);
-- Dice against tau per model (:func:`dice_curves`);
+  line and its R² (`recognition_vs_grounding`);
+- Fig. 4: Dice at the fixed tau = 0.5 against Dice at the best tau*, with the gap (`dice_gap`);
+- Dice against tau per model (`dice_curves`);
 - with the analysis (``xbench.analysis``): Pointing Game and Dice by lesion size, one line per
-  model with bootstrap intervals (:func:`lesion_size`), and the R² of Fig. 3 with its interval;
-- with robustness runs: grounding and recognition under each perturbation (:func:`robustness`).
+  model with bootstrap intervals (`lesion_size`), and the R² of Fig. 3 with its interval;
+- with robustness runs: grounding and recognition under each perturbation (`robustness`).
 
-Each function returns :class:`Plot`: the figure and the caption that explains it. Figures use
+Each function returns `Plot`: the figure and the caption that explains it. Figures use
 matplotlib's object API (no pyplot state), so they can be built in any process. A model keeps
 one colour in every figure.
 """

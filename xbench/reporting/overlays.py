@@ -45,7 +45,7 @@ class OverlayRecords(RecordsMetric):
     """Image, normalised map and region of the chosen pairs (see the module docstring).
 
     Args:
-        chosen: ``image_id -> class indices`` from :func:`choose_overlay_pairs`.
+        chosen: ``image_id -> class indices`` from `choose_overlay_pairs`.
         size: side of the batch geometry.
     """
 

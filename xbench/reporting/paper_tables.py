@@ -1,13 +1,13 @@
-"""The paper's tables from a :class:`~xbench.reporting.benchmark.Benchmark` and, with a
-:class:`ReportAnalysis` (the tables of :mod:`xbench.analysis`), every number's interval and the
+"""The paper's tables from a `Benchmark` and, with a
+`ReportAnalysis` (the tables of `xbench.analysis`), every number's interval and the
 calibration, paired-difference, lesion-size and R² tables.
 
 Per ranked column (and row group) the best value is bold and the second best underlined
-(:func:`xbench.reporting.table.emphasis`); columns of differences and gaps are not ranked. An
+(`xbench.reporting.table.emphasis`); columns of differences and gaps are not ranked. An
 instrument (the Oracle) is a ceiling row: shown for scale, never ranked, and the analysis leaves it
 out of R² and paired differences. Every number chosen on the evaluated set itself -- Dice and IoU
 at the best threshold tau*, max-F1 and the accuracy at its threshold -- carries a ``*`` in its
-header (:mod:`xbench.metrics.names`) and the caption says so.
+header ([`xbench.metrics.names`][xbench.metrics.names]) and the caption says so.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Renderers of a :class:`~xbench.reporting.table.Table`: Markdown, CSV and LaTeX, and the
-project's one Markdown grid writer (:func:`markdown_grid`), which every Markdown table uses."""
+"""Renderers of a `Table`: Markdown, CSV and LaTeX, and the
+project's one Markdown grid writer (`markdown_grid`), which every Markdown table uses."""
 
 from __future__ import annotations
 

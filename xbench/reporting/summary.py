@@ -166,7 +166,7 @@ def summary_markdown(results: dict) -> str:
 
 def print_summary(results: dict, path: Path | None, wandb_runs: list[str], console: Console | None = None) -> None:
     """The run's tables and notes on the console, then where its results and W&B runs went
-    (``wandb_runs``: a line each, from :func:`xbench.reporting.wandb.finish_runs`)."""
+    (``wandb_runs``: a line each, from `xbench.reporting.wandb.finish_runs`)."""
     console = console or Console()
     console.rule(f"[bold]{results['model']} on {results['dataset']}")
     for title, headers, rows in summary_tables(results):

@@ -1,8 +1,8 @@
-"""A table as data: the report's tables are built as :class:`Table` and rendered by
-:mod:`xbench.reporting.render` (Markdown, CSV, LaTeX).
+"""A table as data: the report's tables are built as `Table` and rendered by
+`xbench.reporting.render` (Markdown, CSV, LaTeX).
 
 A table has columns (optionally under a group such as a dataset), rows (optionally in a group,
-within which emphasis is ranked) and :class:`Cell` values. A cell holds a fraction, shown in
+within which emphasis is ranked) and `Cell` values. A cell holds a fraction, shown in
 percent (or, in a column marked so, a plain ratio such as R²), and optionally an interval (a
 bootstrap confidence interval) that every renderer shows next to the value: ``61.6 [58.9, 64.2]``.
 A ceiling row (an instrument such as the Oracle, which reads the answer) is shown for scale and

@@ -1,11 +1,11 @@
 """Weights & Biases logging of a run, offline unless asked otherwise.
 
-``python -m xbench.test`` logs every run through :class:`XBenchWandbLogger` (the default in
+``python -m xbench.test`` logs every run through `XBenchWandbLogger` (the default in
 ``TRAINER_DEFAULTS`` in ``xbench/test.py``). It writes an offline run under ``./wandb/`` (or
 ``$WANDB_DIR``) that ``wandb sync wandb/offline-run-*`` uploads later; ``WANDB_MODE=online`` or
 ``--trainer.logger.init_args.offline false`` logs online; ``--trainer.logger false`` turns it off.
 
-At the end of a run :func:`log_run` names the run ``<model>__<dataset>`` (the model's name joined by
+At the end of a run `log_run` names the run ``<model>__<dataset>`` (the model's name joined by
 a CAM explainer's, ``clip+gradcam++``, so each explainer's maps are a run of their own) and adds, to
 any Lightning ``WandbLogger``: the resolved config and the explainer,
 the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, the Dice- and

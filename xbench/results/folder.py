@@ -1,6 +1,6 @@
 """The layout of a results folder (file names, schema) and reading it back.
 
-Kept apart from the writer (:mod:`xbench.results.write`) and free of torch, so that the suite
+Kept apart from the writer (`xbench.results.write`) and free of torch, so that the suite
 starts quickly.
 """
 
@@ -79,7 +79,7 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
 
 def read_overlays(folder: Path, file: str = OVERLAYS) -> dict[str, np.ndarray] | None:
     """The saved overlay pairs of a results folder, or another of its arrays files (``file``:
-    :data:`SANITY_MAPS`); ``None`` if it has none."""
+    `SANITY_MAPS`); ``None`` if it has none."""
     path = Path(folder) / file
     if not path.is_file():
         return None

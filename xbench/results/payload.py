@@ -2,8 +2,8 @@
 version, the chosen thresholds, counts and edge cases, the resolved config and package versions.
 
 A model computes it at the end of its test epoch (``XBenchModel.results``) from its metrics;
-:mod:`xbench.results.write` writes it into the results folder, and every reader goes through
-:func:`xbench.results.folder.read_results`. The keys: ``docs/results.md``.
+`xbench.results.write` writes it into the results folder, and every reader goes through
+`xbench.results.folder.read_results`. The keys: ``docs/results.md``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def grounding_section(grounding, classes: list[str]) -> dict:
 def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
     """``phrase_grounding``: a phrase dataset's (image, query) pairs scored per finding as the model
     grounds a query (its ``query_mode``) and, for a phrase-mode model, by the finding's name, with
-    intervals and the paired difference (:mod:`xbench.metrics.phrases`)."""
+    intervals and the paired difference (`xbench.metrics.phrases`)."""
     classes = list(datamodule.classes)
     name = queries.get("finding_name")
     return {

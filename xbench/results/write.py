@@ -1,8 +1,8 @@
 """Writing a run's results folder: ``<model>__<dataset>__<time>/``.
 
-- ``metrics.json``: the payload (:mod:`xbench.results.payload`);
+- ``metrics.json``: the payload (`xbench.results.payload`);
 - ``per_class.csv``: one row per class, every per-class number;
-- ``summary.md``: the tables a person reads (rendered by the caller, :mod:`xbench.reporting.summary`);
+- ``summary.md``: the tables a person reads (rendered by the caller, `xbench.reporting.summary`);
 - ``pairs.csv.gz``: one row per (image, class): label and logit; for graded pairs also ``|R|``,
   the Pointing Game hit, the CNR and the 101-point counts ``pred_k = |B_k|``, ``inter_k = |B_k & R|``;
 - ``queries.csv.gz`` (a phrase dataset's run): one row per graded (image, query) and view (``query``:
