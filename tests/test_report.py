@@ -13,6 +13,7 @@ from PIL import Image
 
 from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark, perturbation_label
+from xbench.reporting.explanations import cascade_figures
 from xbench.reporting.figures import (
     DPI, dice_curves, dice_gap, linear_fit, overlay_grids, overlay_rgb, recognition_vs_grounding, robustness,
 )
@@ -277,6 +278,7 @@ def test_robustness_figure_places_every_run(robustness_dir, tmp_path):
     assert auroc.get_xlim() == (-3, 100)
     assert "2 under Rotate(limit=10, border_mode=0)" in plot.caption
     png_size(plot.figure, tmp_path / "robustness.png")
+    assert_texts_apart(plot.figure)
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -319,6 +321,7 @@ def test_recognition_vs_grounding_points_line_and_r2(bench_dir, tmp_path):
     assert any(f"R² = {r2:.2f}  (n = 4)" in text.get_text() for text in ax.texts)
     assert "A on RSNA Pneumonia" in plot.caption
     assert png_size(plot.figure, tmp_path / "f.png") == (7 * DPI, round(4.2 * DPI))
+    assert_texts_apart(plot.figure)
 
 
 def test_dice_gap_and_curves(bench_dir, tmp_path):
@@ -341,6 +344,83 @@ def test_dice_gap_and_curves(bench_dir, tmp_path):
     expected = 100 * np.array([max(0.0, 0.5 * (1 - abs(t - 0.5))) for t in THRESHOLDS])
     np.testing.assert_allclose(model_lines[2].get_ydata(), expected)
     assert len([line for line in rsna.lines if len(line.get_xdata()) == 101]) == 2
+    assert_texts_apart(gap.figure)
+    assert_texts_apart(curves.figure)
+
+
+def drawn_texts(figure) -> list:
+    """Every text a render of ``figure`` shows, with its box in pixels: titles, axis labels, legend
+    entries, captions, and the tick labels inside the view of each axis that is drawn."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    shown, axis_texts = [], set()
+    for ax in figure.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            axis_texts.update(axis.findobj(Text))
+            if not (ax.get_visible() and ax.axison and axis.get_visible()):
+                continue
+            low, high = sorted(axis.get_view_interval())
+            shown += [tick.label1 for tick, loc in zip(axis.get_major_ticks(), axis.get_majorticklocs())
+                      if low <= loc <= high and tick.label1.get_visible()]
+            shown.append(axis.label)
+    shown += [text for text in figure.findobj(Text) if text not in axis_texts and text.get_visible()]
+    return [(text.get_text(), text.get_window_extent(renderer)) for text in shown if text.get_text().strip()]
+
+
+def assert_texts_apart(figure) -> None:
+    """No two shown texts of ``figure`` overlap (by more than a pixel) and none leaves the figure."""
+    texts = drawn_texts(figure)
+    width, height = figure.canvas.get_width_height()
+    outside = [text for text, box in texts if box.x0 < -1 or box.y0 < -1 or box.x1 > width + 1 or box.y1 > height + 1]
+    assert not outside, f"texts outside the figure: {outside}"
+    overlaps = [(a, b) for i, (a, one) in enumerate(texts) for b, other in texts[i + 1:]
+                if one.x0 < other.x1 - 1 and other.x0 < one.x1 - 1 and one.y0 < other.y1 - 1 and other.y0 < one.y1 - 1]
+    assert not overlaps, f"overlapping texts: {overlaps}"
+
+
+def write_sanity_run(root: Path, *, absolute_scale: float = 1.0) -> Path:
+    """A run with the sanity check, a ViT's 14-step cascade (layer names as long as a real model's)
+    and its saved strip; the Spearman of absolute values is ``absolute_scale`` times the plain one."""
+    folder = write_run(root, "clip", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5,
+                       iou_best=0.375, auroc=0.75)
+    layers = ["original", "projections", *(f"image tower: block {b}" for b in range(11, -1, -1)),
+              "image tower: other layers"]
+    steps = [{"step": k, "layers": name, "parameters": k, "spearman": 1 - k / 15,
+              "spearman_abs": absolute_scale * (1 - k / 15), "ssim": 0.9 * (1 - k / 15),
+              "grounding": {"pointing_game": 0.5, "dice@0.5": 0.25, "iou@0.5": 0.125}}
+             for k, name in enumerate(layers)]
+    payload = json.loads((folder / "metrics.json").read_text())
+    payload["sanity"] = {"applicable": True, "images": 1, "pairs": 1, "seed": 0, "steps": steps,
+                         "macro": {key: steps[-1][key] for key in ("spearman", "spearman_abs", "ssim")}}
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    rng = np.random.default_rng(0)
+    np.savez_compressed(folder / "sanity_maps.npz", image_id=np.array("img1"), finding=np.array("pneumonia"),
+                        image=np.full((16, 16), 100, np.uint8), mask=np.zeros((16, 16), np.uint8),
+                        maps=rng.integers(0, 256, (len(layers), 16, 16), dtype=np.uint8), layers=np.array(layers))
+    return folder
+
+
+@pytest.mark.parametrize(("absolute_scale", "strip"), [(1.0, True), (0.5, True), (1.0, False)])
+def test_sanity_figure_is_legible(tmp_path, absolute_scale, strip):
+    """The cascade figure's panel titles, step labels and legend never overlap (with the strip of maps
+    and without), and its two Spearman curves are told apart: a different line and marker, and where
+    they coincide the legend and caption say so (else they do not)."""
+    folder = write_sanity_run(tmp_path / "results", absolute_scale=absolute_scale)
+    if not strip:
+        (folder / "sanity_maps.npz").unlink()
+    (plot,) = cascade_figures(Benchmark.from_folders([tmp_path / "results"]))
+    assert_texts_apart(plot.figure)
+    curves = plot.figure.axes[-1]
+    (plain,) = [line for line in curves.lines if line.get_label() == "Spearman"]
+    (absolute,) = [line for line in curves.lines if line.get_label().startswith("Spearman (abs)")]
+    assert (plain.get_linestyle(), plain.get_marker()) != (absolute.get_linestyle(), absolute.get_marker())
+    coincide = absolute_scale == 1.0
+    assert (absolute.get_label() == "Spearman (abs): same as Spearman") == coincide
+    assert ("The two Spearman curves coincide here" in plot.caption) == coincide
 
 
 def test_overlay_rgb_outlines_the_region_in_white():

@@ -12,9 +12,10 @@ The definitions (``docs/explanations.md`` states them for readers):
 - **Deletion**: at step k of K the first ``floor(k n / K)`` pixels of the order are set to 0 in
   every channel of the input (RISE's substrate: the normalisation mean of a model that normalises,
   black for a model that reads the [0, 1] frame). **Insertion**: starts from the input blurred
-  (Gaussian, kernel 11, sigma 5, RISE's) and puts back the same pixels of the original. The curve is
-  the class's logit at the K + 1 steps; its AUC the trapezoid over the removed fraction in [0, 1]
-  (`curve_auc`). A faithful map: a low deletion AUC, a high insertion AUC.
+  (Gaussian, kernel 11, sigma 5: RISE's size, not its kernel or border; `blurred`) and puts back the
+  same pixels of the original. The curve is the class's logit at the K + 1 steps; its AUC the
+  trapezoid over the removed fraction in [0, 1] (`curve_auc`). A faithful map: a low deletion AUC,
+  a high insertion AUC.
 - **ROAD** (`road_inputs`): pytorch-grad-cam's own ``RemoveMostRelevantFirst`` and
   ``RemoveLeastRelevantFirst`` with its ``NoisyLinearImputer`` at each percentile p (MoRF imputes the
   pixels at or above the p-th percentile of the map normalised to [0, 1], LeRF those at or above the
@@ -37,7 +38,7 @@ from xbench.geometry.maps import place_in_frame, whole_frame
 from xbench.geometry.preprocess import MapUpsample
 from xbench.metrics.common import MetricValues, RecordsMetric
 
-#: RISE's blur of the insertion substrate: a Gaussian kernel of 11 pixels, sigma 5.
+#: The blur of the insertion substrate: RISE's Gaussian kernel size (11 pixels) and sigma (5).
 BLUR_KERNEL, BLUR_SIGMA = 11, 5.0
 #: ROAD's percentiles, pytorch-grad-cam's ``ROADCombined`` default.
 ROAD_PERCENTILES = (10, 20, 30, 40, 50, 60, 70, 80, 90)
@@ -76,7 +77,8 @@ def removed_counts(pixels: int, steps: int) -> Tensor:
 
 
 def blurred(inputs: Tensor) -> Tensor:
-    """The insertion substrate of inputs [B, ch, s, s]: RISE's Gaussian blur (reflected at the border)."""
+    """The insertion substrate of inputs [B, ch, s, s]: torchvision's Gaussian blur, reflected at the
+    border (RISE pads with zeros; docs/explanations.md gives the difference)."""
     return gaussian_blur(inputs, [BLUR_KERNEL, BLUR_KERNEL], [BLUR_SIGMA, BLUR_SIGMA])
 
 

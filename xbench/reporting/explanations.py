@@ -16,6 +16,7 @@ The definitions: ``docs/explanations.md``.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 from matplotlib.lines import Line2D
@@ -42,6 +43,16 @@ SIMILARITIES = ("spearman", "spearman_abs", "ssim")
 STEP_GROUNDING = ("pointing_game", "dice@0.5", "iou@0.5")
 #: Maps shown in a cascade figure's strip (the original and the last step always among them).
 STRIP_MAPS = 8
+#: The cascade figure's curves: the two Spearman curves often coincide (maps without negative
+#: values), so the second is dashed with hollow markers around the first's, and both stay visible.
+CURVE_STYLES = {
+    "spearman": {"linestyle": "-", "marker": "o", "markersize": 3.5},
+    "spearman_abs": {"linestyle": "--", "marker": "s", "markersize": 6.5, "markerfacecolor": "none"},
+    "ssim": {"linestyle": "-", "marker": "^", "markersize": 3.5},
+    "pointing_game": {"linestyle": ":", "marker": "D", "markersize": 3.5},
+}
+#: The cascade figure's panel titles and step labels.
+TITLE_SIZE = FONT_SIZE - 2
 #: The faithfulness panels of the scatter.
 SCATTER_METRICS = ("deletion_auc", "insertion_auc", "road")
 
@@ -135,6 +146,14 @@ def _strip_steps(count: int) -> list[int]:
     return sorted({int(round(v)) for v in np.linspace(0, count - 1, min(count, STRIP_MAPS))})
 
 
+def spearman_curves_coincide(steps: list[dict]) -> bool:
+    """Whether every step's Spearman of absolute values equals its plain Spearman (to 1e-9, or
+    both undefined): then the figure's two curves are one line, and its legend and caption say so."""
+    pairs = [(step["spearman"], step["spearman_abs"]) for step in steps]
+    return all(plain == absolute if None in (plain, absolute) else math.isclose(plain, absolute, abs_tol=1e-9)
+               for plain, absolute in pairs)
+
+
 def cascade_figures(bench: Benchmark) -> list[Plot]:
     """Per run with the sanity check, the classic cascade figure: one pair's map at steps of the
     cascade (when the run saved them) above the similarity of every pair's map to the original."""
@@ -146,24 +165,30 @@ def cascade_figures(bench: Benchmark) -> list[Plot]:
         steps = run.results["sanity"]["steps"]
         saved = read_overlays(run.folder, SANITY_MAPS)
         shown = _strip_steps(len(steps)) if saved is not None else []
-        figure = _figure(max(7.0, 1.15 * len(shown)), 5.6 if shown else 3.4)
+        width = max(7.0, 1.15 * len(shown))
+        figure = _figure(width, 6.6 if shown else 4.6)
         if shown:
-            top, bottom = figure.subfigures(2, 1, height_ratios=(1, 1.5))
+            top, bottom = figure.subfigures(2, 1, height_ratios=(1, 1.6))
+            # Each title wrapped to its panel's width (about 0.6 em a character), so neighbours never meet.
+            characters = int(0.9 * width / len(shown) * 72 / (0.6 * TITLE_SIZE))
             for ax, k in zip(top.subplots(1, len(shown), squeeze=False)[0], shown):
                 ax.imshow(overlay_rgb(saved["image"], saved["maps"][k], saved["mask"].astype(bool)))
-                ax.set_title(f"{k}. {steps[k]['layers']}", fontsize=FONT_SIZE - 2, wrap=True)
+                ax.set_title(textwrap.fill(f"{k}. {steps[k]['layers']}", characters), fontsize=TITLE_SIZE)
                 ax.set_axis_off()
         else:
             bottom = figure
         ax = bottom.subplots()
         x = np.arange(len(steps))
-        for key, style in zip((*SIMILARITIES, "pointing_game"), ("-o", "-s", "-^", "--D")):
+        same = spearman_curves_coincide(steps)
+        for key in (*SIMILARITIES, "pointing_game"):
             values = [step["grounding"][key] if key == "pointing_game" else step[key] for step in steps]
-            ax.plot(x, [math.nan if v is None else v for v in values], style, markersize=3.5, linewidth=1.3,
-                    label=long(key) if key == "pointing_game" else short(key))
+            label = long(key) if key == "pointing_game" else short(key)
+            ax.plot(x, [math.nan if v is None else v for v in values], linewidth=1.3, **CURVE_STYLES[key],
+                    label=f"{label}: same as {short('spearman')}" if same and key == "spearman_abs" else label)
         ax.axhline(0, color="0.4", linewidth=0.8)
-        ax.set_xticks(x, [f"{step['step']}. {step['layers']}" for step in steps], rotation=60, ha="right",
-                      fontsize=FONT_SIZE - 2)
+        # Vertical labels: their boxes are their glyphs, one per step, side by side.
+        ax.set_xticks(x, [f"{step['step']}. {step['layers']}" for step in steps], rotation=90,
+                      fontsize=TITLE_SIZE)
         ax.set_ylim(-1.05, 1.05)
         ax.set_ylabel("similarity to the original map", fontsize=FONT_SIZE)
         ax.set_xlabel("randomised up to (cumulative, from the output down)", fontsize=FONT_SIZE)
@@ -176,9 +201,11 @@ def cascade_figures(bench: Benchmark) -> list[Plot]:
             + (f"top, the map of {saved['finding'].item()} on image {saved['image_id'].item()} (white: the region) "
                "as the model is randomised step by step; bottom, " if shown else "")
             + f"the mean similarity of the {section['pairs']} graded pairs' maps to their original maps (Spearman, "
-            "plain and of absolute values, and SSIM) and the Pointing Game of the randomised model (a fraction). A "
-            "map that explains the model changes as its weights are destroyed; one that stays alike explains the "
-            "image. Meaningful with the authors' weights only."
+            "plain and of absolute values, and SSIM) and the Pointing Game of the randomised model (a fraction). "
+            + ("The two Spearman curves coincide here (the dashed one lies on the solid one): taking absolute "
+               "values changed no correlation, as for maps without negative values. " if same else "")
+            + "A map that explains the model changes as its weights are destroyed; one that stays alike explains "
+            "the image. Meaningful with the authors' weights only."
         )
         plots.append(Plot(f"sanity_{model}_{dataset}", figure, caption))
     return plots
