@@ -251,10 +251,10 @@ def test_the_sbatch_script_states_the_suite_files_resources(tmp_path, monkeypatc
     ({"time": 60, "cpus_per_task": True}, r"slurm.cpus_per_task must be a whole number, at least 1; got True"),
     ({"time": 60, "mem": "64 GB"}, r"slurm.mem is the memory of a job as SLURM writes it.*got '64 GB'"),
     ({"time": 60, "partition": ""}, r"slurm.partition must be a partition's name"),
-    ({"time": 60, "sbatch": {"job-name": "x"}}, r"slurm.sbatch: job-name is set by XBench"),
-    ({"time": 60, "sbatch": {"cpus_per_task": 4}}, r"slurm.sbatch: cpus_per_task is set by XBench"),
+    ({"time": 60, "sbatch": {"job-name": "x"}}, r"slurm.sbatch: job-name is --job-name, an option XBench sets"),
+    ({"time": 60, "sbatch": {"cpus_per_task": 4}}, r"slurm.sbatch: cpus_per_task is --cpus-per-task, an option XBench"),
     ({"time": 60, "sbatch": {"--account": "x"}}, r"slurm.sbatch: '--account' is not an sbatch option's long name"),
-    ({"time": 60, "sbatch": {"account": None}}, r"slurm.sbatch.account must be a word, a number or true"),
+    ({"time": 60, "sbatch": {"account": None}}, r"slurm.sbatch.account must be an account's name .*, a number, or true"),
     ([60], r"slurm must be a mapping"),
 ])
 def test_a_bad_slurm_block_is_a_named_error(tmp_path, block, message):
