@@ -243,6 +243,26 @@ def test_the_sbatch_script_states_the_suite_files_resources(tmp_path, monkeypatc
     assert "-m submitit.core._submit" in script.splitlines()[-1] and "srun" in script.splitlines()[-1]
 
 
+def test_the_plan_prints_sbatch_flags_as_the_script_has_them(tmp_path, monkeypatch, capsys):
+    """Issue 41.2: the plan printed ``--exclusive=True`` where the script has ``--exclusive``."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_folder / "srun").chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    block = {**SLURM, "sbatch": {**SLURM["sbatch"], "constraint": "a100&nvlink", "mail_user": "me@lab.org"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"models": [RANDOM], "datasets": [PHANTOM], "slurm": block}))
+    assert main(["--config", "s.yaml", "--launcher", "slurm", "--dry-run"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Each SLURM job: ")]
+    printed = [part for part in line.split(", ") if part.startswith("--")]
+    assert sorted(printed) == ["--account=mylab", "--constraint='a100&nvlink'", "--exclusive",
+                               "--mail-user=me@lab.org", "--qos=normal"]
+    slurm = submitit_executor(tmp_path / "logs", load_suite(tmp_path / "s.yaml").slurm)._executor
+    script = slurm._make_submission_file_text(slurm._submitit_command_str, "uid").splitlines()
+    assert all(f"#SBATCH {flag}" in script for flag in printed)
+
+
 @pytest.mark.parametrize("block, message", [
     ({"partition": "gpu"}, r"slurm.time is missing"),
     ({"time": "4h"}, r"slurm.time is how long one job may run.*got '4h'"),
