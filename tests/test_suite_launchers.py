@@ -9,7 +9,10 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ USER_MODELS = '''
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +48,15 @@ class Killed(RandomSaliency):
     def infer(self, batch):
         if len(self.classes) == 2 and os.environ.get("XBENCH_TEST_KILL") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
+        return super().infer(batch)
+
+
+class Sleeps(RandomSaliency):
+    """Notes its process's id, then sleeps ten minutes: a job that would outlive whatever stops it."""
+
+    def infer(self, batch):
+        Path("job.pid").write_text(str(os.getpid()))
+        time.sleep(600)
         return super().infer(batch)
 
 
@@ -369,3 +382,68 @@ def test_progress_lines_follow_a_job_out_of_sight(tmp_path, monkeypatch, capsys)
         "[job 2/3] m: running d4 (1 of 2)", "[job 2/3] m: running d4 (1 of 2), 1,200 images done",
         "[job 2/3] m: d4 ok, 1,300 images", "[job 2/3] m: running d5 (2 of 2)"]
     assert tracked.states == {4: ("ok", ""), 5: ("started", "")}  # the unfinished line waits for its end
+
+
+# -- a job's lifetime: the processes themselves (issue 41) ---------------------------------------
+
+#: How long a test waits for what a process does at its own pace (its imports take ~10 s on a
+#: loaded machine): a safety net, not a budget.
+SAFETY_NET_SECONDS = 300
+
+
+def wait_for(condition, what: str, seconds: float = SAFETY_NET_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.1)
+
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie has ended too: it waits only for a parent to read its status)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_job_dies_with_its_launcher_and_holds_its_results_folder_till_then(user_models, phantom_root):
+    """Issue 41.2: ``kill -9`` of the suite left its job running its pairs unsupervised, and a second
+    suite ran the same pairs at once. The job sleeps ten minutes; the kernel sends it SIGKILL as
+    the launcher dies (PR_SET_PDEATHSIG), so it is gone at once: the wait is only a safety net."""
+    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
+    launcher = subprocess.Popen([sys.executable, "-m", "xbench.suite", "--config", "suite.yaml"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(Path("job.pid").exists, "the job to start its pair")
+        job = int(Path("job.pid").read_text())
+        with pytest.raises(RuntimeError, match=rf"results is in use by another suite \(pid {launcher.pid} on "):
+            main(["--config", "suite.yaml"])
+    finally:
+        launcher.kill()
+        launcher.wait()
+    wait_for(lambda: gone(job), "the job to die with its launcher", seconds=60)
+    with launch.results_lock(Path("results"), Path("next.yaml")):  # released by the kernel with its holder
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["while it imports", "while it runs a pair"])
+def test_ctrl_c_ends_a_worker_on_one_line(user_models, phantom_root, moment):
+    """Issue 41.2: SIGINT during a worker's imports printed a KeyboardInterrupt traceback. Started as
+    the launcher starts it, SIGINT to its session (as a cancel sends it) ends it with one line."""
+    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
+    suite = load_suite(Path("suite.yaml"))
+    (job,) = jobs(suite, plan(suite), "per-model")
+    request = {"cwd": os.getcwd(), "outcomes": str(user_models / "job.jsonl"), "jobs": job.tasks}
+    (user_models / "job.json").write_text(json.dumps(request))
+    run = launch.LocalRun(job, user_models / "job.json", user_models / "job.log", Path("results"))
+    run.start(launch.Slot({}, None, ""))
+    if moment == "while it runs a pair":
+        wait_for(Path("job.pid").exists, "the worker to run its pair")
+    os.killpg(run.process.pid, signal.SIGINT)
+    wait_for(lambda: run.process.poll() is not None, "the worker to end")
+    log = run.log.read_text()
+    assert run.process.returncode == 130 and "Traceback" not in log, log
+    assert [line for line in log.splitlines() if "interrupted" in line] == ["xbench-suite-worker: interrupted"], log
