@@ -19,7 +19,9 @@ file its worker notes each pair in, so each launcher reports the same: a job tha
 pair it was running and leaves its later pairs not run. Outside the terminal a job's output goes
 to its log file under ``<results_dir>/.suite/<time>/`` (a hidden folder, which readers of results
 do not look into; on a cluster the nodes see it, as they see the results). ``Ctrl-C`` cancels
-every job started or submitted and stops.
+every job started or submitted and stops. A job of this machine dies with its launcher (Linux's
+parent-death signal), and one launcher at a time runs pairs in a results folder
+([`results_lock`][xbench.launch.results_lock]): docs/large-runs.md says why so.
 """
 
 from __future__ import annotations
@@ -159,7 +161,7 @@ def parse_slurm(raw: Any, where: str) -> SlurmResources:
 
     ``time`` is required (submitit would otherwise give each job 5 minutes); ``mem`` is SLURM's
     (``64G``, a number of megabytes); ``sbatch`` holds any other ``#SBATCH --option=value``, each
-    value of its option's format ([`VALUE_FORMATS`][xbench.launch.VALUE_FORMATS]), else one word."""
+    value of its option's format (``VALUE_FORMATS``), else one word."""
     where = f"{where}: slurm"
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping of {', '.join(SLURM_KEYS)}; got {raw!r}")

@@ -41,6 +41,10 @@ model's next dataset (with the model made again); a worker that dies fails the p
 and reports the model's later pairs as not run. The suite goes on with the other models and prints
 every pair's outcome. The exit status is 1 if any pair failed or did not run, if a config file the
 suite names does not exist, or if no pair could run.
+
+One suite at a time runs in a results folder: a second one exits, naming the first (its lock is
+``<results_dir>/.suite/lock``); start it again once the first ends, and it skips what that one
+finished. A job started here ends when the suite does, ``kill -9`` included (on Linux).
 """
 
 from __future__ import annotations
