@@ -1233,3 +1233,99 @@ def test_an_analysis_option_out_of_range_is_named(finished_runs, tmp_path, capsy
                                           *extra], f"xbench-{command}", capsys)
     assert_one_line(code, err, 1, named)
     assert left_behind(tmp_path / "out") == []
+
+
+# -- the suite launchers: slurm values, one launcher per results folder, a failed start (issue 41) ------
+
+SLURM_CASES = {
+    "a line break in a value runs a command": ({"sbatch": {"account": "mylab\ntouch marker\n#"}},
+                                               "slurm.sbatch.account must be an account's name"),
+    "a start of --output's name": ({"sbatch": {"outp": "log"}}, "slurm.sbatch: outp is the start of --output"),
+    "--job-name spelt with _": ({"sbatch": {"job_name": "x"}}, "slurm.sbatch: job_name is --job-name"),
+    "--export": ({"sbatch": {"export": "NONE"}}, "slurm.sbatch: export is --export, an option XBench sets"),
+    "a line break in a key": ({"sbatch": {"qos\n#SBATCH --output": "x"}},
+                              "slurm.sbatch: 'qos\\n#SBATCH --output' is not an sbatch option"),
+    "an #SBATCH line in the time": ({"time": "4:00:00\n#SBATCH --output=x"}, "slurm.time is how long one job"),
+    "a shell command in mem": ({"mem": "64G; touch marker"}, "slurm.mem is the memory of a job"),
+    "a second option in the partition": ({"partition": "gpu --output=x"}, "slurm.partition must be a partition's"),
+    "a mapping as a value": ({"sbatch": {"constraint": {"a100": 1}}}, "slurm.sbatch.constraint must be node feat"),
+    "a list as a value": ({"sbatch": {"gres": ["gpu:1"]}}, "slurm.sbatch.gres must be generic resources"),
+    "a fraction of a GPU": ({"gpus_per_task": 1.5}, "slurm.gpus_per_task must be a whole number"),
+    "a key that is a number": ({1: "x"}, "slurm: unknown keys [1]"),
+    "a flag set false": ({"sbatch": {"exclusive": False}}, "slurm.sbatch.exclusive must be one word"),
+    "a space in a free value": ({"sbatch": {"comment": "two words"}}, "slurm.sbatch.comment must be one word"),
+}
+
+
+def write_runnable_suite(folder, phantom_root, **more) -> None:
+    """``suite.yaml`` in ``folder``: the centre prior on the phantom, results in ``folder/results``."""
+    import yaml
+
+    (folder / "suite.yaml").write_text(yaml.safe_dump({
+        "results_dir": str(folder / "results"),
+        "settings": {"data.image_size": 32, "data.num_workers": 0, "trainer.logger": False},
+        "models": [str(CONFIGS_DIR / "models" / "centre_prior.yaml")],
+        "datasets": [{"config": str(CONFIGS_DIR / "data" / "phantom.yaml"), "settings": {"data.root": str(phantom_root)}}],
+        **more,
+    }))
+
+
+@pytest.mark.parametrize("case", SLURM_CASES)
+def test_a_slurm_value_that_is_not_a_setting_is_refused(tmp_path, capsys, monkeypatch, phantom_root, case):
+    """Issue 41.1: a line break in sbatch.account reached the job's script as a command."""
+    from xbench.suite import main as suite_main
+
+    block, named = SLURM_CASES[case]
+    monkeypatch.chdir(tmp_path)
+    write_runnable_suite(tmp_path, phantom_root, slurm={"time": 60, **block})
+    code, err = run_command(suite_main, ["--config", "suite.yaml", "--launcher", "slurm"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, f"suite.yaml: {named}")
+    assert left_behind(tmp_path / "results") == [] and not (tmp_path / "marker").exists()
+
+
+def test_a_results_dir_with_a_line_break_is_refused(tmp_path, capsys, monkeypatch):
+    """It names each SLURM job's log in the job's script."""
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suite.yaml").write_text('results_dir: "results\\n#SBATCH --output=x"\nmodels: [m.yaml]\n'
+                                         "datasets: [d.yaml]\n")
+    code, err = run_command(suite_main, ["--config", "suite.yaml"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, "suite.yaml: results_dir must be a folder's path, without line breaks")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["suite.yaml"]
+
+
+def test_a_second_suite_on_a_results_folder_in_use_names_the_first(tmp_path, capsys, monkeypatch, phantom_root):
+    """Issue 41.2: two launchers ran the same pairs at once. The lock is flock's: the test holds it as
+    another suite would (a second open file of the same process conflicts like another process's)."""
+    import os
+    from pathlib import Path
+
+    from xbench.launch import results_lock
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    write_runnable_suite(tmp_path, phantom_root)
+    with results_lock(tmp_path / "results", Path("first.yaml")):
+        code, err = run_command(suite_main, ["--config", "suite.yaml"], "xbench-suite", capsys)
+        assert_one_line(code, err, 1, f"{tmp_path / 'results'} is in use by another suite (pid {os.getpid()} on ",
+                        "suite file first.yaml", str(tmp_path / "results" / ".suite" / "lock"), "Let it finish")
+        assert left_behind(tmp_path / "results") == [".suite"] and left_behind(tmp_path / "results" / ".suite") == [
+            "lock"]
+    assert left_behind(tmp_path / "results") == []  # the lock and the folders made for it, removed at its end
+    assert suite_main(["--config", "suite.yaml"]) == 0  # the lock is free again
+    assert len(list((tmp_path / "results").glob("*/metrics.json"))) == 1
+    assert left_behind(tmp_path / "results" / ".suite") == []
+
+
+def test_a_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, capsys, monkeypatch, phantom_root):
+    """Issue 41.2: ``--launcher slurm`` where no ``srun`` runs left an empty results/.suite/<time>/."""
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no srun on it
+    write_runnable_suite(tmp_path, phantom_root, slurm={"time": 60})
+    code, err = run_command(suite_main, ["--config", "suite.yaml", "--launcher", "slurm"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, "--launcher slurm: ", "srun", "use --launcher local")
+    assert not (tmp_path / "results").exists()

@@ -9,7 +9,10 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ USER_MODELS = '''
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +48,15 @@ class Killed(RandomSaliency):
     def infer(self, batch):
         if len(self.classes) == 2 and os.environ.get("XBENCH_TEST_KILL") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
+        return super().infer(batch)
+
+
+class Sleeps(RandomSaliency):
+    """Notes its process's id, then sleeps ten minutes: a job that would outlive whatever stops it."""
+
+    def infer(self, batch):
+        Path("job.pid").write_text(str(os.getpid()))
+        time.sleep(600)
         return super().infer(batch)
 
 
@@ -243,6 +256,26 @@ def test_the_sbatch_script_states_the_suite_files_resources(tmp_path, monkeypatc
     assert "-m submitit.core._submit" in script.splitlines()[-1] and "srun" in script.splitlines()[-1]
 
 
+def test_the_plan_prints_sbatch_flags_as_the_script_has_them(tmp_path, monkeypatch, capsys):
+    """Issue 41.2: the plan printed ``--exclusive=True`` where the script has ``--exclusive``."""
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (bin_folder / "srun").chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    block = {**SLURM, "sbatch": {**SLURM["sbatch"], "constraint": "a100&nvlink", "mail_user": "me@lab.org"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"models": [RANDOM], "datasets": [PHANTOM], "slurm": block}))
+    assert main(["--config", "s.yaml", "--launcher", "slurm", "--dry-run"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Each SLURM job: ")]
+    printed = [part for part in line.split(", ") if part.startswith("--")]
+    assert sorted(printed) == ["--account=mylab", "--constraint='a100&nvlink'", "--exclusive",
+                               "--mail-user=me@lab.org", "--qos=normal"]
+    slurm = submitit_executor(tmp_path / "logs", load_suite(tmp_path / "s.yaml").slurm)._executor
+    script = slurm._make_submission_file_text(slurm._submitit_command_str, "uid").splitlines()
+    assert all(f"#SBATCH {flag}" in script for flag in printed)
+
+
 @pytest.mark.parametrize("block, message", [
     ({"partition": "gpu"}, r"slurm.time is missing"),
     ({"time": "4h"}, r"slurm.time is how long one job may run.*got '4h'"),
@@ -251,10 +284,10 @@ def test_the_sbatch_script_states_the_suite_files_resources(tmp_path, monkeypatc
     ({"time": 60, "cpus_per_task": True}, r"slurm.cpus_per_task must be a whole number, at least 1; got True"),
     ({"time": 60, "mem": "64 GB"}, r"slurm.mem is the memory of a job as SLURM writes it.*got '64 GB'"),
     ({"time": 60, "partition": ""}, r"slurm.partition must be a partition's name"),
-    ({"time": 60, "sbatch": {"job-name": "x"}}, r"slurm.sbatch: job-name is set by XBench"),
-    ({"time": 60, "sbatch": {"cpus_per_task": 4}}, r"slurm.sbatch: cpus_per_task is set by XBench"),
+    ({"time": 60, "sbatch": {"job-name": "x"}}, r"slurm.sbatch: job-name is --job-name, an option XBench sets"),
+    ({"time": 60, "sbatch": {"cpus_per_task": 4}}, r"slurm.sbatch: cpus_per_task is --cpus-per-task, an option XBench"),
     ({"time": 60, "sbatch": {"--account": "x"}}, r"slurm.sbatch: '--account' is not an sbatch option's long name"),
-    ({"time": 60, "sbatch": {"account": None}}, r"slurm.sbatch.account must be a word, a number or true"),
+    ({"time": 60, "sbatch": {"account": None}}, r"slurm.sbatch.account must be an account's name .*, a number, or true"),
     ([60], r"slurm must be a mapping"),
 ])
 def test_a_bad_slurm_block_is_a_named_error(tmp_path, block, message):
@@ -349,3 +382,68 @@ def test_progress_lines_follow_a_job_out_of_sight(tmp_path, monkeypatch, capsys)
         "[job 2/3] m: running d4 (1 of 2)", "[job 2/3] m: running d4 (1 of 2), 1,200 images done",
         "[job 2/3] m: d4 ok, 1,300 images", "[job 2/3] m: running d5 (2 of 2)"]
     assert tracked.states == {4: ("ok", ""), 5: ("started", "")}  # the unfinished line waits for its end
+
+
+# -- a job's lifetime: the processes themselves (issue 41) ---------------------------------------
+
+#: How long a test waits for what a process does at its own pace (its imports take ~10 s on a
+#: loaded machine): a safety net, not a budget.
+SAFETY_NET_SECONDS = 300
+
+
+def wait_for(condition, what: str, seconds: float = SAFETY_NET_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.1)
+
+
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie has ended too: it waits only for a parent to read its status)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_job_dies_with_its_launcher_and_holds_its_results_folder_till_then(user_models, phantom_root):
+    """Issue 41.2: ``kill -9`` of the suite left its job running its pairs unsupervised, and a second
+    suite ran the same pairs at once. The job sleeps ten minutes; the kernel sends it SIGKILL as
+    the launcher dies (PR_SET_PDEATHSIG), so it is gone at once: the wait is only a safety net."""
+    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
+    launcher = subprocess.Popen([sys.executable, "-m", "xbench.suite", "--config", "suite.yaml"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(Path("job.pid").exists, "the job to start its pair")
+        job = int(Path("job.pid").read_text())
+        with pytest.raises(RuntimeError, match=rf"results is in use by another suite \(pid {launcher.pid} on "):
+            main(["--config", "suite.yaml"])
+    finally:
+        launcher.kill()
+        launcher.wait()
+    wait_for(lambda: gone(job), "the job to die with its launcher", seconds=60)
+    with launch.results_lock(Path("results"), Path("next.yaml")):  # released by the kernel with its holder
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["while it imports", "while it runs a pair"])
+def test_ctrl_c_ends_a_worker_on_one_line(user_models, phantom_root, moment):
+    """Issue 41.2: SIGINT during a worker's imports printed a KeyboardInterrupt traceback. Started as
+    the launcher starts it, SIGINT to its session (as a cancel sends it) ends it with one line."""
+    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
+    suite = load_suite(Path("suite.yaml"))
+    (job,) = jobs(suite, plan(suite), "per-model")
+    request = {"cwd": os.getcwd(), "outcomes": str(user_models / "job.jsonl"), "jobs": job.tasks}
+    (user_models / "job.json").write_text(json.dumps(request))
+    run = launch.LocalRun(job, user_models / "job.json", user_models / "job.log", Path("results"))
+    run.start(launch.Slot({}, None, ""))
+    if moment == "while it runs a pair":
+        wait_for(Path("job.pid").exists, "the worker to run its pair")
+    os.killpg(run.process.pid, signal.SIGINT)
+    wait_for(lambda: run.process.poll() is not None, "the worker to end")
+    log = run.log.read_text()
+    assert run.process.returncode == 130 and "Traceback" not in log, log
+    assert [line for line in log.splitlines() if "interrupted" in line] == ["xbench-suite-worker: interrupted"], log

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import signal
 import sys
 import warnings
 from argparse import ArgumentError
@@ -111,7 +112,17 @@ def run(main: Callable[[], object], name: str) -> None:
         quiet_notices()
         warnings.formatwarning = lambda message, category, *_, **__: f"{name}: warning: {message}\n"
     return_large_frees_to_the_system()
+    interrupts = []
+
+    def interrupt(signum, frame) -> None:
+        interrupts.append(signum)
+        raise KeyboardInterrupt
+
+    noted = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    if noted:
+        signal.signal(signal.SIGINT, interrupt)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # a suite's job starts with it held back
         status = main()
     except ArgumentError as error:  # a value of the wrong type, when the parser does not exit itself
         if debug:
@@ -121,9 +132,18 @@ def run(main: Callable[[], object], name: str) -> None:
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except SystemExit:
+        if not interrupts:
+            raise
+        # Lightning's trainer ends a run it sees interrupted with sys.exit(1), without a word
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(130)
     except Exception as error:  # noqa: BLE001 -- every failure reaches the user as one message
         if debug:
             raise
         print(error_line(name, error), file=sys.stderr)
         sys.exit(1)
+    finally:
+        if noted:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(status if isinstance(status, int) else 0)

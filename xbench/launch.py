@@ -19,22 +19,30 @@ file its worker notes each pair in, so each launcher reports the same: a job tha
 pair it was running and leaves its later pairs not run. Outside the terminal a job's output goes
 to its log file under ``<results_dir>/.suite/<time>/`` (a hidden folder, which readers of results
 do not look into; on a cluster the nodes see it, as they see the results). ``Ctrl-C`` cancels
-every job started or submitted and stops.
+every job started or submitted and stops. A job of this machine dies with its launcher (Linux's
+parent-death signal), and one launcher at a time runs pairs in a results folder
+([`results_lock`][xbench.launch.results_lock]): docs/large-runs.md says why so.
 """
 
 from __future__ import annotations
 
 import codecs
+import ctypes
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +57,8 @@ from xbench.results.folder import find_result_folders
 LAUNCHERS = ("local", "slurm")
 #: The folder under ``results_dir`` of each launch's logs and outcome files (hidden: not results).
 JOBS_FOLDER = ".suite"
+#: The file in ``JOBS_FOLDER`` a launcher holds locked while it runs pairs in ``results_dir``.
+LOCK = "lock"
 #: The submitit cluster of ``--launcher slurm``. The tests set ``"local"``: submitit's local
 #: executor, the same path without sbatch.
 CLUSTER = "slurm"
@@ -60,12 +70,34 @@ PROGRESS_LINE_SECONDS = 60.0
 
 SLURM_KEYS = ("partition", "gpus_per_task", "cpus_per_task", "mem", "time", "sbatch")
 #: sbatch options XBench or submitit set (one task per job, its name, its log, the signal before the
-#: time limit) or the block names itself: not in its ``sbatch:`` mapping.
-SET_OPTIONS = {"partition", "gpus-per-task", "cpus-per-task", "mem", "time", "job-name", "nodes", "ntasks",
-               "ntasks-per-node", "output", "error", "open-mode", "signal", "array"}
+#: time limit, the suite's environment) or the block names itself (``gpus``: its ``gpus_per_task``):
+#: not in its ``sbatch:`` mapping, nor any start of their names (sbatch takes ``--out`` for ``--output``).
+SET_OPTIONS = ("partition", "gpus", "gpus-per-task", "cpus-per-task", "mem", "time", "job-name", "nodes", "ntasks",
+               "ntasks-per-node", "output", "error", "open-mode", "signal", "array", "export")
 MEMORY = re.compile(r"\d+[KMGT]?")
 TIME = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
 OPTION = re.compile(r"[a-z][a-z0-9_-]*")
+NAME = r"[A-Za-z0-9_.-]+"
+NAMES = re.compile(rf"{NAME}(?:,{NAME})*")
+#: What an ``sbatch:`` value may be where its format is known, and what that format is; any other
+#: option takes a WORD. The script quotes each value, but a suite file carries settings, never code.
+VALUE_FORMATS = {
+    "account": (NAMES, "an account's name (letters, digits, _ . -)"),
+    "qos": (NAMES, "a QOS's name (letters, digits, _ . -)"),
+    "reservation": (NAMES, "reservations' names (letters, digits, _ . -), joined by commas"),
+    "wckey": (NAMES, "a workload key's name (letters, digits, _ . -)"),
+    "gres": (re.compile(rf"{NAME}(?::{NAME})*(?:,{NAME}(?::{NAME})*)*"),
+             "generic resources as SLURM writes them, name[:type][:count] joined by commas (gpu:a100:2)"),
+    "time-min": (re.compile(r"\d+(?::\d\d){0,2}|\d+-\d+(?::\d\d){0,2}"),
+                 "a time as SLURM writes it: minutes (90) or [days-]hours:minutes:seconds (1:30:00)"),
+    "mem-per-cpu": (MEMORY, "memory as SLURM writes it: megabytes, or a number with K, M, G or T (4G)"),
+    "mem-per-gpu": (MEMORY, "memory as SLURM writes it: megabytes, or a number with K, M, G or T (4G)"),
+    "mail-user": (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+"), "an e-mail address"),
+    "constraint": (re.compile(r"[A-Za-z0-9_.,:&|*()\[\]-]+"),
+                   "node features joined by & | , (with [ ] ( ) * where SLURM's syntax has them), no spaces"),
+}
+WORD = (re.compile(r"[A-Za-z0-9_.,:@%+=/-]+"),
+        "one word: letters, digits and _ . , : @ % + = / -, no spaces, quotes or other shell characters")
 
 
 @dataclass(frozen=True)
@@ -100,26 +132,49 @@ def _minutes(value: Any, where: str) -> int:
     return total
 
 
+def _sbatch_option(key: Any, value: Any, where: str) -> None:
+    """One ``sbatch:`` entry: an option's long name that reaches no option XBench sets, and a value
+    of its option's format (a flag: ``true``)."""
+    if not isinstance(key, str) or not OPTION.fullmatch(key):
+        raise ValueError(f"{where}: {key!r} is not an sbatch option's long name (account, qos, constraint): "
+                         "lowercase letters, digits, - and _, without the leading --")
+    name = key.replace("_", "-")
+    reached = [option for option in SET_OPTIONS if option.startswith(name)]
+    if reached:
+        what = f"--{name}" if name in reached else \
+            f"the start of --{' or --'.join(reached)} (sbatch takes it for the whole name)"
+        raise ValueError(f"{where}: {key} is {what}, an option XBench sets (one task per job, its name, log and "
+                         f"environment) or the block's own keys set ({', '.join(SLURM_KEYS[:-1])}): leave it out")
+    if value is True:
+        return
+    pattern, form = VALUE_FORMATS.get(name, WORD)
+    if isinstance(value, bool) or not isinstance(value, str | int) or not pattern.fullmatch(str(value)):
+        raise ValueError(f"{where}.{key} must be {form}, a number, or true (a flag); got {value!r}")
+
+
 def parse_slurm(raw: Any, where: str) -> SlurmResources:
-    """The suite file's ``slurm:`` block, every value checked (``where``: the file, for the message)::
+    """The suite file's ``slurm:`` block, every key and value checked (``where``: the file, for the
+    message)::
 
         slurm: {partition: gpu, gpus_per_task: 1, cpus_per_task: 8, mem: 64G, time: "4:00:00",
                 sbatch: {account: mylab, qos: normal}}
 
     ``time`` is required (submitit would otherwise give each job 5 minutes); ``mem`` is SLURM's
-    (``64G``, a number of megabytes); ``sbatch`` holds any other ``#SBATCH --option=value``."""
+    (``64G``, a number of megabytes); ``sbatch`` holds any other ``#SBATCH --option=value``, each
+    value of its option's format (``VALUE_FORMATS``), else one word."""
     where = f"{where}: slurm"
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be a mapping of {', '.join(SLURM_KEYS)}; got {raw!r}")
-    unknown = sorted(set(raw) - set(SLURM_KEYS))
+    unknown = sorted(map(repr, set(raw) - set(SLURM_KEYS)))
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; it has {list(SLURM_KEYS)} (other sbatch options go "
-                         "in its sbatch: mapping, e.g. sbatch: {account: mylab})")
+        raise ValueError(f"{where}: unknown keys [{', '.join(unknown)}]; it has {list(SLURM_KEYS)} (other sbatch "
+                         "options go in its sbatch: mapping, e.g. sbatch: {account: mylab})")
     if "time" not in raw:
         raise ValueError(f"{where}.time is missing: how long one job (a model's pairs) may run, e.g. time: \"4:00:00\"")
     partition = raw.get("partition")
-    if partition is not None and (not isinstance(partition, str) or not partition.strip()):
-        raise ValueError(f"{where}.partition must be a partition's name; got {partition!r}")
+    if partition is not None and (not isinstance(partition, str) or not NAMES.fullmatch(partition)):
+        raise ValueError(f"{where}.partition must be a partition's name (letters, digits, _ . -), or several joined "
+                         f"by commas; got {partition!r}")
     mem = raw.get("mem")
     if mem is not None:
         if isinstance(mem, int) and not isinstance(mem, bool) and mem >= 0:
@@ -131,13 +186,7 @@ def parse_slurm(raw: Any, where: str) -> SlurmResources:
     if not isinstance(sbatch, dict):
         raise ValueError(f"{where}.sbatch must map sbatch options to values, e.g. {{account: mylab}}; got {sbatch!r}")
     for key, value in sbatch.items():
-        if not isinstance(key, str) or not OPTION.fullmatch(key):
-            raise ValueError(f"{where}.sbatch: {key!r} is not an sbatch option's long name (account, qos, constraint)")
-        if key.replace("_", "-") in SET_OPTIONS:
-            raise ValueError(f"{where}.sbatch: {key} is set by XBench (one task per job, its name and log) or by "
-                             f"the block's own keys ({', '.join(SLURM_KEYS[:-1])}): leave it out")
-        if value is not True and (isinstance(value, bool) or not isinstance(value, str | int) or value == ""):
-            raise ValueError(f"{where}.sbatch.{key} must be a word, a number or true (a flag); got {value!r}")
+        _sbatch_option(key, value, f"{where}.sbatch")
     return SlurmResources(
         minutes=_minutes(raw["time"], f"{where}.time"),
         partition=partition,
@@ -149,11 +198,15 @@ def parse_slurm(raw: Any, where: str) -> SlurmResources:
 
 
 def describe(resources: SlurmResources) -> str:
+    """The resources in words, the ``sbatch:`` options as the job's script has them (submitit writes them)."""
+    from submitit.slurm.slurm import _as_sbatch_flag
+
     parts = [f"partition {resources.partition}" if resources.partition else "the default partition",
              f"{resources.gpus_per_task} GPU(s)" if resources.gpus_per_task else "no GPU"]
     parts += [f"{resources.cpus_per_task} CPUs"] if resources.cpus_per_task else []
     parts += [f"memory {resources.mem}"] if resources.mem else []
-    parts += [f"{resources.minutes} min"] + [f"--{key}={value}" for key, value in resources.sbatch.items()]
+    parts += [f"{resources.minutes} min"]
+    parts += [_as_sbatch_flag(key, value).removeprefix("#SBATCH ") for key, value in resources.sbatch.items()]
     return ", ".join(parts)
 
 
@@ -257,6 +310,32 @@ def _last_line(text: str) -> str:
     return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
+#: Linux's ``prctl`` option that has the kernel send a signal to a process when the thread that
+#: started it ends (``man 2 prctl``).
+PR_SET_PDEATHSIG = 1
+
+
+def _bound_to(launcher: int):
+    """What a job's process does before it runs its command (in the child, between fork and exec).
+
+    It holds SIGINT back (a signal mask survives exec) until the command's wrapper is ready to end
+    on one line ([`run`][xbench.cli.run] lets it through): a ``Ctrl-C`` that cancels a job while
+    Python starts or imports is pending, not a traceback. And on Linux it asks for SIGKILL when the
+    launcher's thread ends, by a ``kill -9`` too: a job never outlives its launcher. SIGKILL, not
+    SIGTERM, as Lightning's trainer notes a SIGTERM and runs on; the parent's id is compared after
+    the call, for a launcher that died before it."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+    def before_exec() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != launcher:
+                os._exit(1)
+
+    return before_exec
+
+
 class LocalRun:
     """A job as a process of this machine: its output on the terminal (``log`` None) or in its log."""
 
@@ -266,6 +345,10 @@ class LocalRun:
         self.tail: deque[str] = deque(maxlen=50)
         self.before: set[Path] = set()
         self.reader: threading.Thread | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.process is not None
 
     def start(self, slot: Slot) -> str:
         command = [sys.executable, "-m", "xbench.suite_worker"] if self.job.worker else [
@@ -278,7 +361,7 @@ class LocalRun:
             # a session of its own: Ctrl-C reaches the suite, which stops each job (and its DataLoader workers)
             self.process = subprocess.Popen(
                 command, stdin=stdin, stdout=output, stderr=subprocess.STDOUT if output else subprocess.PIPE,
-                env={**os.environ, **slot.env}, start_new_session=True)
+                env={**os.environ, **slot.env}, start_new_session=True, preexec_fn=_bound_to(os.getpid()))
         finally:
             for file in (stdin, output):
                 if file is not None:
@@ -351,10 +434,14 @@ class SubmititRun:
         self.handle = None
         self.log: Path | None = None
 
+    @property
+    def started(self) -> bool:
+        return self.handle is not None
+
     def start(self, slot: Slot) -> str:
         from xbench.suite_worker import run_submitted  # the job's entry point (imports Lightning)
 
-        self.executor.update_parameters(name=f"xbench-{self.job.label.replace(' ', '-')}")
+        self.executor.update_parameters(name=f"xbench-{_safe_name(self.job.label)}")
         self.handle = self.executor.submit(run_submitted, self.request)
         self.log = self.handle.paths.stdout
         return f"submitted as job {self.handle.job_id}"
@@ -508,15 +595,62 @@ class Launch:
         return len(running) < capacity if tracked.job.worker else not running
 
 
-def jobs_folder(results_dir: Path) -> Path:
-    """A new folder for one launch's logs and outcome files."""
-    folder = results_dir / JOBS_FOLDER / datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    folder.mkdir(parents=True)
-    return folder.resolve()
+def _make_folders(folder: Path) -> list[Path]:
+    """Make ``folder`` and its missing parents; those it made, the deepest first."""
+    missing = [path for path in (folder, *folder.parents) if not path.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: a launch's logs or results are in it, and in its parents
+            return
+
+
+@contextmanager
+def results_lock(results_dir: Path, suite_file: Path) -> Iterator[None]:
+    """Hold ``results_dir`` for one launcher, from its plan to its last job's end: a second launcher
+    is refused, naming the first (two would run the same pairs at once). The lock is ``flock`` on
+    ``<results_dir>/.suite/lock``, which the kernel releases when its holder dies, ``kill -9``
+    included, so no lock is ever stale; the file is removed at the end, with the folders made for it
+    if they stay empty (whoever locks a file checks it is still the one at that path)."""
+    made = _make_folders(results_dir / JOBS_FOLDER)
+    path = results_dir / JOBS_FOLDER / LOCK
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 4096).decode(errors="replace").strip() or "a suite that is starting"
+            os.close(descriptor)
+            raise RuntimeError(f"{results_dir} is in use by another suite ({holder}; the lock is {path}): two would run "
+                               "the same pairs at once. Let it finish (or stop it), then start this one again: it "
+                               "skips the pairs the other finished") from None
+        locked = os.fstat(descriptor)
+        if path.exists() and (path.stat().st_dev, path.stat().st_ino) == (locked.st_dev, locked.st_ino):
+            break
+        os.close(descriptor)  # its holder ended and removed it between our open and our lock
+    try:
+        started = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        os.write(descriptor, f"pid {os.getpid()} on {socket.gethostname()}, started {started}, suite file "
+                             f"{suite_file}".encode())
+        yield
+    finally:
+        path.unlink()
+        os.close(descriptor)
+        _remove_empty(made)
+
+
+def _safe_name(label: str) -> str:
+    """A job's label as a file's or a SLURM job's name: nothing but letters, digits and ``_ . + -``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "-", label)
 
 
 def _file_name(job: Job) -> str:
-    return f"job{job.number}-" + re.sub(r"[^A-Za-z0-9_.+-]+", "-", job.label)
+    return f"job{job.number}-{_safe_name(job.label)}"
 
 
 def launch(console: Console, jobs: list[Job], results_dir: Path, launcher: str = "local", devices: int = 1,
@@ -540,20 +674,30 @@ def launch(console: Console, jobs: list[Job], results_dir: Path, launcher: str =
         ordered = list(jobs)
     slots = [Slot({}, None, "")] * len(jobs) if launcher == "slurm" else device_slots(devices)
     with tempfile.TemporaryDirectory(prefix="xbench-suite-") as scratch:
-        folder = jobs_folder(results_dir) if concurrent else Path(scratch)
+        # a folder of logs under results_dir, but not before the launcher shows it can start, nor
+        # left behind if no job starts
+        folder = (results_dir / JOBS_FOLDER / datetime.now().strftime("%Y%m%d-%H%M%S-%f")).resolve() if concurrent \
+            else Path(scratch)
         executor = submitit_executor(folder, resources) if launcher == "slurm" else None
+        folder.mkdir(exist_ok=True)
         tracked = []
-        for job in ordered:
-            name = _file_name(job)
-            request = {"cwd": os.getcwd(), "outcomes": str(folder / f"{name}.jsonl"), "jobs": job.tasks}
-            if executor is not None:
-                run = SubmititRun(job, request, executor)
-            else:
-                (folder / f"{name}.json").write_text(json.dumps(request))
-                run = LocalRun(job, folder / f"{name}.json", folder / f"{name}.log" if concurrent else None, results_dir)
-            tracked.append(Tracked(job, run, folder / f"{name}.jsonl" if job.worker else None))
-        progress = Launch(console, len(jobs), quiet_pairs=not concurrent)
-        outcomes = progress.run(tracked, slots, len(slots))
+        try:
+            for job in ordered:
+                name = _file_name(job)
+                request = {"cwd": os.getcwd(), "outcomes": str(folder / f"{name}.jsonl"), "jobs": job.tasks}
+                if executor is not None:
+                    run = SubmititRun(job, request, executor)
+                else:
+                    (folder / f"{name}.json").write_text(json.dumps(request))
+                    run = LocalRun(job, folder / f"{name}.json", folder / f"{name}.log" if concurrent else None,
+                                   results_dir)
+                tracked.append(Tracked(job, run, folder / f"{name}.jsonl" if job.worker else None))
+            progress = Launch(console, len(jobs), quiet_pairs=not concurrent)
+            outcomes = progress.run(tracked, slots, len(slots))
+        except BaseException:
+            if concurrent and not any(entry.run.started for entry in tracked):
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
     where = f"; logs in {folder}" if concurrent else ""
     console.print(f"Jobs: {progress.finished} finished, {progress.failed} failed, in "
                   f"{_duration(time.monotonic() - started)}{where}", highlight=False)

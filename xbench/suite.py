@@ -41,6 +41,10 @@ model's next dataset (with the model made again); a worker that dies fails the p
 and reports the model's later pairs as not run. The suite goes on with the other models and prints
 every pair's outcome. The exit status is 1 if any pair failed or did not run, if a config file the
 suite names does not exist, or if no pair could run.
+
+One suite at a time runs in a results folder: a second one exits, naming the first (its lock is
+``<results_dir>/.suite/lock``); start it again once the first ends, and it skips what that one
+finished. A job started here ends when the suite does, ``kill -9`` included (on Linux).
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ from xbench import costs
 from xbench.cli import run
 from xbench.console import print_table
 from xbench.files import read_json, read_yaml
-from xbench.launch import LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders
+from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
+                           results_lock)
 from xbench.results.folder import METRICS, MODEL_OUTPUT_OPTIONS, SCHEMA
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets", "slurm"}
@@ -153,8 +158,9 @@ def load_suite(path: Path) -> Suite:
     if mode not in MODES:
         raise ValueError(f"{path}: mode must be one of {', '.join(MODES)}; got {mode!r}")
     results_dir = raw.get("results_dir", "results")
-    if not isinstance(results_dir, str) or not results_dir:
-        raise ValueError(f"{path}: results_dir must be a folder's path; got {results_dir!r}")
+    if not isinstance(results_dir, str) or not results_dir or not results_dir.isprintable():
+        raise ValueError(f"{path}: results_dir must be a folder's path, without line breaks or other control "
+                         f"characters (each SLURM job's script names its log in it); got {results_dir!r}")
     return Suite(
         mode=mode,
         results_dir=Path(results_dir),
@@ -402,6 +408,14 @@ def main(args: list[str] | None = None) -> int:
     if options.launcher == "slurm" and options.devices != 1:
         parser.error("--devices is for --launcher local; under SLURM each job gets the suite file's slurm: resources")
     suite = load_suite(options.config)
+    if options.dry_run:
+        return run_suite(suite, options)
+    with results_lock(suite.results_dir, options.config):  # planned and run by no other suite meanwhile
+        return run_suite(suite, options)
+
+
+def run_suite(suite: Suite, options: argparse.Namespace) -> int:
+    """Plan the suite and, unless ``--dry-run``, run it; the exit status."""
     mode = options.mode or suite.mode
     console = Console()
     if not console.is_terminal:  # a log file or a pipe: keep each pair on one line
