@@ -153,9 +153,10 @@ def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):
     native = results["precomputed"]["chexlocalize_protocol"]["per_class"]
     expected = {
         finding_key("chexlocalize", golden["task"]): {
-            "pairs": 1, "xbench_iou@0.5": golden["iou_fixed"], "xbench_pointing_game": golden["hit"],
-            "chexlocalize_iou_fixed": golden["iou_fixed"], "chexlocalize_iou_otsu": golden["iou_otsu"],
-            "chexlocalize_hit_rate": golden["hit"],
+            "pairs": 1, "empty_masks": 0, "xbench_iou@0.5": golden["iou_fixed"],
+            "xbench_pointing_game": golden["hit"], "chexlocalize_iou_fixed": golden["iou_fixed"],
+            "chexlocalize_iou_fixed_left_out": 0, "chexlocalize_iou_otsu": golden["iou_otsu"],
+            "chexlocalize_iou_otsu_left_out": 0, "chexlocalize_hit_rate": golden["hit"],
         }
         for golden in GOLDEN["pairs"] if golden["mask_pixels"]
     }
