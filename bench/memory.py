@@ -96,6 +96,7 @@ class SyntheticImages(Dataset):
             "has_mask": masks.flatten(1).any(1),
             "index": index,
             "image_id": sample.image_id,
+            "native_size": torch.tensor([self.size, self.size]),
             "clipped_shapes": 0,
             "lost_regions": torch.zeros(len(self.classes), dtype=torch.bool),
         }

@@ -1329,3 +1329,92 @@ def test_a_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, capsys, 
     code, err = run_command(suite_main, ["--config", "suite.yaml", "--launcher", "slurm"], "xbench-suite", capsys)
     assert_one_line(code, err, 1, "--launcher slurm: ", "srun", "use --launcher local")
     assert not (tmp_path / "results").exists()
+
+
+# -- peers' rules at their edges: float64 saved maps, cheXlocalize's left-out pairs (issue 41) ---
+
+def _save_pairs(folder, maps: dict):
+    """The per_pair layout for the wide fixture: ``maps`` (image, finding) -> map [h, w], each with a logit."""
+    import numpy as np
+
+    for (image, key), value in maps.items():
+        (folder / image).mkdir(parents=True, exist_ok=True)
+        np.savez(folder / image / f"{key}.npz", map=value, logit=np.float32(0.5))
+    return folder
+
+
+def _bumps(dtype="float64"):
+    """Every pair of the wide fixture: a bump inside its box, on an [8, 12] grid (the images' aspect)."""
+    import numpy as np
+
+    rows, columns = np.mgrid[0:8, 0:12]
+    bump = lambda row, column: np.exp(-((rows - row) ** 2 + (columns - column) ** 2) / 4).astype(dtype)  # noqa: E731
+    return {("a.png", "mass"): bump(3, 3), ("a.png", "nodule"): bump(6, 9),
+            ("b.png", "mass"): bump(1, 10), ("b.png", "nodule"): bump(3, 6)}
+
+
+def _saved_run(root, folder, results, capsys, *extra):
+    """A per_pair run on the wide fixture through the command line: its exit status and stderr."""
+    return run_cli(quiet_run("precomputed_per_pair", "chestx_det10", root, results, "--model.path", str(folder),
+                             "--data.classes", "[mass,nodule]", *extra, image_size=16), capsys)
+
+
+def _grounding(results) -> dict:
+    from conftest import only_folder
+
+    return json.loads((only_folder(results) / "metrics.json").read_text())["grounding"]
+
+
+@pytest.mark.parametrize(("name", "scaled"), [
+    ("values beyond float32's range", lambda bump: bump * 1e300),
+    ("a spread below float32's resolution", lambda bump: 1 + bump * 1e-9),
+])
+def test_a_float64_map_is_normalised_before_it_is_rounded(wide_det10, tmp_path, capsys, name, scaled):
+    """Rounded to float32 first, 1e300 became infinity (a generic non-finite error) and 1 + 1e-9 x
+    a constant (a Pointing Game miss); normalised in float64 first, each scores as the map it scales."""
+    plain = _save_pairs(tmp_path / "plain", _bumps())
+    odd = _save_pairs(tmp_path / "odd", {pair: scaled(bump) for pair, bump in _bumps().items()})
+    for folder in (plain, odd):
+        code, err = _saved_run(wide_det10, folder, tmp_path / "results" / folder.name, capsys)
+        assert code == 0, err
+    expected, got = _grounding(tmp_path / "results" / "plain"), _grounding(tmp_path / "results" / "odd")
+    assert got["per_class"]["mass"]["constant_maps"] == 0 and got["per_class"]["mass"]["hits"] == 1, name
+    for key in CLASSES:
+        assert got["per_class"][key] == pytest.approx(expected["per_class"][key], abs=1e-6), (name, key)
+
+
+@pytest.mark.parametrize(("dtype", "low", "high"), [("float64", -1e308, 1e308), ("float32", -3e38, 3e38)])
+def test_a_map_whose_spread_overflows_is_named(wide_det10, tmp_path, capsys, dtype, low, high):
+    """max - min beyond the map's type would normalise to NaN: refused naming the file and the pair."""
+    maps = _bumps(dtype)
+    maps[("b.png", "nodule")][0, :2] = (low, high)
+    folder = _save_pairs(tmp_path / "saved", maps)
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys)
+    assert_one_line(code, err, 1, f"{folder / 'b.png' / 'nodule.npz'} (b.png, nodule)",
+                    f"span more than torch.{dtype} holds", "save the map scaled down")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_cheXlocalizes_left_out_pairs_are_counted_not_scored_zero(wide_det10, tmp_path, capsys):
+    """A map whose Otsu segmentation is empty (one bright cell at native size: a single-point
+    contour, which their code drops) scored IoU 0 inside the mean; their eval.py's default
+    true_pos_only leaves it out. metrics.json counts it and the summary says so."""
+    import numpy as np
+
+    from conftest import only_folder
+
+    maps = _bumps("float32")
+    spike = np.zeros((32, 48), np.float32)  # at native size: no upsampling spreads the cell
+    spike[10, 10] = 1.0
+    maps[("a.png", "mass")] = spike
+    folder = _save_pairs(tmp_path / "saved", maps)
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys, "--model.native_protocol", "true")
+    assert code == 0, err
+    run = only_folder(tmp_path / "results")
+    native = json.loads((run / "metrics.json").read_text())["precomputed"]["chexlocalize_protocol"]["per_class"]
+    assert native["mass"]["pairs"] == 1 and native["mass"]["chexlocalize_iou_otsu_left_out"] == 1
+    assert native["mass"]["chexlocalize_iou_otsu"] is None and native["mass"]["xbench_pointing_game"] == 1.0
+    assert native["mass"]["chexlocalize_iou_fixed"] == pytest.approx(1 / 256)  # one pixel of the 16 x 16 box
+    assert native["nodule"]["chexlocalize_iou_otsu_left_out"] == 0 and native["nodule"]["chexlocalize_iou_otsu"] > 0
+    assert "0 pairs with an empty fixed-threshold segmentation and 1 with an empty Otsu segmentation are left " \
+           "out of their IoU means" in (run / "summary.md").read_text()

@@ -42,7 +42,8 @@ OPEN_CLIP_SIDE = 224
 #: Model classes with no input transform of their own: they take the frame image (baselines,
 #: saved maps) or are a base that a model subclasses.
 NO_TRANSFORM = {"RandomSaliency", "CentrePrior", "Oracle", "PrecomputedSaliency", "QueryDecoderModel"}
-BATCH_KEYS = ("model_input", "window", "image", "masks", "has_mask", "labels", "clipped_shapes", "lost_regions")
+BATCH_KEYS = ("model_input", "window", "image", "masks", "has_mask", "labels", "native_size", "clipped_shapes",
+              "lost_regions")
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -153,12 +153,71 @@ def test_chexlocalize_pickles_end_to_end(real_data, real_pairs, tmp_path):
     native = results["precomputed"]["chexlocalize_protocol"]["per_class"]
     expected = {
         finding_key("chexlocalize", golden["task"]): {
-            "pairs": 1, "xbench_iou@0.5": golden["iou_fixed"], "xbench_pointing_game": golden["hit"],
-            "chexlocalize_iou_fixed": golden["iou_fixed"], "chexlocalize_iou_otsu": golden["iou_otsu"],
-            "chexlocalize_hit_rate": golden["hit"],
+            "pairs": 1, "empty_masks": 0, "xbench_iou@0.5": golden["iou_fixed"],
+            "xbench_pointing_game": golden["hit"], "chexlocalize_iou_fixed": golden["iou_fixed"],
+            "chexlocalize_iou_fixed_left_out": 0, "chexlocalize_iou_otsu": golden["iou_otsu"],
+            "chexlocalize_iou_otsu_left_out": 0, "chexlocalize_hit_rate": golden["hit"],
         }
         for golden in GOLDEN["pairs"] if golden["mask_pixels"]
     }
     assert native.keys() == expected.keys()
     for key, values in expected.items():
         assert native[key] == pytest.approx(values, abs=1e-12), key
+
+
+def their_eval_means(pairs: list[tuple[torch.Tensor, torch.Tensor]], fixed_threshold: float) -> pd.Series:
+    """cheXlocalize's eval.py, written out plainly: per pair, ``calculate_iou`` with its default
+    ``true_pos_only=True`` on the fixed-threshold and the Otsu segmentation (NaN where either mask is
+    empty), ``get_hitrates``' hit at the first maximum (NaN where the mask is empty); per column,
+    pandas' mean, which skips NaN, as their bootstrap does."""
+    rows = []
+    for raw, mask in pairs:
+        gt = mask.numpy()
+        segmentations = chexlocalize_segmentations(raw, gt.shape, fixed_threshold)
+        row = {}
+        for name in ("fixed", "otsu"):
+            predicted = segmentations[name].numpy()
+            row[name] = (np.nan if np.sum(predicted) == 0 or np.sum(gt) == 0
+                         else np.sum(np.logical_and(predicted, gt)) / np.sum(np.logical_or(predicted, gt)))
+        x, y = np.unravel_index(np.argmax(segmentations["upsampled"].numpy(), axis=None), gt.shape)
+        row["hit"] = 1 if gt[x][y] == 1 else np.nan if np.sum(gt) == 0 else 0
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["fixed", "otsu", "hit"]).mean()
+
+
+def test_true_pos_only_leaves_out_the_pairs_their_eval_leaves_out():
+    """Their default rule, against a plain re-implementation of eval.py: an empty Otsu
+    segmentation (one bright pixel: a single-point contour, dropped), an empty fixed one (a constant
+    map), an empty mask, both empty, and a finding with no pair left: each mean over the pairs their
+    code keeps, the left-out pairs counted, empty masks counted apart."""
+    from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+
+    rng = np.random.default_rng(0)
+    box = torch.zeros(24, 32, dtype=torch.bool)
+    box[4:14, 6:20] = True
+    spike = torch.zeros(24, 32)
+    spike[8, 10] = 1.0
+    smooth = torch.from_numpy(rng.random((3, 4), dtype=np.float32))
+    constant, empty = torch.full((6, 8), 0.3), torch.zeros(24, 32, dtype=torch.bool)
+    pairs = {"a": [(smooth, box), (spike, box), (constant, box), (smooth, empty), (smooth.double() * 1e300, box)],
+             "b": [(smooth, empty), (constant, empty), (constant, box)]}
+    assert not chexlocalize_segmentations(spike, (24, 32))["otsu"].any()  # the edge this test is about
+    records = ChexlocalizeRecords(2)
+    for c, key in enumerate(pairs):
+        for raw, mask in pairs[key]:
+            records.update(raw, mask, c, 0.5)
+    means = chexlocalize_means(records.compute(), list(pairs))
+    for key, rows in pairs.items():
+        theirs = their_eval_means(rows, 0.5)
+        graded = [(raw, mask) for raw, mask in rows if mask.any()]
+        ours = means[key]
+        assert ours["pairs"] == len(graded) and ours["empty_masks"] == len(rows) - len(graded), key
+        for column, name in (("fixed", "chexlocalize_iou_fixed"), ("otsu", "chexlocalize_iou_otsu"),
+                             ("hit", "chexlocalize_hit_rate")):
+            expected = None if np.isnan(theirs[column]) else pytest.approx(theirs[column], abs=1e-12)
+            assert ours[name] == expected, (key, name)
+        for column, name in (("fixed", "chexlocalize_iou_fixed"), ("otsu", "chexlocalize_iou_otsu")):
+            left_out = sum(np.isnan(their_eval_means([pair], 0.5)[column]) for pair in graded)  # pair by pair
+            assert ours[f"{name}_left_out"] == left_out, (key, name)
+    assert means["a"]["chexlocalize_iou_otsu_left_out"] == 2 and means["a"]["chexlocalize_iou_fixed_left_out"] == 1
+    assert means["b"]["chexlocalize_iou_otsu"] is None and means["b"]["xbench_pointing_game"] == 0.0

@@ -5,7 +5,9 @@ A dataset module only reads its annotation files into [`Sample`][xbench.data.bas
 image and masks to the batch geometry and yields the batch dict of the architecture contract:
 
 ``image`` float32 [B,1,S,S] in [0,1]; ``labels`` float32 [B,C] (1, 0, -1 unknown); ``masks``
-bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str]; and two
+bool [B,C,S,S]; ``has_mask`` bool [B,C]; ``index`` int64 [B]; ``image_id`` list[str];
+``native_size`` int64 [B,2] (the image's height and width as decoded, before any augmentation: the
+one reading of the file, so no model opens it again); and two
 data-quality counters the results report: ``clipped_shapes`` int64 [B] (shapes that reached
 outside the image) and ``lost_regions`` bool [B,C] (an annotated region empty inside the frame,
 also when an augmentation pushed it out). When the model handed the datamodule its transform
@@ -176,6 +178,7 @@ class XBenchDataset(Dataset):
             "has_mask": has_mask[:num_classes],
             "index": index,
             "image_id": sample.image_id,
+            "native_size": torch.tensor([height, width]),
             "clipped_shapes": clipped,
             "lost_regions": lost[:num_classes],
         }

@@ -52,7 +52,7 @@ from xbench.geometry.image import CodedImage
 from xbench.data.queries import query_fields
 from xbench.files import staging_folder
 
-FORMAT = 4
+FORMAT = 5
 IMAGE_LEVELS = 65535
 #: How a native image is stored: its codes' dtype (with float32 levels after them), or float32 pixels.
 NATIVE_KINDS = (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.float32))
@@ -199,6 +199,7 @@ def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int
         query_has_mask = np.zeros((count, slots), dtype=bool)
         query_lost = np.zeros((count, slots), dtype=bool)
         clipped = np.zeros(count, dtype=np.int64)
+        native_sizes = np.zeros((count, 2), dtype=np.int64)
         record_hashes = np.zeros(count, dtype=np.uint64)
         native_offsets = np.zeros(count, dtype=np.int64)
         native_shapes = np.zeros((count, 2), dtype=np.int64)
@@ -218,6 +219,7 @@ def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int
                 has_mask[rows] = batch["has_mask"].numpy()
                 lost[rows] = batch["lost_regions"].numpy()
                 clipped[rows] = batch["clipped_shapes"].numpy()
+                native_sizes[rows] = batch["native_size"].numpy()
                 if slots:
                     query_masks[rows] = np.packbits(batch["query_masks"].numpy().reshape(len(rows), slots, pixels), axis=-1)
                     query_has_mask[rows] = batch["query_has_mask"].numpy()
@@ -233,7 +235,8 @@ def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int
         masks.flush()
         del frames, masks
         np.savez(
-            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, mask_rows=rows_of,
+            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, native_sizes=native_sizes,
+            mask_rows=rows_of,
             native_offsets=native_offsets, native_shapes=native_shapes, native_kinds=native_kinds,
             native_levels=native_levels, native_hashes=native_hashes, record_hashes=record_hashes,
             query_masks=query_masks, query_has_mask=query_has_mask, query_lost=query_lost,
@@ -328,6 +331,7 @@ class CachedDataset(Dataset):
         self.has_mask = torch.from_numpy(index["has_mask"])
         self.lost_regions = torch.from_numpy(index["lost_regions"])
         self.clipped_shapes = index["clipped_shapes"]
+        self.native_sizes = torch.from_numpy(index["native_sizes"])
         self.mask_rows = index["mask_rows"]
         self.record_hashes = index["record_hashes"]
         self.native_offsets = index["native_offsets"]
@@ -387,6 +391,7 @@ class CachedDataset(Dataset):
             "has_mask": self.has_mask[index].clone(),
             "index": index,
             "image_id": sample.image_id,
+            "native_size": self.native_sizes[index].clone(),
             "clipped_shapes": int(self.clipped_shapes[index]),
             "lost_regions": self.lost_regions[index].clone(),
         }

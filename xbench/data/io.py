@@ -77,16 +77,6 @@ def read_coded(path: str | Path) -> CodedImage:
     return read_raster(path)
 
 
-def header_size(path: str | Path) -> tuple[int, int]:
-    """(height, width) of an image file from its header, without decoding its pixels."""
-    path = Path(path)
-    if path.suffix.lower() in DICOM_SUFFIXES:
-        header = pydicom.dcmread(path, stop_before_pixels=True)
-        return int(header.Rows), int(header.Columns)
-    with Image.open(path) as image:
-        return image.height, image.width
-
-
 def read_raster(path: Path) -> CodedImage:
     """PNG/JPEG through Pillow: the pixel values as codes; 8-bit levels are code / 255, 16-bit
     code / 65535; colour-stored grey is coded by its channel sum, its level the channel mean / 255."""

@@ -8,7 +8,9 @@ cheXlocalize's native-size protocol normalise with them, and saved outputs are p
 - [`place_in_frame`][xbench.geometry.maps.place_in_frame]: a map covering its input's window, placed
   into the frame by the model's rule (``MapUpsample``), the frame pixels the model never saw taking
   the map's minimum; `seen_pixels`: which frame pixels it saw (CNR leaves the others out);
-- [`normalise`][xbench.geometry.maps.normalise]: min-max to [0, 1], a constant map all zeros.
+- [`normalise`][xbench.geometry.maps.normalise]: min-max to [0, 1], a constant map all zeros;
+- [`as_float32`][xbench.geometry.maps.as_float32]: a map in the frame's precision, a float64 one
+  normalised before it is rounded.
 """
 
 from __future__ import annotations
@@ -26,15 +28,30 @@ NEAR_CONSTANT_ULPS = 8
 
 def near_constant(maps: Tensor) -> Tensor:
     """Bool [B, C]: each raw map [B, C, h, w] whose spread (max - min) is within
-    ``NEAR_CONSTANT_ULPS`` float32 ulps of its magnitude (max |value|), exact constants included.
+    ``NEAR_CONSTANT_ULPS`` ulps of its magnitude (max |value|), exact constants included: ulps of
+    float64 for a float64 map (a saved one), of float32 for any other.
 
     Such a map points nowhere. Decided on the model's own grid, before any resampling: upsampling
     a constant grid leaves differences of an ulp that min-max normalisation would stretch to [0, 1].
     """
-    flat = maps.float().flatten(2)
+    flat = (maps if maps.dtype == torch.float64 else maps.float()).flatten(2)
     low, high = flat.amin(-1), flat.amax(-1)
     magnitude = torch.maximum(low.abs(), high.abs())
-    return (high - low) <= NEAR_CONSTANT_ULPS * torch.finfo(torch.float32).eps * magnitude
+    return (high - low) <= NEAR_CONSTANT_ULPS * torch.finfo(flat.dtype).eps * magnitude
+
+
+def as_float32(maps: Tensor) -> Tensor:
+    """Raw maps [B, C, h, w] in float32, the frame's precision, without losing a float64 map's detail.
+
+    A float64 map (a saved one) is min-max normalised in float64 before it is rounded: its values
+    may lie beyond float32's range (1e300 would round to infinity), or its spread below float32's
+    resolution (it would round to a constant). One near-constant in float64
+    ([`near_constant`][xbench.geometry.maps.near_constant]) stays constant, all zeros. Min-max
+    normalisation later in the frame undoes the scaling, so the values are those of the map.
+    """
+    if maps.dtype != torch.float64:
+        return maps.float()
+    return normalise(maps).masked_fill_(near_constant(maps)[..., None, None], 0.0).float()
 
 
 def whole_frame(batch: int, frame: tuple[int, int], device: torch.device) -> Tensor:

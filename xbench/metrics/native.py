@@ -25,6 +25,12 @@ tau a validation run chose (``xbench.report``), no separate binarisation is need
 
 cheXlocalize's code compares a float32 map with a tuned threshold read from a CSV (a float64
 scalar); numpy before 2.0 (their pins) compares in float32, as here; numpy 2 in float64.
+
+Which pairs enter their means is their ``eval.py``'s, with its defaults: an IoU is NaN, left out
+of the finding's mean, where the predicted segmentation or the radiologist mask is empty
+(``calculate_iou`` with ``--true_pos_only True``), and a hit is NaN where the mask is empty
+(``get_hitrates``). :class:`ChexlocalizeRecords` keeps one row per pair and counts the pairs each
+rule left out.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageDraw
 from torch import Tensor
+from torchmetrics.utilities import dim_zero_cat
 
-from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels
+from xbench.geometry.maps import as_float32, near_constant, normalise, place_in_frame, seen_pixels
 from xbench.geometry.preprocess import MapUpsample, Preprocess
-from xbench.metrics.grounding import threshold_counts
+from xbench.metrics.common import MetricValues, RecordsMetric
+from xbench.metrics.grounding import FIXED_TAU_INDEX, threshold_counts
 
 #: ``F.interpolate``'s mode and ``align_corners`` for each map rule, as hi-ml calls it (its
 #: ``nearest`` is torch's: source cell ``floor(i * cells / size)``).
@@ -82,10 +90,12 @@ def otsu_segmentation(saliency: Tensor) -> tuple[int, Tensor]:
     return level, torch.from_numpy(fill_contours((levels > level).numpy()))
 
 
-def _iou(predicted: Tensor, mask: Tensor) -> float:
-    inter = (predicted & mask).sum().item()
-    union = (predicted | mask).sum().item()
-    return inter / union if union else float("nan")
+def true_positive_iou(predicted: Tensor, mask: Tensor) -> float:
+    """IoU of two bool masks as cheXlocalize's ``calculate_iou`` with its default
+    ``true_pos_only=True``: NaN (left out of the mean) where either is empty."""
+    if not predicted.any() or not mask.any():
+        return float("nan")
+    return (predicted & mask).sum().item() / (predicted | mask).sum().item()
 
 
 def chexlocalize_segmentations(raw_map: Tensor, image_size: tuple[int, int], fixed_threshold: float = 0.5
@@ -106,14 +116,15 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
 
     Returns XBench's ``dice`` and ``iou`` curves (float64 [101]) and ``hit``; cheXlocalize's
     ``iou_fixed`` (``s > fixed_threshold``), ``otsu_level`` and ``iou_otsu`` (its Otsu
-    segmentation, `otsu_segmentation`) and ``argmax_hit``. IoU of an empty mask with an empty
-    prediction is NaN (as theirs).
+    segmentation, `otsu_segmentation`), each NaN where the segmentation or the mask is empty
+    (`true_positive_iou`), and ``argmax_hit``. XBench's values read the map in float32, as in
+    the frame ([`as_float32`][xbench.geometry.maps.as_float32]).
     """
     mask = mask.bool()
     theirs = chexlocalize_segmentations(raw_map, tuple(mask.shape), fixed_threshold)
     ours = theirs["normalised"]
-    if ours.dtype != torch.float32:  # XBench's values on the float32 map, as in the frame
-        ours = normalise(native_upsample(raw_map.float(), tuple(mask.shape))[None, None])[0, 0]
+    if ours.dtype != torch.float32:
+        ours = normalise(native_upsample(as_float32(raw_map[None, None])[0, 0], tuple(mask.shape))[None, None])[0, 0]
     predicted, inter = threshold_counts(ours[None, None], mask[None, None])
     predicted, inter = predicted[0, 0].double(), inter[0, 0].double()
     region = inter[0]
@@ -122,11 +133,74 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
         "dice": 2 * inter / (predicted + region),
         "iou": inter / (predicted + region - inter),
         "hit": bool(inter[-1] > 0),
-        "iou_fixed": _iou(theirs["fixed"], mask),
+        "iou_fixed": true_positive_iou(theirs["fixed"], mask),
         "otsu_level": theirs["otsu_level"],
-        "iou_otsu": _iou(theirs["otsu"], mask),
+        "iou_otsu": true_positive_iou(theirs["otsu"], mask),
         "argmax_hit": bool(mask.flatten()[first_max]),
     }
+
+
+#: The values of :class:`ChexlocalizeRecords`' rows, each a finding's mean in ``metrics.json``.
+CHEXLOCALIZE_COLUMNS = ("xbench_iou@0.5", "xbench_pointing_game", "chexlocalize_iou_fixed", "chexlocalize_iou_otsu",
+                        "chexlocalize_hit_rate")
+#: The columns cheXlocalize's ``true_pos_only`` leaves a pair out of (NaN: an empty segmentation).
+TRUE_POSITIVE_ONLY = ("chexlocalize_iou_fixed", "chexlocalize_iou_otsu")
+
+
+class ChexlocalizeRecords(RecordsMetric):
+    """cheXlocalize's protocol at native size, one row per (image, finding) pair with a region.
+
+    ``update(raw_map [h, w], mask bool [H, W], class_index, fixed_threshold)`` scores the
+    pair (:func:`native_pair_scores`); a mask empty at native size is counted under ``empty_masks``
+    (their IoU and hit are NaN there; XBench grades no empty region) and gives no row. A row holds
+    :data:`CHEXLOCALIZE_COLUMNS`, an IoU NaN where their ``true_pos_only`` leaves the pair out.
+    Rows sync by concatenation, so each process scores only its own samples.
+    """
+
+    full_state_update = False
+
+    def __init__(self, num_classes: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state("empty_masks", torch.zeros(num_classes, dtype=torch.int64), dist_reduce_fx="sum")
+        self._add_record_states()
+
+    def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {"ch_class": ((), torch.int64), "ch_scores": ((len(CHEXLOCALIZE_COLUMNS),), torch.float64)}
+
+    def update(self, raw_map: Tensor, mask: Tensor, class_index: int, fixed_threshold: float) -> None:
+        if not mask.any():
+            self.empty_masks[class_index] += 1
+            return
+        scores = native_pair_scores(raw_map, mask, fixed_threshold)
+        row = (float(scores["iou"][FIXED_TAU_INDEX]), float(scores["hit"]), scores["iou_fixed"], scores["iou_otsu"],
+               float(scores["argmax_hit"]))
+        self.ch_class.append(torch.tensor([class_index], device=self.device))
+        self.ch_scores.append(torch.tensor([row], dtype=torch.float64, device=self.device))
+
+    def compute(self) -> MetricValues:
+        return MetricValues({"empty_masks": self.empty_masks, "class": dim_zero_cat(self.ch_class),
+                             "scores": dim_zero_cat(self.ch_scores)})
+
+
+def chexlocalize_means(values: MetricValues, classes: list[str]) -> dict[str, dict]:
+    """Per finding (those with a pair scored or an empty mask): ``pairs`` graded, ``empty_masks``
+    left out, the mean of each of :data:`CHEXLOCALIZE_COLUMNS` over the pairs where it is defined
+    (``None`` where none is; pandas' ``mean`` as their ``eval.py`` takes it) and, for their IoUs,
+    the pairs their ``true_pos_only`` left out (``<column>_left_out``)."""
+    per_class = {}
+    for c, key in enumerate(classes):
+        rows = values["scores"][values["class"] == c].cpu()
+        empty = int(values["empty_masks"][c])
+        if not len(rows) and not empty:
+            continue
+        entry: dict = {"pairs": len(rows), "empty_masks": empty}
+        for column, name in enumerate(CHEXLOCALIZE_COLUMNS):
+            defined = rows[:, column][~rows[:, column].isnan()]
+            entry[name] = float(defined.mean()) if len(defined) else None
+            if name in TRUE_POSITIVE_ONLY:
+                entry[f"{name}_left_out"] = len(rows) - len(defined)
+        per_class[key] = entry
+    return per_class
 
 
 def himl_window(preprocess: Preprocess | None, image_size: tuple[int, int]) -> tuple[int, int, int, int] | None:

@@ -44,7 +44,6 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from xbench.data.io import header_size
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
 from xbench.metrics.native import himl_native_saliency
@@ -362,14 +361,14 @@ class XBenchModel(L.LightningModule, ABC):
             metric.update(saliency, batch["query_masks"], batch["query_has_mask"], batch["index"], query_class, seen)
 
     def native_queries(self, batch: dict) -> list[tuple[int, tuple[int, int], Tensor]]:
-        """Per image of the batch with queries: its row, native (height, width) from the file's
-        header, and its queries' boxes drawn at that size, bool [1, Q, H, W] (every query of a run's
+        """Per image of the batch with queries: its row, native (height, width) from the batch's
+        ``native_size``, and its queries' boxes drawn at that size, bool [1, Q, H, W] (every query of a run's
         finding, in slot order)."""
         samples, found = self.trainer.datamodule.samples, []
         for b, index in enumerate(batch["index"].tolist()):
             queries = [query for query in samples[index].queries if query.finding in self.classes]
             if queries:
-                image_size = header_size(samples[index].path)
+                image_size = tuple(batch["native_size"][b].tolist())
                 masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) for query in queries])
                 found.append((b, image_size, masks[None].to(batch["index"].device)))
         return found

@@ -22,7 +22,8 @@ dataset's own files, findings as canonical keys from ``xbench.findings``):
 
 Probabilities become logits as ``log(p / (1 - p))`` with ``p`` clamped to [1e-7, 1 - 1e-7].
 A map is read in float32, or in float64 where it was saved so; the metric frame is float32, so a
-float64 map is rounded to float32 before it is placed (docs/saved-outputs.md: the measured effect).
+float64 map is min-max normalised in float64 and then rounded to float32 before it is placed
+([`as_float32`][xbench.geometry.maps.as_float32]; docs/saved-outputs.md: the measured effect).
 Each map is resized onto the metric frame (the whole image squashed to S x S) bilinearly
 (``align_corners=False``), or, where the file states a window, placed into the frame through it
 ([`place_in_frame`][xbench.geometry.maps.place_in_frame]); maps of different sizes in one batch
@@ -34,10 +35,11 @@ results under ``precomputed.missing_pairs``.
 With ``native_protocol=True`` the run also scores every pair with a region at the image's native
 size by cheXlocalize's protocol (`xbench.metrics.native`) and writes per-class means under
 ``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
-XBench's, which they never replace. The native size comes from the saved file (``image_size``, a
-pickle's ``cxr_dims``, a box line's ``image_size``) or else from the image file's header; a float64
-map stays float64 for cheXlocalize's binarisations, as in their code. This pass reads each pair
-once more after the test loop, in every process (not split under DDP).
+XBench's, which they never replace, with the pairs their ``eval.py`` leaves out counted. The native
+size comes from the saved file (``image_size``, a pickle's ``cxr_dims``, a box line's
+``image_size``) or else from the batch's ``native_size``; a float64 map stays float64 for
+cheXlocalize's binarisations, as in their code. Each pair is scored in the test step, where its
+image's batch is, so under DDP each process scores its own samples.
 """
 
 from __future__ import annotations
@@ -56,14 +58,12 @@ from safetensors import safe_open
 from torch import Tensor
 
 from xbench.files import open_text
-from xbench.data.io import header_size
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
-from xbench.metrics.grounding import FIXED_TAU_INDEX
-from xbench.metrics.native import native_pair_scores
+from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
-from xbench.geometry.maps import place_in_frame, whole_frame
+from xbench.geometry.maps import as_float32, place_in_frame, whole_frame
 
 Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]
 PROBABILITY_CLAMP = 1e-7
@@ -156,24 +156,27 @@ class PrecomputedSaliency(XBenchModel):
         self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
         self._file_classes: dict[Path, set[str]] = {}  # per-image file -> the findings it holds
         self._lines: dict[tuple[str, str], dict] = {}  # boxes layout: (image_id, finding) -> line
-        self._image_paths: dict[str, Path] = {}  # image_id -> its file, to check stated sizes against
-        self._native_sizes: dict[str, tuple[int, int]] = {}
+        self._native_sizes: dict[str, tuple[int, int]] = {}  # image_id -> the batch's native_size
+        self.chexlocalize_records: ChexlocalizeRecords | None = None
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
     def build(self, classes: list[str]) -> None:
         self.find_pairs(self.trainer.datamodule.samples, classes)
+        self.chexlocalize_records = ChexlocalizeRecords(len(classes)) if self.native_protocol else None
+
+    def run_metrics(self) -> list:
+        return [*super().run_metrics(), *([self.chexlocalize_records] if self.native_protocol else [])]
 
     def find_pairs(self, samples: list, classes: list[str]) -> None:
         """Find the saved output of every (image, finding) pair of ``samples`` (the datamodule's)
-        and ``classes``; the image files are what stated image sizes are checked against."""
+        and ``classes``."""
         if not self.path.exists():
             raise FileNotFoundError(f"PrecomputedSaliency: {self.path} does not exist (the saved {self.layout} files)")
         self.classes = list(classes)
         self._file_classes, self._pickles, self._last_file = {}, None, None
         self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
         image_ids = [sample.image_id for sample in samples]
-        self._image_paths = {sample.image_id: sample.path for sample in samples}
         self._native_sizes = {}
         missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
         if missing and self.missing == "error":
@@ -253,19 +256,17 @@ class PrecomputedSaliency(XBenchModel):
 
     def _check_image_size(self, image_id: str, stated: tuple[int, int], where: str) -> None:
         """A stated native size must have the aspect of the image file (within rounding: a resized
-        copy's size is fine): ``[width, height]`` for ``[height, width]`` would stretch the map."""
-        path = self._image_paths.get(image_id)
-        if path is None:  # read outside a run: no image to compare with
+        copy's size is fine): ``[width, height]`` for ``[height, width]`` would stretch the map. The
+        image's size is its batch's ``native_size``."""
+        actual = self._native_sizes.get(image_id)
+        if actual is None:  # read outside a run: no image to compare with
             return
-        if image_id not in self._native_sizes:
-            self._native_sizes[image_id] = header_size(path)
-        actual = self._native_sizes[image_id]
         if not aspect_matches(stated, actual):
             reversed_hint = (" (it reads as [width, height]: write [height, width])"
                              if aspect_matches(stated[::-1], actual) else "")
             raise ValueError(
                 f"{where}: the stated image size {list(stated)} (height, width) has another aspect ratio than the "
-                f"image {path}, {actual[0]} x {actual[1]} (height x width){reversed_hint}; the saved output would be "
+                f"image, {actual[0]} x {actual[1]} (height x width){reversed_hint}; the saved output would be "
                 "stretched unevenly. State the size of the image the output was made on, as [height, width]."
             )
 
@@ -276,7 +277,7 @@ class PrecomputedSaliency(XBenchModel):
             self._check_image_size(image_id, line["image_size"], line["where"])
             return box_map(line["boxes"], line.get("scores"), line["image_size"], frame), line["logit"]
         pair = self.read_pair(image_id, key)
-        raw = pair.map[None, None]
+        raw = as_float32(pair.map[None, None])
         if pair.window is None:
             window = whole_frame(1, frame, raw.device)
         else:
@@ -286,17 +287,23 @@ class PrecomputedSaliency(XBenchModel):
 
     def infer(self, batch: dict) -> tuple[Tensor, Tensor]:
         """Reads each pair's saved output; a skipped pair gets a zero map and logit and is taken out
-        of the batch's labels and masks, so neither metric sees it."""
+        of the batch's labels and masks, so neither metric sees it. With ``native_protocol``, also
+        scores each pair with a region by cheXlocalize's protocol."""
         frame = tuple(batch["masks"].shape[-2:])
+        samples = self.trainer.datamodule.samples
         logits = torch.zeros(len(batch["image_id"]), len(self.classes))
         maps = torch.zeros(len(batch["image_id"]), len(self.classes), *frame)
         for b, image_id in enumerate(batch["image_id"]):
+            self._native_sizes[image_id] = tuple(batch["native_size"][b].tolist())
+            sample = samples[int(batch["index"][b])]
             for c, key in enumerate(self.classes):
                 if (image_id, key) in self.missing_pairs:
                     batch["labels"][b, c] = -1
                     batch["has_mask"][b, c] = False
                     continue
                 maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame)
+                if self.native_protocol and key in sample.regions:
+                    self.chexlocalize_records.update(*self.native_pair(sample, key), c, self.fixed_threshold(key))
         device = batch["masks"].device
         return logits.to(device), maps.to(device)
 
@@ -306,11 +313,17 @@ class PrecomputedSaliency(XBenchModel):
     def extra_results(self) -> dict:
         section: dict = {"layout": self.layout, "missing_pairs": len(self.missing_pairs)}
         if self.native_protocol:
-            section["chexlocalize_protocol"] = self.chexlocalize_protocol()
+            section["chexlocalize_protocol"] = {
+                "native_threshold": self.native_threshold,
+                "per_class": chexlocalize_means(self.chexlocalize_records.compute(), self.classes)}
         return {"precomputed": section}
 
-    def native_pair(self, sample, key: str) -> dict:
-        """Both protocols' scores of one pair at its image's native size."""
+    def fixed_threshold(self, key: str) -> float:
+        """cheXlocalize's fixed threshold for finding ``key``: one for all, or the finding's own."""
+        return self.native_threshold[key] if isinstance(self.native_threshold, dict) else self.native_threshold
+
+    def native_pair(self, sample, key: str) -> tuple[Tensor, Tensor]:
+        """One pair's raw map over the whole image at its native size and its mask drawn there."""
         if self.layout == "boxes":
             line = self._lines[(sample.image_id, key)]
             image_size = line["image_size"]
@@ -318,40 +331,13 @@ class PrecomputedSaliency(XBenchModel):
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
             pair = self.read_pair(sample.image_id, key)
-            image_size = pair.image_size or header_size(sample.path)
+            image_size = pair.image_size or self._native_sizes[sample.image_id]
             raw = pair.map
             if pair.window is not None:
                 raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
                                      image_size)[0, 0]
         mask, _ = sample.regions[key].to_mask(*image_size)
-        threshold = self.native_threshold
-        if isinstance(threshold, dict):
-            threshold = threshold[key]
-        return native_pair_scores(raw, torch.from_numpy(mask), threshold)
-
-    def chexlocalize_protocol(self) -> dict:
-        """Per finding: graded pairs at native size and the means of XBench's IoU at tau = 0.5
-        (``>=``) and Pointing Game, and cheXlocalize's IoU at its fixed threshold (``>``), IoU at
-        Otsu's level and hit rate (first maximum)."""
-        scores: dict[str, list[dict]] = {key: [] for key in self.classes}
-        for sample in self.trainer.datamodule.samples:
-            for key in self.classes:
-                if key in sample.regions and (sample.image_id, key) not in self.missing_pairs:
-                    scores[key].append(self.native_pair(sample, key))
-        per_class = {}
-        for key, rows in scores.items():
-            rows = [r for r in rows if float(r["iou"][0]) == float(r["iou"][0])]  # a mask empty at native size: NaN
-            if not rows:
-                continue
-            per_class[key] = {
-                "pairs": len(rows),
-                "xbench_iou@0.5": float(np.mean([float(r["iou"][FIXED_TAU_INDEX]) for r in rows])),
-                "xbench_pointing_game": float(np.mean([r["hit"] for r in rows])),
-                "chexlocalize_iou_fixed": float(np.mean([r["iou_fixed"] for r in rows])),
-                "chexlocalize_iou_otsu": float(np.mean([r["iou_otsu"] for r in rows])),
-                "chexlocalize_hit_rate": float(np.mean([r["argmax_hit"] for r in rows])),
-            }
-        return {"native_threshold": self.native_threshold, "per_class": per_class}
+        return raw, torch.from_numpy(mask)
 
 
 @contextmanager
@@ -415,8 +401,8 @@ def _check_per_image(arrays: dict[str, Tensor], names: list[str], file: Path) ->
 
 
 def _map(arrays: dict[str, Tensor], name: str, index: tuple[int, ...], where: str) -> Tensor:
-    """``arrays[name][index]`` as an [h, w] map with finite values: float64 as saved (cheXlocalize's
-    protocol computes in it), any other type as float32."""
+    """``arrays[name][index]`` as an [h, w] map with finite values and a finite spread: float64 as
+    saved (cheXlocalize's protocol computes in it), any other type as float32."""
     if name not in arrays:
         raise KeyError(f"{where}: no {name!r} array; save the map [h, w] as {name!r}")
     value = arrays[name][index] if index else arrays[name]
@@ -426,6 +412,9 @@ def _map(arrays: dict[str, Tensor], name: str, index: tuple[int, ...], where: st
     if not torch.isfinite(value).all():
         raise ValueError(f"{where}: the map holds {int((~torch.isfinite(value)).sum())} NaN or infinite values; "
                          "save finite maps")
+    if not torch.isfinite(value.amax() - value.amin()):  # min-max normalisation would divide by infinity
+        raise ValueError(f"{where}: the map's values span more than {value.dtype} holds (from {value.min().item():.3g} "
+                         f"to {value.max().item():.3g}); save the map scaled down")
     return value
 
 

@@ -95,8 +95,21 @@ def summary_footnotes(results: dict) -> list[str]:
         *_explainer_notes(results.get("explainer")),
         *_phrase_notes(results.get("phrase_grounding")),
         *_check_notes(results),
+        *_chexlocalize_notes((results.get("precomputed") or {}).get("chexlocalize_protocol")),
     ]
     return notes
+
+
+def _chexlocalize_notes(protocol: dict | None) -> list[str]:
+    """What cheXlocalize's rules left out of their means, in a run that scored their protocol."""
+    if not protocol:
+        return []
+    total = lambda name: sum(v[name] for v in protocol["per_class"].values())  # noqa: E731
+    return [f"cheXlocalize's protocol at native size (metrics.json: precomputed.chexlocalize_protocol): as their "
+            f"eval.py's default true_pos_only, {total('chexlocalize_iou_fixed_left_out')} pairs with an empty "
+            f"fixed-threshold segmentation and {total('chexlocalize_iou_otsu_left_out')} with an empty Otsu "
+            f"segmentation are left out of their IoU means; {total('empty_masks')} regions empty at native size "
+            "are left out of every value."]
 
 
 def _explainer_notes(explainer: dict | None) -> list[str]:
