@@ -221,7 +221,8 @@ def gate(reference: Reference, comparisons: list[Comparison]) -> None:
     if failed:
         raise OutsideInterval(
             f"--fail-outside-interval: {len(failed)} cell(s) of {reference.name} left XBench's interval: " + "; ".join(
-                f"{c.describe()} (line {c.printed[0].line}: {100 * c.printed[0].value:g}, XBench "
+                f"{c.describe()} ({f'line {c.printed[0].line}: ' if c.printed[0].line else ''}"
+                f"{100 * c.printed[0].value:g}, XBench "
                 + ("no value" if c.value is None else f"{100 * c.value:.2f} [{100 * c.interval[0]:.2f}, "
                    f"{100 * c.interval[1]:.2f}]") + ")" for c in failed))
 
