@@ -26,6 +26,7 @@ def test_the_wheel_holds_the_manifests_and_no_checkout_files(tmp_path):
     manifests = {p.name for p in (REPO / "xbench" / "models" / "manifests").glob("*.json")}
     assert manifests and {f"xbench/models/manifests/{name}" for name in manifests} <= names
     assert "xbench/test.py" in names and "xbench/cli.py" in names
+    assert {"xbench/reporting/paper/tables.csv", "xbench/reporting/paper/paper.yaml"} <= names
     assert not any(name.startswith(("tests/", "tools/", "bench/")) for name in names)
 
 

@@ -17,6 +17,11 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   figure, and plausibility against faithfulness (``xbench.reporting.explanations``);
 - with robustness runs (``data.augment``): a table and a figure of every model under each
   perturbation, beside its unperturbed run;
+- a reproduction section: the paper's published numbers (Tables 1-5, Figs. 3 and 4) beside XBench's
+  wherever the results cover them, with a summary line at the top of the report; with
+  ``--reference FILE`` (a CSV of the same columns) or ``--reference FOLDER`` (other results folders),
+  that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
+  reference value lies outside XBench's interval (``xbench.reporting.reproduction``);
 - ``report.md``: all of it in one page, with the runs it was built from.
 
 Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xbench.analysis``;
@@ -37,6 +42,9 @@ from xbench.reporting.figures import DPI, paper_figures, robustness
 from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
+from xbench.reporting.reproduction import (Comparison, Reference, ReferenceError, compare, failures,
+                                           paper_reference, read_reference, reproduction_tables,
+                                           results_reference, summary_line)
 
 ANALYSIS_FOLDER = "analysis"
 
@@ -87,9 +95,41 @@ def _intervals_line(analysis: ReportAnalysis | None) -> str:
             "(CSV and JSON, as `python -m xbench.analyze` writes them).")
 
 
-def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None) -> list[Path]:
+def load_reference(path: Path, bench: Benchmark) -> Reference:
+    """``--reference``: a CSV of the paper's columns in XBench's keys, or a folder of results folders;
+    every one of its cells must be one these results compute."""
+    if not path.is_dir():
+        return read_reference(path, bench)
+    reference = results_reference(Benchmark.from_folders([path]), str(path))
+    lacking = sorted({(model, dataset) for dataset, model, _, _ in reference.values} - set(bench.runs))
+    if lacking:
+        raise ReferenceError(f"--reference {path} has runs these results lack: "
+                             + ", ".join(f"{model} on {dataset}" for model, dataset in lacking)
+                             + "; give results that cover them")
+    return reference
+
+
+Reproduction = tuple[Reference, list[Comparison]]
+
+
+def _reproduction_section(reproductions: list[Reproduction], bench: Benchmark,
+                          analysis: ReportAnalysis | None) -> tuple[list[str], list]:
+    """The summary lines and, for each reference of which the results cover a cell, its tables."""
+    lines, tables = [], []
+    for number, (reference, comparisons) in enumerate(reproductions):
+        lines.append(summary_line(reference, comparisons))
+        if any(c.covered for c in comparisons):
+            name = "reproduction_paper" if number == 0 else "reproduction_reference"
+            tables += reproduction_tables(reference, comparisons, bench, name, analysis.note if analysis else "")
+    return lines, tables
+
+
+def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None,
+                 reproductions: list[Reproduction] = ()) -> list[Path]:
     """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
-    Everything is read and drawn first: a damaged results file leaves no half-made report folder."""
+    Everything is read and drawn first: a damaged results file leaves no half-made report folder.
+    ``reproductions``: each reference with its comparison, the paper's first."""
+    summaries, reproduction = _reproduction_section(list(reproductions), bench, analysis)
     tables = paper_tables(bench, analysis) + explanation_tables(bench, analysis) if bench.runs else []
     plots = paper_figures(bench, analysis) + explanation_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
@@ -101,8 +141,12 @@ def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = 
     body = ["# XBench report", "",
             f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from {bench.scope()}. "
             "All numbers in percent unless marked. " + (_intervals_line(analysis) if bench.runs else ""), ""]
+    body += [*(f"- {line}" for line in summaries), ""] if summaries else []
     body += ["## Tables", ""]
-    for number, table in enumerate(tables, start=1):
+    for number, table in enumerate(tables + reproduction, start=1):
+        if number == len(tables) + 1:
+            body += ["## Reproduction", "", "The references' numbers beside XBench's, cell by cell "
+                     "(docs: Reproducing the paper).", ""]
         for suffix, text in ((".md", to_markdown(table, number)), (".csv", to_csv(table)),
                              (".tex", to_latex(table))):
             path = out / "tables" / f"{table.name}{suffix}"
@@ -130,19 +174,57 @@ def main(args: list[str] | None = None) -> list[Path]:
     parser.add_argument("--no-analysis", action="store_true",
                         help="skip the bootstrap analysis (no intervals, calibrated τ, differences, strata): faster "
                              "on large benchmarks")
+    parser.add_argument("--reference", type=Path,
+                        help="numbers to compare with besides the paper's: a CSV with the columns table, dataset, "
+                             "model, finding, metric, value_percent (XBench's keys; finding 'mean' for the mean over "
+                             "classes), or a folder of results folders (an earlier run)")
+    parser.add_argument("--fail-outside-interval", action="store_true",
+                        help="exit 1, naming every cell, when a value of --reference (without it, of the paper) "
+                             "lies outside XBench's interval; the report is written first")
     group = parser.add_argument_group("analysis (as python -m xbench.analyze)")
     add_arguments(group)
     options = parser.parse_args(args)
+    if options.fail_outside_interval and options.no_analysis:
+        raise ValueError("--fail-outside-interval judges each number against its interval, which --no-analysis "
+                         "leaves out; drop one of the two")
     bench = Benchmark.from_folders(options.results)
+    references = [paper_reference()]
+    if options.reference is not None:
+        references.append(load_reference(options.reference, bench))
     analysis, files = None, []
     if bench.runs and not options.no_analysis:
         analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
-    files = write_report(bench, options.out, analysis) + files
+    reproductions = [(reference, compare(reference, bench, analysis)) for reference in references]
+    files = write_report(bench, options.out, analysis, reproductions) + files
     print(f"Report of {bench.scope()} written to {options.out}/"
           + (f" ({analysis.settings.replicates} bootstrap replicates)" if analysis is not None else "") + ":")
     for path in files:
         print(f"  {path}")
+    for reference, comparisons in reproductions:
+        print(summary_line(reference, comparisons))
+    if options.fail_outside_interval:
+        gate(*reproductions[-1])
     return files
+
+
+class OutsideInterval(Exception):
+    """``--fail-outside-interval``: reference values that left XBench's intervals."""
+
+
+def gate(reference: Reference, comparisons: list[Comparison]) -> None:
+    """Raise naming every covered cell the reference states consistently whose value lies outside
+    XBench's interval (or that XBench has no value for); a reference with no covered cell is an error too."""
+    if not any(c.covered for c in comparisons):
+        raise OutsideInterval(f"--fail-outside-interval: no cell of {reference.name} is covered by these results, "
+                              "so nothing was compared; give results of its models and datasets")
+    failed = failures(comparisons)
+    if failed:
+        raise OutsideInterval(
+            f"--fail-outside-interval: {len(failed)} cell(s) of {reference.name} left XBench's interval: " + "; ".join(
+                f"{c.describe()} ({f'line {c.printed[0].line}: ' if c.printed[0].line else ''}"
+                f"{100 * c.printed[0].value:g}, XBench "
+                + ("no value" if c.value is None else f"{100 * c.value:.2f} [{100 * c.interval[0]:.2f}, "
+                   f"{100 * c.interval[1]:.2f}]") + ")" for c in failed))
 
 
 def cli() -> None:

@@ -41,13 +41,14 @@ def to_markdown(table: Table, number: int | None = None) -> str:
 def to_csv(table: Table) -> str:
     """One line per row: the labels, then every value at full precision, in percent where the
     column shows percent (empty: none); a column with intervals gets ``<header> low`` and
-    ``<header> high`` columns after it."""
+    ``<header> high`` columns after it, a column with marks a ``<header> mark`` column."""
     with_interval = [any(row.cells[c].interval is not None for row in table.rows) for c in range(len(table.columns))]
+    with_mark = [any(row.cells[c].mark for row in table.rows) for c in range(len(table.columns))]
     has_groups = any(row.group is not None for row in table.rows)
     header = (["group"] if has_groups else []) + [table.stub]
-    for column, interval in zip(table.columns, with_interval):
+    for column, interval, mark in zip(table.columns, with_interval, with_mark):
         name = _header(column, " ")
-        header += [name] + ([f"{name} low", f"{name} high"] if interval else [])
+        header += [name] + ([f"{name} low", f"{name} high"] if interval else []) + ([f"{name} mark"] if mark else [])
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
@@ -57,11 +58,13 @@ def to_csv(table: Table) -> str:
 
     for row in table.rows:
         line = ([row.group or ""] if has_groups else []) + [row.label]
-        for cell, column, interval in zip(row.cells, table.columns, with_interval):
+        for cell, column, interval, mark in zip(row.cells, table.columns, with_interval, with_mark):
             line.append(number(cell.value, column))
             if interval:
                 low, high = cell.interval if cell.interval is not None else (None, None)
                 line += [number(low, column), number(high, column)]
+            if mark:
+                line.append(cell.mark)
         writer.writerow(line)
     return buffer.getvalue()
 
@@ -69,7 +72,7 @@ def to_csv(table: Table) -> str:
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
 _LATEX_MATH = {"τ": r"\tau", "≥": r"\geq", "Δ": r"\Delta", "×": r"\times", "*": "^*", "−": "-", "<": "<",
-               ">": ">", "²": "^2"}
+               ">": ">", "²": "^2", "†": r"\dagger", "‡": r"\ddagger"}
 
 
 def latex_text(text: str) -> str:

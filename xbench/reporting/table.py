@@ -33,10 +33,12 @@ def format_interval(estimate: float | None, lower: float | None, upper: float | 
 
 @dataclass(frozen=True)
 class Cell:
-    """A value (``None``: no value) and an optional interval around it."""
+    """A value (``None``: no value), an optional interval around it and an optional mark printed
+    after it (the reproduction's signs: outside the interval, the reference disagrees with itself)."""
 
     value: float | None
     interval: tuple[float, float] | None = None
+    mark: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,15 @@ class Column:
         return (100, 1) if self.percent else (1, 2)
 
     def text(self, cell: Cell) -> str:
-        """The cell as printed: ``61.6``, ``61.6 [58.9, 64.2]`` or ``–``."""
+        """The cell as printed: ``61.6``, ``61.6 [58.9, 64.2]`` or ``–``, then its mark."""
         scale, digits = self.scale
         if missing(cell.value):
-            return "–"
-        if cell.interval is None:
-            return f"{scale * cell.value:.{digits}f}"
-        return format_interval(cell.value, *cell.interval, scale=scale, digits=digits)
+            text = "–"
+        elif cell.interval is None:
+            text = f"{scale * cell.value:.{digits}f}"
+        else:
+            text = format_interval(cell.value, *cell.interval, scale=scale, digits=digits)
+        return f"{text} {cell.mark}" if cell.mark else text
 
 
 @dataclass(frozen=True)
