@@ -192,9 +192,9 @@ def damage_flip(path: Path) -> None:
     ("masks.npy", damage_truncate), ("index.npz", damage_flip), ("index.npz", damage_zero),
     ("manifest.json", damage_empty), ("natives.bin", "delete"),
 ])
-def test_damaged_folder_is_rebuilt_with_a_warning(root, name, damage):
+def test_damaged_folder_is_rebuilt_with_a_warning(root, capsys, name, damage):
     """Damage that shows without reading pixels (a size, a header, the index, the manifest): the
-    next run warns, naming the folder and what differs, and writes the cache again."""
+    next run warns, naming the folder and what differs, and writes the cache again, saying so."""
     dm = module(root)
     dm.prepare_data()
     dm.setup()
@@ -205,8 +205,10 @@ def test_damaged_folder_is_rebuilt_with_a_warning(root, name, damage):
     with pytest.raises(CacheDamagedError, match=f"{folder}.*{name}.*Delete the folder"):
         module(root).setup()  # read without prepare_data: an error naming the folder and the fix
     again = module(root)
-    with pytest.warns(UserWarning, match=f"decoded-image cache {folder} is damaged .*{name}.*rebuilding"):
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match=f"decoded-image cache {folder} is damaged: .*{name}.*rebuilding"):
         again.prepare_data()
+    assert f"Decoded-image cache rebuilt: {folder}" in capsys.readouterr().err
     again.setup()
     for i, (record, native) in enumerate(expected):
         rebuilt, rebuilt_native = again.test_set.item(i, True)
@@ -235,3 +237,62 @@ def test_changed_content_of_the_same_size_is_an_error_naming_the_folder(root, na
         list(dm.test_dataloader())
     line = error_line("xbench-test", caught.value)  # what the command prints: one line, no worker traceback
     assert line.startswith(f"xbench-test: error: the decoded-image cache {folder} is damaged") and "Traceback" not in line
+
+
+def _rebind_index(folder: Path, binding: cache_module.Binding) -> None:
+    """Write ``binding`` into the folder's index alone, and the index's new size and hash into the
+    manifest: an index that the manifest vouches for but that was written for another entry."""
+    with np.load(folder / "index.npz") as index:
+        arrays = dict(index)
+    arrays["binding"] = np.frombuffer(binding.model_dump_json().encode(), dtype=np.uint8)
+    np.savez(folder / "index.npz", **arrays)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["index.npz"].update(bytes=(folder / "index.npz").stat().st_size,
+                                          xxh3=cache_module._file_digest(folder / "index.npz"))
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"fingerprint": "0" * 20}, "fingerprint: '{fingerprint}' expected, '00000000000000000000' found"),
+    ({"dataset": "vindr"}, "dataset: 'chestx_det10' expected, 'vindr' found"),
+    ({"split": "split=train"}, "split: 'split=test' expected, 'split=train' found"),
+    ({"image_ids": ["1.png", "3.png", "2.png"]},
+     "the 3 expected in another order (sample 1: '2.png' expected, '3.png' found)"),
+    ({"image_ids": ["1.png", "2.png"]}, "2 found, 3 expected; 1 expected ones absent ['3.png']"),
+    ({"image_ids": ["1.png", "2.png", "2.png"]}, "1 expected ones absent ['3.png'], 1 found ones not expected ['2.png']"),
+])
+@pytest.mark.parametrize("where", ["manifest.json", "index.npz"])
+def test_an_entry_is_bound_to_its_fingerprint_dataset_split_and_samples(root, change, named, where):
+    """Issue 41: an entry's folder copied under another entry's name was read without a word. The
+    manifest and the hashed index each state the entry's binding, checked field by field."""
+    dm = module(root)
+    dm.prepare_data()
+    folder, binding = dm.cache_folder(), dm.cache_binding()
+    assert folder.name == f"chestx_det10-{binding.fingerprint}"
+    assert (binding.dataset, binding.split, binding.image_ids) == ("chestx_det10", "split=test", ["1.png", "2.png", "3.png"])
+    assert json.loads((folder / "manifest.json").read_text())["binding"] == binding.model_dump()
+    with np.load(folder / "index.npz") as index:
+        assert cache_module.Binding.model_validate_json(index["binding"].tobytes()) == binding
+    foreign = binding.model_copy(update=change)
+    if where == "manifest.json":
+        manifest = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps({**manifest, "binding": foreign.model_dump()}))
+    else:
+        _rebind_index(folder, foreign)
+    with pytest.raises(CacheDamagedError, match=rf"{folder} is damaged: its {where} was written for another entry") as caught:
+        module(root).setup()
+    assert named.format(fingerprint=binding.fingerprint) in str(caught.value) and "Delete the folder" in str(caught.value)
+
+
+def test_the_split_names_the_entry(root):
+    """The dataset's own options (its split) are bound and fingerprinted: two splits that list the
+    same images get two entries, rather than one that each run finds bound to the other."""
+
+    class Tagged(ChestXDet10):
+        def __init__(self, root: str, tag: str = "a", **kwargs) -> None:
+            super().__init__(root=root, **kwargs)
+
+    first, second = Tagged(str(root), tag="a", image_size=48), Tagged(str(root), tag="b", image_size=48)
+    assert first.cache_binding().split == "split=test, tag=a"
+    assert first.cache_folder() != second.cache_folder()
+    assert first.cache_binding().image_ids == second.cache_binding().image_ids

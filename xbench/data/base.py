@@ -27,6 +27,7 @@ frame, left out). Class-level datasets carry none of these keys.
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import warnings
 from abc import ABC, abstractmethod
@@ -47,6 +48,7 @@ from xbench.cache import cache_root
 from xbench.data import augment, cache, io, queries, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
 from xbench.data.cache import (
+    Binding,
     CacheDamagedError,
     CachedDataset,
     build_cache,
@@ -283,7 +285,7 @@ class XBenchDataModule(L.LightningDataModule, ABC):
         self.augment_seed = augment_seed
         self.cache = cache
         self.model_transform: Preprocess | None = None
-        self._cache_folder: Path | None = None
+        self._cache_binding: Binding | None = None
         if augment is not None:
             build_pipeline(augment)  # fail at configuration time, naming the bad entry
         self.notes: dict[str, object] = {}
@@ -368,11 +370,16 @@ class XBenchDataModule(L.LightningDataModule, ABC):
             self.query_slots, self.phrases,
         )
 
-    def cache_folder(self) -> Path:
-        """This split's cache folder, named by the fingerprint of its samples and settings."""
-        if self._cache_folder is None:
+    def cache_binding(self) -> Binding:
+        """What this split's cache entry holds: the fingerprint of its samples and settings (the
+        entry's name), the dataset, the split (the dataset's own options) and the image ids in order."""
+        if self._cache_binding is None:
+            own = {key: value for key, value in self.hparams.items()
+                   if key not in inspect.signature(XBenchDataModule.__init__).parameters}
+            split = ", ".join(f"{key}={value}" for key, value in sorted(own.items()))
             settings = {
                 "dataset": f"{type(self).__module__}.{type(self).__qualname__}",
+                "split": split,
                 "classes": self.classes,
                 "image_size": self.image_size,
                 "mask_threshold": self.mask_threshold,
@@ -380,25 +387,36 @@ class XBenchDataModule(L.LightningDataModule, ABC):
                 "augment_seed": self.augment_seed,
                 "code": code_digest(*PIXEL_CODE),
             }
-            self._cache_folder = cache_root() / "decoded" / f"{self.name}-{fingerprint(self.samples, settings)}"
-        return self._cache_folder
+            self._cache_binding = Binding(fingerprint=fingerprint(self.samples, settings), dataset=self.name,
+                                          split=split, image_ids=self.image_ids())
+        return self._cache_binding
+
+    def cache_folder(self) -> Path:
+        """This split's cache entry, named by its dataset and fingerprint."""
+        binding = self.cache_binding()
+        return cache_root() / "decoded" / f"{binding.dataset}-{binding.fingerprint}"
 
     def prepare_data(self) -> None:
-        """Write the decoded-image cache unless it exists (once per node, before ``setup``)."""
+        """Write the decoded-image cache unless it exists (once per node, before ``setup``); an
+        entry that fails the open check (damaged, of another format, or bound to other samples) is
+        rebuilt, with a warning that says why."""
         if not self.cache:
             return
-        folder = self.cache_folder()
-        reused = folder.exists()
-        if reused:
+        folder, binding = self.cache_folder(), self.cache_binding()
+        action = "written"
+        if folder.exists() or folder.is_symlink():
             try:
-                check_folder(folder, len(self.samples))
+                check_folder(folder, binding)
+                action = "reading"
             except CacheDamagedError as error:
-                warnings.warn(f"the decoded-image cache {folder} is damaged ({error.reason}); rebuilding it", stacklevel=2)
-                shutil.rmtree(folder)
-                reused = False
-        if not reused:
-            build_cache(folder, self.decoding_dataset(), self.image_size, self.batch_size, self.num_workers)
-        action = "reading" if reused else "written"
+                warnings.warn(f"the decoded-image cache {folder} is damaged: {error.reason}; rebuilding it", stacklevel=2)
+                if folder.is_dir() and not folder.is_symlink():
+                    shutil.rmtree(folder)
+                else:  # a file, or a link, in the entry's place
+                    folder.unlink()
+                action = "rebuilt"
+        if action != "reading":
+            build_cache(folder, binding, self.decoding_dataset(), self.image_size, self.batch_size, self.num_workers)
         Console(stderr=True, soft_wrap=True).print(
             f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"
         )
@@ -406,7 +424,8 @@ class XBenchDataModule(L.LightningDataModule, ABC):
     def setup(self, stage: str | None = None) -> None:
         if self.cache and self.cache_folder().exists():
             self.test_set = CachedDataset(
-                self.cache_folder(), self.samples, self.classes, self.image_size, self.query_slots, self.phrases
+                self.cache_folder(), self.cache_binding(), self.samples, self.classes, self.image_size,
+                self.query_slots, self.phrases,
             )
         else:
             self.test_set = self.decoding_dataset()

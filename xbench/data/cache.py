@@ -22,11 +22,18 @@ changed file, setting or decoding rule therefore names a different folder. A cac
 into a temporary folder and renamed into place when complete, so a half-written cache is never
 read.
 
-What was written is checked on read: ``manifest.json`` states each file's size and the sample
-count (checked when the folder is opened: `check_folder`; a cache that fails it is rebuilt),
-and the index holds an xxHash (XXH3-64) of each sample's frame and mask rows and of its native
-image, checked against the bytes each read returns (1.4 ms for a VinDr-size image, ``bench/loading.py``).
-A mismatch is an error that names the folder and the fix.
+An entry is bound to what it holds (:class:`Binding`: the fingerprint its folder is named by, the
+dataset, the split and the image ids of its samples in order), stated in ``manifest.json`` and in
+the hashed index: a folder copied or renamed onto another entry's name holds another binding.
+
+What was written is checked on read: ``manifest.json`` states the format, the binding, each file's
+size, the arrays' headers and the index's hash (checked when the folder is opened, against the
+binding the datamodule expects: :func:`check_folder`), and the index holds an xxHash (XXH3-64) of
+each sample's frame and mask rows and of its native image, checked against the bytes each read
+returns (1.4 ms for a VinDr-size image, ``bench/loading.py``). The rule: what the open check finds
+(a damaged or foreign entry, or one of another format) ``prepare_data`` rebuilds, with a warning
+that names the folder and what disagrees; a reader never rebuilds, so the same finding there, or a
+sample whose bytes differ, is an error that names the folder and the fix.
 """
 
 from __future__ import annotations
@@ -38,12 +45,15 @@ import json
 import os
 import shutil
 import zipfile
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 import xxhash
+from pydantic import BaseModel, ConfigDict, ValidationError
 from rich.progress import track
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -63,7 +73,8 @@ FILES = ("frames.npy", "masks.npy", "natives.bin", "index.npz")
 
 
 class CacheDamagedError(RuntimeError):
-    """A cache folder's content differs from what was written."""
+    """A cache folder does not hold what it should: its content differs from what was written, or
+    it was written for another entry or in another format."""
 
 
 def damaged(folder: Path, what: str) -> CacheDamagedError:
@@ -74,6 +85,37 @@ def damaged(folder: Path, what: str) -> CacheDamagedError:
     )
     error.reason = what
     return error
+
+
+class Binding(BaseModel):
+    """What a cache entry holds, stored in its manifest and its index and checked when it is opened:
+    the fingerprint its folder is named by (:func:`fingerprint`), the dataset's name, the split (the
+    dataset's own options, e.g. ``split=test``) and the image ids of its samples, in order."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    fingerprint: str
+    dataset: str
+    split: str
+    image_ids: list[str]
+
+
+class _StoredFile(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    bytes: int
+    header: tuple[list[int], str] | None = None
+    xxh3: int | None = None
+
+
+class _Manifest(BaseModel):
+    """``manifest.json``: the format, the binding, and each file as written (:func:`check_folder`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    format: Literal[FORMAT]
+    binding: Binding
+    files: dict[str, _StoredFile]
 
 
 def quantise(image: torch.Tensor) -> torch.Tensor:
@@ -180,9 +222,10 @@ def _collate_records(records: list[tuple[dict, CodedImage | np.ndarray]]) -> tup
     return default_collate(list(samples)), list(natives)
 
 
-def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int, num_workers: int) -> None:
+def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: int, batch_size: int,
+                num_workers: int) -> None:
     """Decode every sample of ``dataset`` (an ``XBenchDataset``, in DataLoader workers) into
-    ``folder``, atomically."""
+    ``folder``, atomically, bound to ``binding``."""
     staging = staging_folder(folder.parent, folder.name)
     try:
         count, pixels = len(dataset), image_size * image_size
@@ -240,8 +283,9 @@ def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int
             native_offsets=native_offsets, native_shapes=native_shapes, native_kinds=native_kinds,
             native_levels=native_levels, native_hashes=native_hashes, record_hashes=record_hashes,
             query_masks=query_masks, query_has_mask=query_has_mask, query_lost=query_lost,
+            binding=np.frombuffer(binding.model_dump_json().encode(), dtype=np.uint8),
         )
-        (staging / "manifest.json").write_text(json.dumps(_manifest(staging, count), indent=1))
+        (staging / "manifest.json").write_text(_manifest(staging, binding).model_dump_json(indent=1))
         try:
             os.rename(staging, folder)
         except OSError:  # another process finished the same cache first; theirs is identical
@@ -251,15 +295,15 @@ def build_cache(folder: Path, dataset: Dataset, image_size: int, batch_size: int
         raise
 
 
-def _npy_header(path: Path) -> list:
-    """A ``.npy`` file's [shape, dtype], from its header alone."""
+def _npy_header(path: Path) -> tuple[list[int], str]:
+    """A ``.npy`` file's (shape, dtype), from its header alone."""
     readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
     with open(path, "rb") as file:
         version = np.lib.format.read_magic(file)
         if version not in readers:
             raise ValueError(f"{path.name}: .npy format version {version}")
         shape, _, dtype = readers[version](file)
-    return [list(shape), dtype.str]
+    return list(shape), dtype.str
 
 
 def _file_digest(path: Path) -> int:
@@ -270,50 +314,95 @@ def _file_digest(path: Path) -> int:
     return hasher.intdigest()
 
 
-def _manifest(folder: Path, samples: int) -> dict:
-    """What `check_folder` checks: each file's size, the arrays' headers, the index's hash."""
-    files = {name: {"bytes": (folder / name).stat().st_size} for name in FILES}
-    for name in ("frames.npy", "masks.npy"):
-        files[name]["header"] = _npy_header(folder / name)
-    files["index.npz"]["xxh3"] = _file_digest(folder / "index.npz")
-    return {"format": FORMAT, "samples": samples, "files": files}
+def _manifest(folder: Path, binding: Binding) -> _Manifest:
+    """What :func:`check_folder` checks: the binding, each file's size, the arrays' headers, the index's hash."""
+    files = {name: _StoredFile(bytes=(folder / name).stat().st_size,
+                               header=_npy_header(folder / name) if name.endswith(".npy") else None,
+                               xxh3=_file_digest(folder / name) if name == "index.npz" else None)
+             for name in FILES}
+    return _Manifest(format=FORMAT, binding=binding, files=files)
 
 
-def check_folder(folder: Path, samples: int) -> None:
-    """The cache folder holds what ``manifest.json`` says was written for ``samples`` samples: each
-    file at its size, the arrays' headers, the index's content (a few MB at most); else
-    `CacheDamagedError` saying what differs. Reads no pixels."""
+def _read_manifest(folder: Path) -> _Manifest:
+    """The folder's ``manifest.json``, checked for its format and shape; else :class:`CacheDamagedError`."""
     try:
-        written = json.loads((folder / "manifest.json").read_text())
-        if written["format"] != FORMAT or written["samples"] != samples or set(written["files"]) != set(FILES):
-            raise ValueError(f"it was written for format {written['format']} and {written['samples']} samples")
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise damaged(folder, f"its manifest.json is missing or unreadable ({error})") from None
-    for name, stated in written["files"].items():
+        text = (folder / "manifest.json").read_bytes()
+    except OSError as error:
+        raise damaged(folder, f"its manifest.json cannot be read ({error.strerror})") from None
+    try:
+        manifest = _Manifest.model_validate_json(text)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        if problem["loc"] == ("format",):
+            raise damaged(folder, f"its manifest.json was written in cache format {problem['input']!r} (an older or "
+                                  f"newer XBench); this one reads format {FORMAT}") from None
+        where = ".".join(map(str, problem["loc"]))
+        raise damaged(folder, f"its manifest.json is not a cache manifest ({where}: {problem['msg']})"
+                              if where else f"its manifest.json is not a cache manifest ({problem['msg']})") from None
+    if set(manifest.files) != set(FILES):
+        raise damaged(folder, f"its manifest.json lists the files {sorted(manifest.files)}, not {sorted(FILES)}")
+    return manifest
+
+
+def _sample_difference(expected: list[str], found: list[str]) -> str:
+    """How an entry's image ids differ from the expected ones, in a few words."""
+    if Counter(found) == Counter(expected):
+        row = next(row for row, (want, got) in enumerate(zip(expected, found)) if want != got)
+        return (f"image ids: the {len(expected)} expected in another order (sample {row}: {expected[row]!r} "
+                f"expected, {found[row]!r} found)")
+    missing, extra = list((Counter(expected) - Counter(found)).elements()), list((Counter(found) - Counter(expected)).elements())
+    return (f"image ids: {len(found)} found, {len(expected)} expected; {len(missing)} expected ones absent "
+            f"{missing[:3]}, {len(extra)} found ones not expected {extra[:3]}")
+
+
+def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) -> None:
+    """``found`` (read from the folder's ``where``) is ``expected``; else :class:`CacheDamagedError`
+    saying, field by field, what was expected and what was found."""
+    differences = [f"{name}: {getattr(expected, name)!r} expected, {getattr(found, name)!r} found"
+                   for name in ("fingerprint", "dataset", "split") if getattr(expected, name) != getattr(found, name)]
+    if expected.image_ids != found.image_ids:
+        differences.append(_sample_difference(expected.image_ids, found.image_ids))
+    if differences:
+        raise damaged(folder, f"its {where} was written for another entry ({'; '.join(differences)})")
+
+
+def check_folder(folder: Path, binding: Binding) -> None:
+    """The cache folder holds what ``manifest.json`` says was written for ``binding``: the manifest's
+    and the index's binding, each file at its size, the arrays' headers, the index's content (a few
+    MB at most); else :class:`CacheDamagedError` saying what differs. Reads no pixels."""
+    written = _read_manifest(folder)
+    _check_binding(folder, "manifest.json", binding, written.binding)
+    for name, stated in written.files.items():
         path = folder / name
         if not path.is_file():
             raise damaged(folder, f"{name} is missing")
-        if path.stat().st_size != stated["bytes"]:
-            raise damaged(folder, f"{name} holds {path.stat().st_size} bytes, {stated['bytes']} were written")
-    for name, stated in written["files"].items():
-        if "header" in stated:
+        if path.stat().st_size != stated.bytes:
+            raise damaged(folder, f"{name} holds {path.stat().st_size} bytes, {stated.bytes} were written")
+    for name, stated in written.files.items():
+        if stated.header is not None:
             try:
                 header = _npy_header(folder / name)
             except (OSError, ValueError) as error:
                 raise damaged(folder, f"{name}'s header cannot be read ({error})") from None
-            if header != stated["header"]:
-                raise damaged(folder, f"{name}'s header says {header}, {stated['header']} was written")
-        if "xxh3" in stated and _file_digest(folder / name) != stated["xxh3"]:
+            if header != stated.header:
+                raise damaged(folder, f"{name}'s header says {header}, {stated.header} was written")
+        if stated.xxh3 is not None and _file_digest(folder / name) != stated.xxh3:
             raise damaged(folder, f"{name}'s content differs from what was written")
+    try:
+        with np.load(folder / "index.npz") as index:
+            indexed = Binding.model_validate_json(index["binding"].tobytes())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
+        raise damaged(folder, f"its index.npz holds no readable binding ({error})") from None
+    _check_binding(folder, "index.npz", binding, indexed)
 
 
 class CachedDataset(Dataset):
     """Samples read back from a cache folder; the same dicts `XBenchDataset` yields, and
     (`item`) the cached native image."""
 
-    def __init__(self, folder: Path, samples: Sequence, classes: Sequence[str], image_size: int,
+    def __init__(self, folder: Path, binding: Binding, samples: Sequence, classes: Sequence[str], image_size: int,
                  query_slots: int = 0, phrases: Sequence[str] = ()) -> None:
-        check_folder(folder, len(samples))
+        check_folder(folder, binding)
         self.folder = folder
         self.samples = samples
         self.classes = list(classes)
