@@ -1371,3 +1371,27 @@ def test_the_largest_seed_runs_road(phantom_root):
     morf, lerf = road_inputs(image, saliency, [50], seed)
     again = road_inputs(image, saliency, [50], seed % 2**64)
     assert morf.equal(again[0]) and lerf.equal(again[1])
+
+
+def test_weights_of_another_architecture_name_the_file_and_the_option(phantom_root, tmp_path, capsys, monkeypatch,
+                                                                      request):
+    """Issue 41: the example's weights for another open_clip architecture listed torch's 40 keys
+    but not the file; the loader now names the file, the keys by group and ``--model.arch``."""
+    import sys
+
+    examples = CONFIGS_DIR.parent / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    request.addfinalizer(lambda: sys.modules.pop("open_clip_model", None))  # tests/test_examples.py imports it fresh
+    from open_clip_model import write_random_weights
+
+    weights = tmp_path / "tiny.safetensors"
+    write_random_weights(weights)
+    arch = json.loads((examples / "tiny_vit.json").read_text())
+    arch["vision_cfg"]["layers"] = 3
+    (tmp_path / "deeper.json").write_text(json.dumps(arch))
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", "--config",
+                                  str(examples / "open_clip_model.yaml"), "--model.weights", str(weights),
+                                  "--model.arch", str(tmp_path / "deeper.json")), capsys)
+    assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP", "missing in the file (12): "
+                    "visual.transformer.{resblocks.2.", f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
+    assert left_behind(tmp_path / "results") == []
