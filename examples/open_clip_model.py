@@ -24,12 +24,13 @@ from pathlib import Path
 import open_clip
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
 from xbench.findings import finding_text
-from xbench.models.base import XBenchModel
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
+from xbench.models.base import XBenchModel
+from xbench.models.checkpoints import CheckpointLayout, load_checkpoint
 from xbench.models.saliency import patch_text_similarity
 
 
@@ -61,7 +62,10 @@ class PatchTextCLIP(XBenchModel):
                 "random ones to try the wiring)"
             )
         self.clip, self.context_length = build_open_clip(arch)
-        self.clip.load_state_dict(load_file(weights), strict=True)
+        # strict, and a mismatch names the file, the keys by group and the fix
+        load_checkpoint(self.clip, weights, CheckpointLayout(), hint=(
+            f"Are these weights of --model.arch {arch}? Give the architecture they were saved from, or "
+            "weights saved from this one."))
         self.clip.eval().requires_grad_(False)
         self.clip.visual.output_tokens = True
         side = self.clip.visual.image_size[0]

@@ -381,7 +381,7 @@ def _world() -> dict:
         attributes = {k: id(v) for k, v in vars(obj).items()} if hasattr(obj, "__dict__") else None
         state[repr(obj)] = (getattr(obj, "__defaults__", None), getattr(obj, "__kwdefaults__", None), attributes)
     for name in ("collections", "torch", "torch._utils", "torch.storage", "numpy", "numpy._core.multiarray",
-                 "numpy._core.numeric", "xbench.models.safe_pickle"):
+                 "numpy._core.numeric", "xbench.models.safe_pickle", "_codecs", "builtins"):
         state[name] = {k: id(v) for k, v in vars(sys.modules[name]).items()}
     state["dtypes"] = [(code, np.dtype(code).str, np.dtype(code).isnative) for code in "?bhilqefdFD"]
     return state
@@ -427,23 +427,6 @@ def test_the_twenty_byte_pickle_negates_no_later_tensor(tmp_path):
     assert torch.load(tmp_path / "t.pt", weights_only=True).tolist() == [1.0, 2.0]
     (tmp_path / "b_Edema_map.pkl").write_bytes(_pickle.dumps({"map": torch.tensor([[3.0]]), "prob": 0.5}))
     assert load_data_pickle(tmp_path / "b_Edema_map.pkl")["map"].tolist() == [[3.0]]
-
-
-@pytest.mark.parametrize("protocol", [3, 4, 5])
-def test_the_documented_data_still_loads(tmp_path, protocol):
-    import collections
-
-    import numpy as np
-    import torch
-
-    data = {"map": torch.arange(6.0).reshape(1, 1, 2, 3)[..., 1:], "prob": torch.tensor(0.25), "task": "Edema",
-            "cxr_dims": (3, 2), "array": np.arange(4, dtype=np.int16), "dtype": np.dtype("f4"),
-            "scalar": np.float64(1.5), "ordered": collections.OrderedDict(a=1), "nested": [(1, 2.5, None)]}
-    (tmp_path / "x.pkl").write_bytes(_pickle.dumps(data, protocol=protocol))
-    loaded = load_data_pickle(tmp_path / "x.pkl")
-    assert loaded["map"].equal(data["map"]) and loaded["array"].tolist() == [0, 1, 2, 3]
-    assert loaded["dtype"] == np.dtype("f4") and loaded["scalar"] == 1.5 and loaded["ordered"] == {"a": 1}
-    assert loaded["nested"] == [(1, 2.5, None)] and loaded["task"] == "Edema"
 
 
 # -- saved maps and boxes: exact shapes, finite numbers, sizes of the image's aspect -----------
@@ -1418,3 +1401,180 @@ def test_cheXlocalizes_left_out_pairs_are_counted_not_scored_zero(wide_det10, tm
     assert native["nodule"]["chexlocalize_iou_otsu_left_out"] == 0 and native["nodule"]["chexlocalize_iou_otsu"] > 0
     assert "0 pairs with an empty fixed-threshold segmentation and 1 with an empty Otsu segmentation are left " \
            "out of their IoU means" in (run / "summary.md").read_text()
+# -- small surfaces: the unpickler, the checks' options, the example's weights, a full disk (issue 41) ---------
+
+CLAIM = (2**62).to_bytes(8, "little")
+#: Pickles whose stated lengths or builders lie, each with what the refusal says after the file's name.
+LYING_PICKLES = {
+    "30 bytes claiming 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.BINBYTES8 + CLAIM + b"x" * 18 + _pickle.STOP,
+                                      "ends at byte 30, where the pickle asks for 4,611,686,018,427,387,904 bytes"),
+    "a bytearray of 2**62 bytes": (_pickle.PROTO + b"\x05" + _pickle.BYTEARRAY8 + CLAIM + _pickle.STOP,
+                                   "where the pickle asks for a bytearray of 4,611,686,018,427,387,904 bytes"),
+    "a frame of 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.FRAME + CLAIM + _pickle.NONE + _pickle.STOP,
+                               "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
+    "a string of 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.BINUNICODE8 + CLAIM + _pickle.STOP,
+                                "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
+    "empty": (b"", "is empty, where the pickle asks for 1 bytes at byte 0: it is truncated or damaged"),
+    "_codecs.encode to rot13": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _text("abc") + _text("rot13")
+                                + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
+                                "_codecs.encode is admitted only as pickle stores bytes, (str, 'latin1'); got (str, 'rot13')"),
+    "_codecs.encode of bytes": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _pickle.SHORT_BINBYTES + b"\x02ab"
+                                + _text("latin1") + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
+                                "got (bytes, 'latin1')"),
+    "_codecs.encode with errors": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _text("abc") + _text("latin1")
+                                   + _text("ignore") + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
+                                   "the pickle builds latin1_bytes from other things"),
+    "bytes() of a size": (_pickle.GLOBAL + b"__builtin__\nbytes\n" + _pickle.MARK + _pickle.BININT + (2**30).to_bytes(4, "little")
+                          + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP, "the pickle builds empty_bytes from other things"),
+    "set() of a string": (_pickle.GLOBAL + b"builtins\nset\n" + _pickle.MARK + _text("abc") + _pickle.TUPLE + _pickle.REDUCE
+                          + _pickle.STOP, "a set is built from a list, got str"),
+    "an array of 2**40 elements": (_pickle.GLOBAL + b"numpy.core.multiarray\n_reconstruct\n" + _pickle.MARK + _pickle.GLOBAL
+                                   + b"numpy\nndarray\n" + _pickle.MARK + _pickle.LONG1 + b"\x06" + (2**40).to_bytes(6, "little")
+                                   + _pickle.TUPLE + _pickle.SHORT_BINBYTES + b"\x01b" + _pickle.TUPLE + _pickle.REDUCE
+                                   + _pickle.STOP, "an array starts empty, as (0,) of b'b'; got (1099511627776,)"),
+}
+
+
+@pytest.mark.parametrize("case", LYING_PICKLES)
+def test_a_pickle_that_lies_is_refused_naming_it(tmp_path, case):
+    """Issue 41: 2**62 claimed bytes escaped as a bare MemoryError; each refusal now names the file,
+    before anything is allocated for the claim."""
+    payload, message = LYING_PICKLES[case]
+    path = tmp_path / "a.png_Edema_map.pkl"
+    path.write_bytes(payload)
+    with pytest.raises(_pickle.UnpicklingError) as error:
+        load_data_pickle(path)
+    assert str(error.value).startswith(str(path)) and message in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("protocol", range(_pickle.HIGHEST_PROTOCOL + 1))
+def test_a_truncated_pickle_of_any_protocol_is_named(tmp_path, protocol):
+    import torch
+
+    whole = _pickle.dumps({"map": torch.rand(1, 1, 4, 6), "prob": 0.3, "task": "Edema", "cxr_dims": (6, 4)},
+                          protocol=protocol)
+    path = tmp_path / "a.png_Edema_map.pkl"
+    for end in (1, len(whole) // 3, len(whole) // 2, len(whole) - 1):
+        path.write_bytes(whole[:end])
+        with pytest.raises(_pickle.UnpicklingError) as error:
+            load_data_pickle(path)
+        assert str(error.value).startswith(str(path)) and "save it again" in str(error.value), (end, str(error.value))
+
+
+def test_a_tensor_view_claiming_more_numbers_than_its_storage_is_refused(tmp_path):
+    """A stride-0 view of one number claiming 2**40 elements: torch builds it without memory, and
+    the first resize of the map would allocate them."""
+    import torch
+
+    class Claim:
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (torch.zeros(1)._typed_storage(), 0, (1, 1, 2**20, 2**20), (0, 0, 0, 0),
+                                                     False, {})
+
+    path = tmp_path / "a.png_Edema_map.pkl"
+    path.write_bytes(_pickle.dumps({"map": Claim(), "prob": 0.5}))
+    with pytest.raises(_pickle.UnpicklingError, match=r"a tensor of 1,099,511,627,776 elements over a storage of 1 "
+                                                      r"claims more numbers than the file holds") as error:
+        load_data_pickle(path)
+    assert str(error.value).startswith(str(path))
+
+
+@pytest.mark.parametrize("module", ["_codecs", "builtins", "__builtin__"])
+def test_no_protocol_0_to_2_name_changes_anything_outside(tmp_path, module):
+    """The names protocols 0 to 2 need, attacked as every allowed name is above."""
+    before = _world()
+    for allowed in [key for key in ALLOWED_GLOBALS if key[0] == module]:
+        for kind, payload in _attacks(*allowed).items():
+            path = tmp_path / "attack_Edema_map.pkl"
+            path.write_bytes(payload)
+            try:
+                load_data_pickle(path)
+            except _pickle.UnpicklingError as error:
+                assert str(error).startswith(str(path)), (kind, error)
+    assert _changed(before, _world()) == []
+
+
+def test_a_run_on_a_lying_pickle_stops_naming_it(wide_det10, tmp_path, capsys):
+    """The CLI's whole path: exit 1, one line naming the file, no results folder."""
+    import torch
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for image in ("a", "b"):
+        for pathology in ("Atelectasis", "Consolidation"):
+            info = {"map": torch.rand(1, 1, 4, 6), "prob": 0.3, "task": pathology, "cxr_dims": SAVED_SIZE[::-1]}
+            (saved / f"{image}.png_{pathology}_map.pkl").write_bytes(_pickle.dumps(info, protocol=2))
+    bomb = saved / "b.png_Consolidation_map.pkl"
+    bomb.write_bytes(LYING_PICKLES["30 bytes claiming 2**62 bytes"][0])
+    args = quiet_run("centre_prior", "chestx_det10", wide_det10, tmp_path / "results", "--data.classes",
+                     "[atelectasis,consolidation]", "--config", str(CONFIGS_DIR / "models" / "precomputed_chexlocalize.yaml"),
+                     "--model.path", str(saved))
+    code, err = run_cli(args, capsys)
+    assert_one_line(code, err, 1, f"{bomb} ends at byte 30, where the pickle asks for 4,611,686,018,427,387,904 bytes")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("extra", "status", "named"), [
+    (("--faithfulness.images", "1", "--faithfulness.steps", "1025"), 1,
+     "--faithfulness.steps must be 1 to 1024, the pixels of the model's input (each step removes at least one); got 1025"),
+    (("--faithfulness.steps", "0"), 1, "--faithfulness.steps must be a whole number of at least 1; got 0"),
+    (("--faithfulness.road_percentiles", "[50, 50]"), 1,
+     "--faithfulness.road_percentiles must be distinct whole percentiles from 1 to 99, at least one; got [50, 50]"),
+    (("--faithfulness.road_percentiles", "[0, 50]"), 1, "--faithfulness.road_percentiles must be distinct whole"),
+    (("--faithfulness.road_percentiles", "[50, 100]"), 1, "from 1 to 99, at least one; got [50, 100]"),
+    (("--faithfulness.road_percentiles", "[]"), 1, "at least one; got []"),
+    (("--faithfulness.images", "-1"), 1, "--faithfulness.images must be 0 (off) or a number of images; got -1"),
+    (("--faithfulness.seed", "-1"), 1,
+     "--faithfulness.seed must be a whole number from 0 to 4294967295 (the range of --seed_everything); got -1"),
+    (("--faithfulness.seed", "4294967296"), 1, "--faithfulness.seed must be a whole number from 0 to 4294967295"),
+    (("--sanity.images", "-3"), 1, "--sanity.images must be 0 (off) or a number of images; got -3"),
+    (("--sanity.seed", "18446744073709551616"), 1, "--sanity.seed must be a whole number from 0 to 4294967295"),
+    (("--faithfulness.steps", "abc"), 2, "option 'faithfulness.steps'"),
+    (("--faithfulness.road_percentiles", "[50.5]"), 2, "option 'faithfulness.road_percentiles'"),
+    (("--sanity.seed", "1; rm -rf /"), 2, "option 'sanity.seed'"),
+])
+def test_a_check_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_path, capsys, extra, status, named):
+    """Issue 41: 5000 steps on 1,024 pixels and the percentiles [50, 50] were taken without a word."""
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", *extra), capsys)
+    assert_one_line(code, err, status, named)
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_the_largest_seed_runs_road(phantom_root):
+    """Each pair's ROAD seed grows from the option's (times 1,000,003 twice): at 2**32 - 1 it passes
+    torch's 64-bit range, which the imputation's seeding now wraps into."""
+    import torch
+
+    from xbench.metrics.faithfulness import road_inputs
+    from xbench.seeds import MAX_SEED, sample_seed
+
+    image, saliency = torch.rand(3, 8, 8), torch.rand(8, 8)
+    seed = sample_seed(sample_seed(MAX_SEED, 10**6), 13)
+    assert seed >= 2**64
+    morf, lerf = road_inputs(image, saliency, [50], seed)
+    again = road_inputs(image, saliency, [50], seed % 2**64)
+    assert morf.equal(again[0]) and lerf.equal(again[1])
+
+
+def test_weights_of_another_architecture_name_the_file_and_the_option(phantom_root, tmp_path, capsys, monkeypatch,
+                                                                      request):
+    """Issue 41: the example's weights for another open_clip architecture listed torch's 40 keys
+    but not the file; the loader now names the file, the keys by group and ``--model.arch``."""
+    import sys
+
+    examples = CONFIGS_DIR.parent / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    request.addfinalizer(lambda: sys.modules.pop("open_clip_model", None))  # tests/test_examples.py imports it fresh
+    from open_clip_model import write_random_weights
+
+    weights = tmp_path / "tiny.safetensors"
+    write_random_weights(weights)
+    arch = json.loads((examples / "tiny_vit.json").read_text())
+    arch["vision_cfg"]["layers"] = 3
+    (tmp_path / "deeper.json").write_text(json.dumps(arch))
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", "--config",
+                                  str(examples / "open_clip_model.yaml"), "--model.weights", str(weights),
+                                  "--model.arch", str(tmp_path / "deeper.json")), capsys)
+    assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP", "missing in the file (12): "
+                    "visual.transformer.{resblocks.2.", f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
+    assert left_behind(tmp_path / "results") == []

@@ -4,6 +4,9 @@ index, never on batch size, order or the number of processes. An augmentation pi
 
 from __future__ import annotations
 
+#: The largest seed an option takes: 2**32 - 1, the range of Lightning's ``--seed_everything``.
+MAX_SEED = 2**32 - 1
+
 
 def sample_seed(seed: int, index: int) -> int:
     """The random seed of one sample: depends only on the run's seed and the sample's index."""

@@ -13,6 +13,17 @@ from torch import Tensor
 from xbench.data.base import Sample
 from xbench.geometry.maps import whole_frame
 from xbench.models.base import XBenchModel
+from xbench.seeds import MAX_SEED
+
+
+def check_images_and_seed(section: str, images: int, seed: int) -> None:
+    """The options every check takes, ``--<section>.images`` and ``--<section>.seed``, bounded by what
+    they can mean: a count of images (0: off) and a seed in Lightning's range."""
+    if type(images) is not int or images < 0:
+        raise ValueError(f"--{section}.images must be 0 (off) or a number of images; got {images!r}")
+    if type(seed) is not int or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--{section}.seed must be a whole number from 0 to {MAX_SEED} (the range of "
+                         f"--seed_everything); got {seed!r}")
 
 
 def choose_images(samples: Sequence[Sample], classes: Sequence[str], count: int) -> set[str]:
@@ -32,6 +43,12 @@ def reads_only_its_input(model: XBenchModel) -> str | None:
     if type(model).infer is not XBenchModel.infer:
         return f"{type(model).__name__} makes its maps from more than its input (it overrides infer)"
     return None
+
+
+def input_side(model: XBenchModel, datamodule) -> int:
+    """The side of the model's square input: its preprocessing's, or the frame's for a model that
+    reads the frame."""
+    return datamodule.image_size if model.preprocess is None else model.preprocess.size
 
 
 def input_of(model: XBenchModel, batch: dict) -> tuple[Tensor, Tensor]:

@@ -20,7 +20,15 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from xbench.checks.common import choose_images, chosen_rows, input_of, reads_only_its_input, run_model
+from xbench.checks.common import (
+    check_images_and_seed,
+    choose_images,
+    chosen_rows,
+    input_of,
+    input_side,
+    reads_only_its_input,
+    run_model,
+)
 from xbench.geometry.maps import near_constant
 from xbench.metrics.faithfulness import (
     PAIR_VALUES,
@@ -57,22 +65,24 @@ class Faithfulness(Callback):
     Args:
         images: how many of the split's images with a graded pair to score, evenly spaced in sorted
             id order (the same for every model); 0 turns the check off.
-        steps: K, the steps of the deletion and insertion curves (each pair costs 2 (K + 1) forwards).
-        road_percentiles: ROAD's percentiles p, each costing two imputations and two forwards per pair.
-        seed: the seed of ROAD's imputation noise (with each image's index and class).
+        steps: K, the steps of the deletion and insertion curves (each pair costs 2 (K + 1) forwards),
+            1 to the pixels of the model's input (each step removes at least one pixel).
+        road_percentiles: ROAD's percentiles p, distinct whole numbers from 1 to 99, each costing two
+            imputations and two forwards per pair.
+        seed: the seed of ROAD's imputation noise (with each image's index and class), 0 to 2**32 - 1.
     """
 
     def __init__(self, images: int = 0, steps: int = 20, road_percentiles: list[int] = list(ROAD_PERCENTILES),
                  seed: int = 0) -> None:
-        if images < 0:
-            raise ValueError(f"--faithfulness.images must be 0 (off) or a number of images; got {images}")
-        if steps < 1:
-            raise ValueError(f"--faithfulness.steps must be at least 1; got {steps}")
-        if not road_percentiles or any(not 0 < p < 100 for p in road_percentiles):
-            raise ValueError(f"--faithfulness.road_percentiles must be percentiles between 0 and 100 (exclusive); "
-                             f"got {road_percentiles}")
-        self.images, self.steps, self.seed = images, steps, seed
-        self.road_percentiles = [int(p) for p in road_percentiles]
+        check_images_and_seed(SECTION, images, seed)
+        if type(steps) is not int or steps < 1:
+            raise ValueError(f"--faithfulness.steps must be a whole number of at least 1; got {steps!r}")
+        percentiles = list(road_percentiles)
+        if (not percentiles or any(type(p) is not int or not 0 < p < 100 for p in percentiles)
+                or len(set(percentiles)) < len(percentiles)):
+            raise ValueError(f"--faithfulness.road_percentiles must be distinct whole percentiles from 1 to 99, at "
+                             f"least one; got {road_percentiles!r}")
+        self.images, self.steps, self.seed, self.road_percentiles = images, steps, seed, percentiles
         self.chosen: set[str] = set()
         self.reason: str | None = None
         self.records: FaithfulnessRecords | None = None
@@ -80,6 +90,10 @@ class Faithfulness(Callback):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
         if not self.images:
             return
+        pixels = input_side(pl_module, trainer.datamodule) ** 2
+        if self.steps > pixels:
+            raise ValueError(f"--faithfulness.steps must be 1 to {pixels}, the pixels of the model's input (each "
+                             f"step removes at least one); got {self.steps}")
         self.reason = reads_only_its_input(pl_module)
         self.chosen = set() if self.reason else choose_images(trainer.datamodule.samples, pl_module.classes,
                                                               self.images)

@@ -33,7 +33,14 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor, nn
 
-from xbench.checks.common import choose_images, chosen_rows, input_of, reads_only_its_input, run_model
+from xbench.checks.common import (
+    check_images_and_seed,
+    choose_images,
+    chosen_rows,
+    input_of,
+    reads_only_its_input,
+    run_model,
+)
 from xbench.geometry.maps import place_in_frame
 from xbench.metrics.faithfulness import class_means, macro_mean
 from xbench.metrics.grounding import GroundingMetrics
@@ -121,12 +128,12 @@ class Sanity(Callback):
     Args:
         images: how many of the split's images with a graded pair to check, evenly spaced in sorted id
             order (the same for every model); 0 turns the check off.
-        seed: the seed of the re-initialisation (the same weights for every image and run).
+        seed: the seed of the re-initialisation (the same weights for every image and run), 0 to
+            2**32 - 1.
     """
 
     def __init__(self, images: int = 0, seed: int = 0) -> None:
-        if images < 0:
-            raise ValueError(f"--sanity.images must be 0 (off) or a number of images; got {images}")
+        check_images_and_seed(SECTION, images, seed)
         self.images, self.seed = images, seed
         self.chosen: set[str] = set()
         self.kept: list[dict] = []

@@ -102,8 +102,9 @@ def road_inputs(image: Tensor, saliency: Tensor, percentiles: Sequence[int], see
     [P, ch, s, s] at each percentile, by pytorch-grad-cam's own perturbation and imputer.
 
     The map is min-max normalised first (the library's LeRF removes the top of ``1 - map``). The
-    imputer's noise comes from torch's generator, seeded with ``seed`` before the first imputation
-    (MoRF at each percentile, then LeRF), the caller's generator state left as it was.
+    imputer's noise comes from torch's generator, seeded with ``seed`` modulo 2**64 (torch's range)
+    before the first imputation (MoRF at each percentile, then LeRF), the caller's generator state
+    left as it was.
     """
     from pytorch_grad_cam.metrics.perturbation_confidence import RemoveLeastRelevantFirst, RemoveMostRelevantFirst
     from pytorch_grad_cam.metrics.road import NoisyLinearImputer
@@ -113,7 +114,7 @@ def road_inputs(image: Tensor, saliency: Tensor, percentiles: Sequence[int], see
     source = image.float().cpu()
     perturbed = {RemoveMostRelevantFirst: [], RemoveLeastRelevantFirst: []}
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed % 2**64)
         for kind, made in perturbed.items():
             for percentile in percentiles:
                 made.append(kind(percentile, NoisyLinearImputer())(source, cam))

@@ -224,9 +224,11 @@ def extract_state_dict(loaded: Any, layout: CheckpointLayout, file: Path | str) 
 
 
 def load_state_dict_strict(
-    module: nn.Module, state: dict[str, Tensor], *, file: Path | str, drops: tuple[DeclaredDrop, ...] = ()
+    module: nn.Module, state: dict[str, Tensor], *, file: Path | str, drops: tuple[DeclaredDrop, ...] = (),
+    hint: str = "",
 ) -> None:
-    """Apply declared drops, require an exact key and shape match, then load."""
+    """Apply declared drops, require an exact key and shape match, then load (``hint``: the fix a
+    mismatch names, for the model's own options)."""
     expected = module.state_dict()
     state = dict(state)
     failed = []
@@ -244,11 +246,11 @@ def load_state_dict_strict(
         if state[key].shape != expected[key].shape
     ]
     if failed:  # said first, with every other difference of the file after it
-        others = [str(CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped))] if (
+        others = [str(CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped, hint))] if (
             missing or unexpected or reshaped) else []
         raise ValueError("\n".join([f"checkpoint {file}: " + "; ".join(failed), *others]))
     if missing or unexpected or reshaped:
-        raise CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped)
+        raise CheckpointMismatchError(file, type(module).__name__, missing, unexpected, reshaped, hint)
     check_aliases(module, state, file=file)
     module.load_state_dict(state, strict=True)
 
@@ -297,10 +299,12 @@ def load_state_dicts(
         raise CheckpointMismatchError(file, target, missing, unexpected, reshaped, hint=hint)
 
 
-def load_checkpoint(module: nn.Module, file: str | Path, layout: CheckpointLayout) -> Any:
-    """Load ``file`` into ``module`` per ``layout``; return the whole loaded file (for its metadata)."""
+def load_checkpoint(module: nn.Module, file: str | Path, layout: CheckpointLayout, hint: str = "") -> Any:
+    """Load ``file`` into ``module`` per ``layout``; return the whole loaded file (for its metadata).
+    ``hint``: the fix a mismatch names besides the file (the option that chose the architecture)."""
     loaded = safe_load(file)
-    load_state_dict_strict(module, extract_state_dict(loaded, layout, file), file=file, drops=layout.drops)
+    load_state_dict_strict(module, extract_state_dict(loaded, layout, file), file=file, drops=layout.drops,
+                           hint=hint)
     return loaded
 
 
