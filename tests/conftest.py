@@ -36,8 +36,14 @@ CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 
 
 def pytest_configure(config):
-    """Generated phantoms and caches go to a throw-away folder unless XBENCH_CACHE says otherwise."""
+    """Generated phantoms and caches go to a throw-away folder unless XBENCH_CACHE says otherwise.
+    An xdist worker (``pytest -n``) computes on one thread, as workers share the machine's cores, and
+    keeps its caches in a folder of its own, as two workers may write the same phantom at once."""
     os.environ.setdefault("XBENCH_CACHE", tempfile.mkdtemp(prefix="xbench-test-cache-"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        torch.set_num_threads(1)
+        os.environ["XBENCH_CACHE"] = str(Path(os.environ["XBENCH_CACHE"]) / worker)
 
 
 @pytest.fixture(scope="session")

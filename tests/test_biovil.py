@@ -202,6 +202,7 @@ def test_transform_runs_in_the_datamodule_workers(variant, tmp_path, monkeypatch
         torch.testing.assert_close(batch["window"][row], window, atol=0, rtol=0)
 
 
+@pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("variant, data", [("biovil", "phantom"), ("biovil", "ms_cxr"), ("biovil_t", "chestx_det10")])
 def test_cli_end_to_end(variant, data, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layouts (random weights) on the phantom and on

@@ -149,6 +149,7 @@ def test_gradcam_keeps_the_authors_score(small_folder, small_arch):
                            torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2)))
 
 
+@pytest.mark.slow  # ViT-B/32 blocks through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("data", CLI_DATASETS)
 def test_cli_end_to_end(data, small_folder, small_arch, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on

@@ -118,6 +118,7 @@ def test_bf16_mixed_harness_works_on_the_float32_values_of_bf16_outputs(phantom_
     assert results["bf16-mixed"] == results["32-true"]
 
 
+@pytest.mark.slow  # what a fresh interpreter imported first is the point
 def test_limit_test_batches_1_is_one_batch_also_when_rich_was_imported_first(tmp_path):
     """``--trainer.limit_test_batches 1`` is one batch, not 1.0 (every batch), whatever a process
     imported before Lightning. With rich first, typing's cache of equal unions handed the Trainer

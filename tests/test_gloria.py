@@ -145,6 +145,7 @@ def test_letterbox_and_crop_are_the_authors(height, width, rows, columns):
     torch.testing.assert_close(centre, torch.full((3,), (128 / 255 - 0.5) / 0.5))
 
 
+@pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("data", CLI_DATASETS)
 def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on

@@ -2,13 +2,12 @@
 
 import argparse
 import json
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-
-from conftest import SUBPROCESS_SAFETY_TIMEOUT
 
 from xbench.inspect_checkpoint import main
 
@@ -78,11 +77,16 @@ def test_lists_every_tensor_written_and_nothing_else(tmp_path, capsys):
     assert any(line.startswith("  hook: <inert ") and "_explode" in line for line in others)
 
 
-def test_a_bare_state_dict_runs_as_a_module(tmp_path):
+def test_a_bare_state_dict_runs_as_a_module(tmp_path, monkeypatch, capsys):
+    """``python -m xbench.inspect_checkpoint``: the module run as ``-m`` runs it (its ``__main__``
+    block), in this process, as its exit status and output are the same in a process of its own."""
     torch.save({"conv.weight": torch.zeros(4, 3, 2, 2), "conv.bias": torch.zeros(4)}, tmp_path / "w.pth")
-    done = subprocess.run([sys.executable, "-m", "xbench.inspect_checkpoint", str(tmp_path / "w.pth")],
-                          capture_output=True, text=True, timeout=SUBPROCESS_SAFETY_TIMEOUT)
-    assert done.returncode == 0, done.stderr
-    assert "[top level] 2 tensors; common prefix: conv." in done.stdout
-    assert "  conv.weight [4, 3, 2, 2] float32" in done.stdout.splitlines()
-    assert "other entries:" not in done.stdout
+    monkeypatch.setattr(sys, "argv", ["xbench-inspect-checkpoint", str(tmp_path / "w.pth")])
+    monkeypatch.delitem(sys.modules, "xbench.inspect_checkpoint")  # run afresh, as -m does
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("xbench.inspect_checkpoint", run_name="__main__", alter_sys=True)
+    out = capsys.readouterr().out
+    assert exited.value.code == 0, out
+    assert "[top level] 2 tensors; common prefix: conv." in out
+    assert "  conv.weight [4, 3, 2, 2] float32" in out.splitlines()
+    assert "other entries:" not in out

@@ -283,12 +283,14 @@ def test_kad_channels_last_converts_its_whole_trunk(kad224):
     assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convolutions)
 
 
+@pytest.mark.slow  # a full-size network through the CLI
 def test_kad_grounds_ms_cxr_phrases_through_the_cli(kad_files, tmp_path, no_network):
     from conftest import run_on_ms_cxr
 
     run_on_ms_cxr("kad", tmp_path, "phrase", "--model.checkpoint_dir", str(kad_files[0]))
 
 
+@pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 def test_kad_end_to_end_through_the_cli(kad_files, phantom_root, tmp_path, no_network):
     """The 64-px metric frame does not limit the model: it reads the 256-px native phantom at 224."""
     from conftest import check_explanation_sections, only_folder
@@ -416,6 +418,7 @@ def test_devide_bf16_mixed_stays_close_to_fp32(devide_dir):
     assert_bf16_mixed_close_to_fp32(model, torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0)))
 
 
+@pytest.mark.slow  # a full-size network through the CLI
 def test_devide_grounds_ms_cxr_phrases_through_the_cli(devide_dir, tmp_path, no_network):
     from conftest import run_on_ms_cxr
 
@@ -423,6 +426,7 @@ def test_devide_grounds_ms_cxr_phrases_through_the_cli(devide_dir, tmp_path, no_
         run_on_ms_cxr("devide", tmp_path, "phrase", "--model.checkpoint_dir", str(devide_dir[0]))
 
 
+@pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 def test_devide_end_to_end_through_the_cli(devide_dir, phantom_root, tmp_path, no_network):
     from conftest import check_explanation_sections, only_folder
 

@@ -410,6 +410,7 @@ def test_histogram_equalisation_matches_skimage_recipe_and_is_an_option():
 
 # -- end to end -------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("model, files, class_path", [
     ("medklip", "medklip_files", "xbench.models.medklip.MedKLIP"), ("mavl", "mavl_files", "xbench.models.mavl.MAVL")])
 def test_end_to_end_through_the_cli(model, files, class_path, request, tmp_path, no_network):
@@ -441,6 +442,7 @@ def test_layer_groups_fit_the_network(fixture, request):
     assert steps[0].name == "classifier" and steps[-1].name == "image tower: stem"
 
 
+@pytest.mark.slow  # a full-size network through the CLI and the checks
 @pytest.mark.parametrize("model, files", [("medklip", "medklip_files"), ("mavl", "mavl_files")])
 def test_ms_cxr_queries_are_grounded_by_their_finding(model, files, request, tmp_path, no_network):
     """A fixed vocabulary: each report phrase is grounded by its finding's map, and the results say so;

@@ -463,6 +463,7 @@ def test_values_outside_the_unit_interval_are_refused_without_validation(bad):
         GroundingMetrics(3, validate_args=False).update(s, s > 0.5, torch.ones(2, 3, dtype=torch.bool))
 
 
+@pytest.mark.slow  # numba's cache at import and its first call's thread pool: a fresh interpreter
 def test_the_cpu_pass_runs_without_a_cache_folder_and_leaves_torchs_thread_count():
     """In a fresh process where numba finds no folder to cache its compiled loop in (a read-only
     install and home: here, numba told to look only where a script has none), the metric imports and

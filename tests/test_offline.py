@@ -10,9 +10,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from conftest import SUBPROCESS_SAFETY_TIMEOUT
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # a fresh interpreter's imports are the point
 
 GUARD = textwrap.dedent(
     """

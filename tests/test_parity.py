@@ -35,6 +35,8 @@ from run_path import run_xbench  # noqa: E402
 
 GOLDEN = REPO / "tests" / "golden"
 
+pytestmark = pytest.mark.slow  # 14 authors' architectures at full size, through trainer.test
+
 
 class Parity:
     """One model's golden file, inputs and XBench model; its runs, made once per setting."""

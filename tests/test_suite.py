@@ -80,6 +80,7 @@ def test_dry_run_lists_every_pair_with_the_missing_path(suite_dir, capsys):
     assert statuses(suite_dir / "suite.yaml")[("needsweights", "phantom")] == ("run", "")
 
 
+@pytest.mark.slow  # each pair in a process of its own (per-pair mode) is the point
 def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     assert main(["--config", "suite.yaml", "--mode", "per-pair"]) == 1  # one pair failed, in its own process
     out = capsys.readouterr()
@@ -137,6 +138,7 @@ def test_extended_suite_is_the_paper_suite_plus_the_baselines_and_ms_cxr_beside_
     assert extended.datasets[-1].settings["data.images_root"] == "datasets/mimic-cxr-jpg"
 
 
+@pytest.mark.slow  # the suite's worker process runs the pair
 def test_a_pair_with_an_augment_config_runs_and_is_told_apart_from_its_reference(tmp_path, phantom_root, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(REPO))

@@ -119,6 +119,7 @@ def job_lines(out: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip().startswith("[job ")]
 
 
+@pytest.mark.slow  # submitit's jobs: processes of their own
 def test_submitit_jobs_write_what_a_serial_run_writes_a_dead_job_loses_only_its_pairs(
         user_models, phantom_root, monkeypatch, capsys):
     monkeypatch.setattr(launch, "CLUSTER", "local")
@@ -161,6 +162,7 @@ def test_submitit_jobs_write_what_a_serial_run_writes_a_dead_job_loses_only_its_
         ("done", "phantom"), ("run", "phantom"), ("run", "phantom+rotate10")]
 
 
+@pytest.mark.slow  # two jobs' processes at once
 def test_devices_2_runs_two_pinned_jobs_at_once_and_writes_what_a_serial_run_writes(
         user_models, phantom_root, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -194,6 +196,7 @@ def terminal_ctrl_c():
     signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow  # jobs' processes, cancelled
 @pytest.mark.parametrize("options", [["--launcher", "slurm"], ["--devices", "2"]])
 def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch, capsys, options, terminal_ctrl_c):
     monkeypatch.setattr(launch, "CLUSTER", "local")

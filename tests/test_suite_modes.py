@@ -134,6 +134,7 @@ def run_both_modes(folder: Path, phantom_root: Path, models: list, datasets: lis
             assert files[name] == per_pair[key][name], (key, name)
 
 
+@pytest.mark.slow  # per-model mode: a worker process per model
 def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_models, phantom_root, monkeypatch, capsys):
     monkeypatch.chdir(user_models)  # undone after the test
     run_both_modes(user_models, phantom_root, ["Counted"], DATASETS, capsys)
@@ -145,6 +146,7 @@ def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_mod
         line for build in builds for line in ("Counted init", "Counted load", build)]
 
 
+@pytest.mark.slow  # a worker process, and GLoRIA at full size
 def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypatch, capsys):
     """GLoRIA (random weights in the authors' layout): its prompts are embedded again for the
     second dataset's classes, on the weights the first dataset's run loaded."""
@@ -160,6 +162,7 @@ def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypa
             for path in (tmp_path / "per-model" / "results").glob("*/metrics.json")} == {4}
 
 
+@pytest.mark.slow  # a worker process killed and restarted is the point
 def test_a_crash_or_a_dead_worker_loses_only_its_own_pairs(user_models, phantom_root, monkeypatch, capsys):
     monkeypatch.chdir(user_models)
     write_suite(user_models, phantom_root, ["Killed", "Flaky"], [PHANTOM, TWO_CLASSES, ROTATED])

@@ -10,7 +10,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # pip builds the wheel; a fresh interpreter without the checkout runs it
 
 
 def test_the_wheel_holds_the_manifests_and_no_checkout_files(tmp_path):
