@@ -22,13 +22,13 @@ changed file, setting or decoding rule therefore names a different folder. A cac
 into a temporary folder and renamed into place when complete, so a half-written cache is never
 read.
 
-An entry is bound to what it holds (:class:`Binding`: the fingerprint its folder is named by, the
+An entry is bound to what it holds (`Binding`: the fingerprint its folder is named by, the
 dataset, the split and the image ids of its samples in order), stated in ``manifest.json`` and in
 the hashed index: a folder copied or renamed onto another entry's name holds another binding.
 
 What was written is checked on read: ``manifest.json`` states the format, the binding, each file's
 size, the arrays' headers and the index's hash (checked when the folder is opened, against the
-binding the datamodule expects: :func:`check_folder`), and the index holds an xxHash (XXH3-64) of
+binding the datamodule expects: `check_folder`), and the index holds an xxHash (XXH3-64) of
 each sample's frame and mask rows and of its native image, checked against the bytes each read
 returns (1.4 ms for a VinDr-size image, ``bench/loading.py``). The rule: what the open check finds
 (a damaged or foreign entry, or one of another format) ``prepare_data`` rebuilds, with a warning
@@ -89,7 +89,7 @@ def damaged(folder: Path, what: str) -> CacheDamagedError:
 
 class Binding(BaseModel):
     """What a cache entry holds, stored in its manifest and its index and checked when it is opened:
-    the fingerprint its folder is named by (:func:`fingerprint`), the dataset's name, the split (the
+    the fingerprint its folder is named by (`fingerprint`), the dataset's name, the split (the
     dataset's own options, e.g. ``split=test``) and the image ids of its samples, in order."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -109,7 +109,7 @@ class _StoredFile(BaseModel):
 
 
 class _Manifest(BaseModel):
-    """``manifest.json``: the format, the binding, and each file as written (:func:`check_folder`)."""
+    """``manifest.json``: the format, the binding, and each file as written (`check_folder`)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -315,7 +315,7 @@ def _file_digest(path: Path) -> int:
 
 
 def _manifest(folder: Path, binding: Binding) -> _Manifest:
-    """What :func:`check_folder` checks: the binding, each file's size, the arrays' headers, the index's hash."""
+    """What `check_folder` checks: the binding, each file's size, the arrays' headers, the index's hash."""
     files = {name: _StoredFile(bytes=(folder / name).stat().st_size,
                                header=_npy_header(folder / name) if name.endswith(".npy") else None,
                                xxh3=_file_digest(folder / name) if name == "index.npz" else None)
@@ -324,7 +324,7 @@ def _manifest(folder: Path, binding: Binding) -> _Manifest:
 
 
 def _read_manifest(folder: Path) -> _Manifest:
-    """The folder's ``manifest.json``, checked for its format and shape; else :class:`CacheDamagedError`."""
+    """The folder's ``manifest.json``, checked for its format and shape; else `CacheDamagedError`."""
     try:
         text = (folder / "manifest.json").read_bytes()
     except OSError as error:
@@ -356,7 +356,7 @@ def _sample_difference(expected: list[str], found: list[str]) -> str:
 
 
 def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) -> None:
-    """``found`` (read from the folder's ``where``) is ``expected``; else :class:`CacheDamagedError`
+    """``found`` (read from the folder's ``where``) is ``expected``; else `CacheDamagedError`
     saying, field by field, what was expected and what was found."""
     differences = [f"{name}: {getattr(expected, name)!r} expected, {getattr(found, name)!r} found"
                    for name in ("fingerprint", "dataset", "split") if getattr(expected, name) != getattr(found, name)]
@@ -369,7 +369,7 @@ def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) 
 def check_folder(folder: Path, binding: Binding) -> None:
     """The cache folder holds what ``manifest.json`` says was written for ``binding``: the manifest's
     and the index's binding, each file at its size, the arrays' headers, the index's content (a few
-    MB at most); else :class:`CacheDamagedError` saying what differs. Reads no pixels."""
+    MB at most); else `CacheDamagedError` saying what differs. Reads no pixels."""
     written = _read_manifest(folder)
     _check_binding(folder, "manifest.json", binding, written.binding)
     for name, stated in written.files.items():

@@ -29,7 +29,7 @@ scalar); numpy before 2.0 (their pins) compares in float32, as here; numpy 2 in 
 Which pairs enter their means is their ``eval.py``'s, with its defaults: an IoU is NaN, left out
 of the finding's mean, where the predicted segmentation or the radiologist mask is empty
 (``calculate_iou`` with ``--true_pos_only True``), and a hit is NaN where the mask is empty
-(``get_hitrates``). :class:`ChexlocalizeRecords` keeps one row per pair and counts the pairs each
+(``get_hitrates``). `ChexlocalizeRecords` keeps one row per pair and counts the pairs each
 rule left out.
 """
 
@@ -140,7 +140,7 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
     }
 
 
-#: The values of :class:`ChexlocalizeRecords`' rows, each a finding's mean in ``metrics.json``.
+#: The values of `ChexlocalizeRecords`' rows, each a finding's mean in ``metrics.json``.
 CHEXLOCALIZE_COLUMNS = ("xbench_iou@0.5", "xbench_pointing_game", "chexlocalize_iou_fixed", "chexlocalize_iou_otsu",
                         "chexlocalize_hit_rate")
 #: The columns cheXlocalize's ``true_pos_only`` leaves a pair out of (NaN: an empty segmentation).
@@ -151,9 +151,9 @@ class ChexlocalizeRecords(RecordsMetric):
     """cheXlocalize's protocol at native size, one row per (image, finding) pair with a region.
 
     ``update(raw_map [h, w], mask bool [H, W], class_index, fixed_threshold)`` scores the
-    pair (:func:`native_pair_scores`); a mask empty at native size is counted under ``empty_masks``
+    pair (`native_pair_scores`); a mask empty at native size is counted under ``empty_masks``
     (their IoU and hit are NaN there; XBench grades no empty region) and gives no row. A row holds
-    :data:`CHEXLOCALIZE_COLUMNS`, an IoU NaN where their ``true_pos_only`` leaves the pair out.
+    `CHEXLOCALIZE_COLUMNS`, an IoU NaN where their ``true_pos_only`` leaves the pair out.
     Rows sync by concatenation, so each process scores only its own samples.
     """
 
@@ -184,7 +184,7 @@ class ChexlocalizeRecords(RecordsMetric):
 
 def chexlocalize_means(values: MetricValues, classes: list[str]) -> dict[str, dict]:
     """Per finding (those with a pair scored or an empty mask): ``pairs`` graded, ``empty_masks``
-    left out, the mean of each of :data:`CHEXLOCALIZE_COLUMNS` over the pairs where it is defined
+    left out, the mean of each of `CHEXLOCALIZE_COLUMNS` over the pairs where it is defined
     (``None`` where none is; pandas' ``mean`` as their ``eval.py`` takes it) and, for their IoUs,
     the pairs their ``true_pos_only`` left out (``<column>_left_out``)."""
     per_class = {}
