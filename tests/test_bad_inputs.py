@@ -1578,3 +1578,64 @@ def test_weights_of_another_architecture_name_the_file_and_the_option(phantom_ro
     assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP", "missing in the file (12): "
                     "visual.transformer.{resblocks.2.", f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
     assert left_behind(tmp_path / "results") == []
+# -- the report's sanity table and figure: each cascade value checked, named by step (issue 41) --
+
+def _edit_steps(change):
+    """A damage of ``metrics.json``'s ``sanity.steps``, in place."""
+    def damage(folder):
+        payload = json.loads((folder / "metrics.json").read_text())
+        change(payload["sanity"]["steps"])
+        (folder / "metrics.json").write_text(json.dumps(payload))
+    return damage
+
+
+def _edit_strip(change):
+    """A damage of ``sanity_maps.npz``'s arrays (a dict of name -> array), saved back."""
+    def damage(folder):
+        import numpy as np
+
+        with np.load(folder / "sanity_maps.npz") as saved:
+            arrays = dict(saved)
+        change(arrays)
+        np.savez_compressed(folder / "sanity_maps.npz", **arrays)
+    return damage
+
+
+SANITY_DAMAGE = {
+    "a similarity as text": ("metrics.json", _edit_steps(lambda s: s[3].update(spearman_abs="high")),
+                             "sanity.steps[3].spearman_abs is 'high', not a finite number or null"),
+    "a similarity missing": ("metrics.json", _edit_steps(lambda s: s[2].pop("spearman_abs")),
+                             "sanity.steps[2].spearman_abs is missing"),
+    "a similarity infinite": ("metrics.json", _edit_steps(lambda s: s[4].update(ssim=float("inf"))),
+                              "sanity.steps[4].ssim is inf, not a finite number or null"),
+    "a grounding value true": ("metrics.json", _edit_steps(lambda s: s[1]["grounding"].update(pointing_game=True)),
+                               "sanity.steps[1].grounding.pointing_game is True, not a finite number"),
+    "a step without layers": ("metrics.json", _edit_steps(lambda s: s[0].pop("layers")),
+                              "sanity.steps[0] lacks its layers or grounding"),
+    "no steps": ("metrics.json", _edit_steps(lambda s: s.clear()), "sanity.steps is missing or not a list of steps"),
+    "one map short": ("sanity_maps.npz", _edit_strip(lambda a: a.update(maps=a["maps"][:-1])),
+                      "maps (14, 16, 16), image (16, 16) and mask (16, 16) are not one [H, W] map for each of the 15"),
+    "a region of another size": ("sanity_maps.npz", _edit_strip(lambda a: a.update(mask=a["mask"][:8])),
+                                 "mask (8, 16) are not one [H, W] map"),
+    "no maps": ("sanity_maps.npz", _edit_strip(lambda a: a.pop("maps")), "sanity_maps.npz lacks the arrays ['maps']"),
+    "the strip truncated": ("sanity_maps.npz",
+                            lambda f: (f / "sanity_maps.npz").write_bytes((f / "sanity_maps.npz").read_bytes()[:100]),
+                            "sanity_maps.npz cannot be read"),
+}
+
+
+@pytest.mark.parametrize("case", SANITY_DAMAGE)
+def test_a_damaged_sanity_cascade_is_named_by_the_report(tmp_path, capsys, case):
+    """The cascade's table and figure read every step's similarities and grounding and the saved
+    strip: a value that is not a number (a string, a bool, inf), a missing one, or arrays that do not
+    fit the steps is one error naming the file and the step, not a traceback or a wrong curve."""
+    from test_report import write_sanity_run
+    from xbench.report import main as report_main
+
+    file_name, damage, named = SANITY_DAMAGE[case]
+    folder = write_sanity_run(tmp_path / "results")
+    damage(folder)
+    code, err = run_command(report_main, [str(tmp_path / "results"), "--out", str(tmp_path / "out"),
+                                          "--no-analysis"], "xbench-report", capsys)
+    assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []

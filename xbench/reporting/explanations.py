@@ -27,7 +27,7 @@ from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import FONT_SIZE, MARKERS, Plot, _figure, _style, model_colours, overlay_rgb
 from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis
 from xbench.reporting.table import Cell, Column, Row, Table
-from xbench.results.folder import SANITY_MAPS, read_overlays
+from xbench.results.folder import DAMAGED, METRICS, SANITY_MAPS, read_overlays
 
 CHECKS = ("faithfulness", "sanity")
 #: The explanation table's columns: (section of metrics.json, key), by column group.
@@ -112,6 +112,47 @@ def explanation_table(bench: Benchmark, analysis: ReportAnalysis | None = None) 
                  caption, "Model", columns, tuple(rows))
 
 
+def sanity_steps(run) -> list[dict]:
+    """The run's cascade steps (``metrics.json``'s ``sanity.steps``), each with its layers and every
+    similarity and grounding value a finite number or null (undefined); anything else is an error
+    naming the file, the step and the value."""
+    path = run.folder / METRICS
+    steps = run.results["sanity"].get("steps")
+    if not isinstance(steps, list) or not steps:
+        raise ValueError(f"{path}: sanity.steps is missing or not a list of steps; {DAMAGED}")
+    for i, step in enumerate(steps):
+        if not (isinstance(step, dict) and isinstance(step.get("layers"), str) and isinstance(step.get("grounding"), dict)):
+            raise ValueError(f"{path}: sanity.steps[{i}] lacks its layers or grounding; {DAMAGED}")
+        values = [(key, step) for key in SIMILARITIES] + [(key, step["grounding"]) for key in STEP_GROUNDING]
+        for key, holder in values:
+            where = f"sanity.steps[{i}].{'' if holder is step else 'grounding.'}{key}"
+            if key not in holder:
+                raise ValueError(f"{path}: {where} is missing; {DAMAGED}")
+            value = holder[key]
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ValueError(f"{path}: {where} is {value!r}, not a finite number or null; {DAMAGED}")
+    return steps
+
+
+def sanity_strip(run, steps: list[dict]) -> dict | None:
+    """The run's saved cascade of one pair (`SANITY_MAPS`: its radiograph, region and a map per
+    step, all [H, W]), or ``None`` where it saved none; arrays that do not fit the steps are an error
+    naming the file."""
+    saved = read_overlays(run.folder, SANITY_MAPS)
+    if saved is None:
+        return None
+    path = run.folder / SANITY_MAPS
+    missing = sorted({"image_id", "finding", "image", "mask", "maps"} - saved.keys())
+    if missing:
+        raise ValueError(f"{path} lacks the arrays {missing}; {DAMAGED}")
+    maps, image, mask = saved["maps"], saved["image"], saved["mask"]
+    if maps.shape[:1] != (len(steps),) or not maps.shape[1:] == image.shape == mask.shape or image.ndim != 2:
+        raise ValueError(f"{path}: maps {maps.shape}, image {image.shape} and mask {mask.shape} are not one [H, W] "
+                         f"map for each of the {len(steps)} steps with its image and region; {DAMAGED}")
+    return saved
+
+
 def cascade_tables(bench: Benchmark) -> list[Table]:
     """Per run with the sanity check: each cascade step's similarity to the original map and the
     randomised model's grounding on the checked images."""
@@ -120,14 +161,14 @@ def cascade_tables(bench: Benchmark) -> list[Table]:
         run = bench.get(model, dataset)
         if not _applicable(run, "sanity"):
             continue
-        section = run.results["sanity"]
+        section, steps = run.results["sanity"], sanity_steps(run)
         columns = (*(Column(short(key), "Similarity to the original", ranked=False, percent=False)
                      for key in SIMILARITIES),
                    *(Column(short(key), "Grounding of the randomised model", ranked=False) for key in STEP_GROUNDING))
-        rows = tuple(Row(f"{step['step']}. {step['layers']}",
+        rows = tuple(Row(f"{k}. {step['layers']}",
                          (*(Cell(step[key]) for key in SIMILARITIES),
                           *(Cell(step["grounding"][key]) for key in STEP_GROUNDING)))
-                     for step in section["steps"])
+                     for k, step in enumerate(steps))
         label = f"{bench.model_label(model)} on {bench.dataset_label(dataset)}"
         tables.append(Table(
             f"sanity_{model}_{dataset}", f"Cascading randomisation of {label}",
@@ -162,8 +203,8 @@ def cascade_figures(bench: Benchmark) -> list[Plot]:
         run = bench.get(model, dataset)
         if not _applicable(run, "sanity"):
             continue
-        steps = run.results["sanity"]["steps"]
-        saved = read_overlays(run.folder, SANITY_MAPS)
+        steps = sanity_steps(run)
+        saved = sanity_strip(run, steps)
         shown = _strip_steps(len(steps)) if saved is not None else []
         width = max(7.0, 1.15 * len(shown))
         figure = _figure(width, 6.6 if shown else 4.6)
@@ -187,7 +228,7 @@ def cascade_figures(bench: Benchmark) -> list[Plot]:
                     label=f"{label}: same as {short('spearman')}" if same and key == "spearman_abs" else label)
         ax.axhline(0, color="0.4", linewidth=0.8)
         # Vertical labels: their boxes are their glyphs, one per step, side by side.
-        ax.set_xticks(x, [f"{step['step']}. {step['layers']}" for step in steps], rotation=90,
+        ax.set_xticks(x, [f"{k}. {step['layers']}" for k, step in enumerate(steps)], rotation=90,
                       fontsize=TITLE_SIZE)
         ax.set_ylim(-1.05, 1.05)
         ax.set_ylabel("similarity to the original map", fontsize=FONT_SIZE)
