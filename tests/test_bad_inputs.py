@@ -1047,7 +1047,8 @@ def test_a_failed_write_names_the_file_and_leaves_no_folder(phantom_root, tmp_pa
 
     monkeypatch.setattr(results_module, "pair_table", refused)
     code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
-    assert_one_line(code, err, 1, f"[Errno {errno}] {text}: writing ", "pairs.csv.gz failed", "free space or lift")
+    assert_one_line(code, err, 1, f"[Errno {errno}] {text}: writing pairs.csv.gz into the results folder "
+                    f"{tmp_path / 'results' / 'oracle__phantom__'}", "free space or lift", "no part of the folder was kept")
     assert left_behind(tmp_path / "results") == []
 
 
@@ -1231,7 +1232,7 @@ LYING_PICKLES = {
                                "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
     "a string of 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.BINUNICODE8 + CLAIM + _pickle.STOP,
                                 "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
-    "empty": (b"", "is empty, where the pickle asks for 1 bytes at byte 0: it is truncated or damaged"),
+    "empty": (b"", "is empty, where the pickle asks for 1 byte at byte 0: it is truncated or damaged"),
     "_codecs.encode to rot13": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _text("abc") + _text("rot13")
                                 + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
                                 "_codecs.encode is admitted only as pickle stores bytes, (str, 'latin1'); got (str, 'rot13')"),
@@ -1395,3 +1396,48 @@ def test_weights_of_another_architecture_name_the_file_and_the_option(phantom_ro
     assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP", "missing in the file (12): "
                     "visual.transformer.{resblocks.2.", f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
     assert left_behind(tmp_path / "results") == []
+
+
+def _under_file_size_limit(function, limit: int):
+    """``function`` run with the process's file-size limit (``ulimit -f``) at ``limit`` bytes: the
+    kernel refuses a longer file with EFBIG (Python ignores the SIGXFSZ that comes with it)."""
+    import functools
+    import resource
+
+    @functools.wraps(function)
+    def limited(*args, **kwargs):
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            return function(*args, **kwargs)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    return limited
+
+
+def test_a_results_folder_over_the_file_size_limit_is_named_with_the_fix(phantom_root, tmp_path, monkeypatch, capsys):
+    """Issue 41: a real file-size limit while the results are written (metrics.json, ~20 kB, is the
+    first file over 4 kB): the results folder and the file are named, with the fix, and nothing is kept."""
+    import xbench.reporting.writer as writer
+
+    monkeypatch.setattr(writer, "write_results", _under_file_size_limit(writer.write_results, 4096))
+    code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "[Errno 27] File too large: writing metrics.json into the results folder "
+                    f"{tmp_path / 'results' / 'oracle__phantom__'}", "file-size limit such as `ulimit -f`",
+                    "free space or lift the limit and run again (no part of the folder was kept)")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_decoded_image_cache_over_the_file_size_limit_is_named_with_the_fix(phantom_root, tmp_path, monkeypatch,
+                                                                             capsys):
+    """Issue 41: the cache's first file over the limit said only "[Errno 27] File too large"."""
+    import xbench.data.base as base
+
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(base, "build_cache", _under_file_size_limit(base.build_cache, 4096))
+    code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "[Errno 27] File too large: writing the decoded-image cache "
+                    f"{tmp_path / 'cache' / 'decoded' / 'phantom-'}", "set XBENCH_CACHE to a folder with room, or run "
+                    "with --data.cache false")
+    assert left_behind(tmp_path / "cache" / "decoded") == [] and left_behind(tmp_path / "results") == []
