@@ -599,7 +599,7 @@ def test_a_bad_chexlocalize_pickle_is_named(wide_det10, tmp_path, case):
         for pathology in ("Atelectasis", "Consolidation"):
             info = {"map": torch.rand(1, 1, 4, 6), "prob": 0.3, "task": pathology, "cxr_dims": SAVED_SIZE[::-1]}
             if (image, pathology) == ("a", "Consolidation"):
-                maps = {"3-D": info["map"][..., 0], "two": info["map"].expand(2, 1, 4, 6)}
+                maps = {"3-D": info["map"][..., 0], "two": torch.cat([info["map"]] * 2)}
                 info.update(changes)
                 info["map"] = maps.get(info["map"], info["map"]) if isinstance(info["map"], str) else info["map"]
                 info["prob"] = torch.full((14,), 0.5) if info["prob"] == "14" else info["prob"]
@@ -1047,7 +1047,9 @@ def test_a_failed_write_names_the_file_and_leaves_no_folder(phantom_root, tmp_pa
 
     monkeypatch.setattr(results_module, "pair_table", refused)
     code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
-    assert_one_line(code, err, 1, f"[Errno {errno}] {text}: writing ", "pairs.csv.gz failed", "free space or lift")
+    assert_one_line(code, err, 1, f"[Errno {errno}] {text}: writing pairs.csv.gz into the results folder "
+                    f"{tmp_path / 'results' / 'oracle__phantom__'}", "free space or lift",
+                    "no part of the folder was kept")
     assert left_behind(tmp_path / "results") == []
 
 
@@ -1404,34 +1406,45 @@ def test_cheXlocalizes_left_out_pairs_are_counted_not_scored_zero(wide_det10, tm
 # -- small surfaces: the unpickler, the checks' options, the example's weights, a full disk (issue 41) ---------
 
 CLAIM = (2**62).to_bytes(8, "little")
+ASKS = "where the pickle asks for 4,611,686,018,427,387,904 bytes"
+
+
+def _call(module: str, name: str, *arguments: bytes) -> bytes:
+    """A protocol-0-style pickle that calls ``module.name`` on the pickled ``arguments``."""
+    return (_pickle.GLOBAL + f"{module}\n{name}\n".encode() + _pickle.MARK + b"".join(arguments) + _pickle.TUPLE
+            + _pickle.REDUCE + _pickle.STOP)
+
+
+def _long(value: int) -> bytes:
+    return _pickle.LONG1 + bytes([8]) + value.to_bytes(8, "little")
+
+
 #: Pickles whose stated lengths or builders lie, each with what the refusal says after the file's name.
 LYING_PICKLES = {
     "30 bytes claiming 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.BINBYTES8 + CLAIM + b"x" * 18 + _pickle.STOP,
-                                      "ends at byte 30, where the pickle asks for 4,611,686,018,427,387,904 bytes"),
+                                      f"ends at byte 30, {ASKS} at byte 11"),
     "a bytearray of 2**62 bytes": (_pickle.PROTO + b"\x05" + _pickle.BYTEARRAY8 + CLAIM + _pickle.STOP,
                                    "where the pickle asks for a bytearray of 4,611,686,018,427,387,904 bytes"),
     "a frame of 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.FRAME + CLAIM + _pickle.NONE + _pickle.STOP,
-                               "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
+                               f"{ASKS} at byte 11"),
     "a string of 2**62 bytes": (_pickle.PROTO + b"\x04" + _pickle.BINUNICODE8 + CLAIM + _pickle.STOP,
-                                "where the pickle asks for 4,611,686,018,427,387,904 bytes at byte 11"),
-    "empty": (b"", "is empty, where the pickle asks for 1 bytes at byte 0: it is truncated or damaged"),
-    "_codecs.encode to rot13": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _text("abc") + _text("rot13")
-                                + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
-                                "_codecs.encode is admitted only as pickle stores bytes, (str, 'latin1'); got (str, 'rot13')"),
-    "_codecs.encode of bytes": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _pickle.SHORT_BINBYTES + b"\x02ab"
-                                + _text("latin1") + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
+                                f"{ASKS} at byte 11"),
+    "empty": (b"", "is empty, where the pickle asks for 1 byte at byte 0: it is truncated or damaged"),
+    "_codecs.encode to rot13": (_call("_codecs", "encode", _text("abc"), _text("rot13")),
+                                "_codecs.encode is admitted only as pickle stores bytes, (str, 'latin1'); got "
+                                "(str, 'rot13')"),
+    "_codecs.encode of bytes": (_call("_codecs", "encode", _pickle.SHORT_BINBYTES + b"\x02ab", _text("latin1")),
                                 "got (bytes, 'latin1')"),
-    "_codecs.encode with errors": (_pickle.GLOBAL + b"_codecs\nencode\n" + _pickle.MARK + _text("abc") + _text("latin1")
-                                   + _text("ignore") + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP,
+    "_codecs.encode with errors": (_call("_codecs", "encode", _text("abc"), _text("latin1"), _text("ignore")),
                                    "the pickle builds latin1_bytes from other things"),
-    "bytes() of a size": (_pickle.GLOBAL + b"__builtin__\nbytes\n" + _pickle.MARK + _pickle.BININT + (2**30).to_bytes(4, "little")
-                          + _pickle.TUPLE + _pickle.REDUCE + _pickle.STOP, "the pickle builds empty_bytes from other things"),
-    "set() of a string": (_pickle.GLOBAL + b"builtins\nset\n" + _pickle.MARK + _text("abc") + _pickle.TUPLE + _pickle.REDUCE
-                          + _pickle.STOP, "a set is built from a list, got str"),
-    "an array of 2**40 elements": (_pickle.GLOBAL + b"numpy.core.multiarray\n_reconstruct\n" + _pickle.MARK + _pickle.GLOBAL
-                                   + b"numpy\nndarray\n" + _pickle.MARK + _pickle.LONG1 + b"\x06" + (2**40).to_bytes(6, "little")
-                                   + _pickle.TUPLE + _pickle.SHORT_BINBYTES + b"\x01b" + _pickle.TUPLE + _pickle.REDUCE
-                                   + _pickle.STOP, "an array starts empty, as (0,) of b'b'; got (1099511627776,)"),
+    "bytes() of a size": (_call("__builtin__", "bytes", _long(2**30)),
+                          "the pickle builds empty_bytes from other things"),
+    "set() of a string": (_call("builtins", "set", _text("abc")), "a set is built from a list, got str"),
+    "an array of 2**40 elements": (_call("numpy.core.multiarray", "_reconstruct",
+                                         _pickle.GLOBAL + b"numpy\nndarray\n",
+                                         _pickle.MARK + _long(2**40) + _pickle.TUPLE,
+                                         _pickle.SHORT_BINBYTES + b"\x01b"),
+                                   "an array starts empty, as (0,) of b'b'; got (1099511627776,)"),
 }
 
 
@@ -1468,8 +1481,8 @@ def test_a_tensor_view_claiming_more_numbers_than_its_storage_is_refused(tmp_pat
 
     class Claim:
         def __reduce__(self):
-            return torch._utils._rebuild_tensor_v2, (torch.zeros(1)._typed_storage(), 0, (1, 1, 2**20, 2**20), (0, 0, 0, 0),
-                                                     False, {})
+            storage = torch.zeros(1)._typed_storage()
+            return torch._utils._rebuild_tensor_v2, (storage, 0, (1, 1, 2**20, 2**20), (0, 0, 0, 0), False, {})
 
     path = tmp_path / "a.png_Edema_map.pkl"
     path.write_bytes(_pickle.dumps({"map": Claim(), "prob": 0.5}))
@@ -1506,17 +1519,17 @@ def test_a_run_on_a_lying_pickle_stops_naming_it(wide_det10, tmp_path, capsys):
             (saved / f"{image}.png_{pathology}_map.pkl").write_bytes(_pickle.dumps(info, protocol=2))
     bomb = saved / "b.png_Consolidation_map.pkl"
     bomb.write_bytes(LYING_PICKLES["30 bytes claiming 2**62 bytes"][0])
+    layout = CONFIGS_DIR / "models" / "precomputed_chexlocalize.yaml"
     args = quiet_run("centre_prior", "chestx_det10", wide_det10, tmp_path / "results", "--data.classes",
-                     "[atelectasis,consolidation]", "--config", str(CONFIGS_DIR / "models" / "precomputed_chexlocalize.yaml"),
-                     "--model.path", str(saved))
+                     "[atelectasis,consolidation]", "--config", str(layout), "--model.path", str(saved))
     code, err = run_cli(args, capsys)
-    assert_one_line(code, err, 1, f"{bomb} ends at byte 30, where the pickle asks for 4,611,686,018,427,387,904 bytes")
+    assert_one_line(code, err, 1, f"{bomb} ends at byte 30, {ASKS}")
     assert left_behind(tmp_path / "results") == []
 
 
 @pytest.mark.parametrize(("extra", "status", "named"), [
-    (("--faithfulness.images", "1", "--faithfulness.steps", "1025"), 1,
-     "--faithfulness.steps must be 1 to 1024, the pixels of the model's input (each step removes at least one); got 1025"),
+    (("--faithfulness.images", "1", "--faithfulness.steps", "1025"), 1, "--faithfulness.steps must be 1 to 1024, the "
+     "pixels of the model's input (each step removes at least one); got 1025"),
     (("--faithfulness.steps", "0"), 1, "--faithfulness.steps must be a whole number of at least 1; got 0"),
     (("--faithfulness.road_percentiles", "[50, 50]"), 1,
      "--faithfulness.road_percentiles must be distinct whole percentiles from 1 to 99, at least one; got [50, 50]"),
@@ -1575,8 +1588,9 @@ def test_weights_of_another_architecture_name_the_file_and_the_option(phantom_ro
     code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", "--config",
                                   str(examples / "open_clip_model.yaml"), "--model.weights", str(weights),
                                   "--model.arch", str(tmp_path / "deeper.json")), capsys)
-    assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP", "missing in the file (12): "
-                    "visual.transformer.{resblocks.2.", f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
+    assert_one_line(code, err, 1, f"checkpoint {weights} does not match CLIP",
+                    "missing in the file (12): visual.transformer.{resblocks.2.",
+                    f"Are these weights of --model.arch {tmp_path / 'deeper.json'}?")
     assert left_behind(tmp_path / "results") == []
 # -- the report's sanity table and figure: each cascade value checked, named by step (issue 41) --
 
@@ -1639,3 +1653,48 @@ def test_a_damaged_sanity_cascade_is_named_by_the_report(tmp_path, capsys, case)
                                           "--no-analysis"], "xbench-report", capsys)
     assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
     assert left_behind(tmp_path / "out") == []
+
+
+def _under_file_size_limit(function, limit: int):
+    """``function`` run with the process's file-size limit (``ulimit -f``) at ``limit`` bytes: the
+    kernel refuses a longer file with EFBIG (Python ignores the SIGXFSZ that comes with it)."""
+    import functools
+    import resource
+
+    @functools.wraps(function)
+    def limited(*args, **kwargs):
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            return function(*args, **kwargs)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+    return limited
+
+
+def test_a_results_folder_over_the_file_size_limit_is_named_with_the_fix(phantom_root, tmp_path, monkeypatch, capsys):
+    """Issue 41: a real file-size limit while the results are written (metrics.json, ~20 kB, is the
+    first file over 4 kB): the results folder and the file are named, with the fix, and nothing is kept."""
+    import xbench.reporting.writer as writer
+
+    monkeypatch.setattr(writer, "write_results", _under_file_size_limit(writer.write_results, 4096))
+    code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "[Errno 27] File too large: writing metrics.json into the results folder "
+                    f"{tmp_path / 'results' / 'oracle__phantom__'}", "file-size limit such as `ulimit -f`",
+                    "free space or lift the limit and run again (no part of the folder was kept)")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_decoded_image_cache_over_the_file_size_limit_is_named_with_the_fix(phantom_root, tmp_path, monkeypatch,
+                                                                             capsys):
+    """Issue 41: the cache's first file over the limit said only "[Errno 27] File too large"."""
+    import xbench.data.base as base
+
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(base, "build_cache", _under_file_size_limit(base.build_cache, 4096))
+    code, err = run_cli(quiet_run("oracle", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "[Errno 27] File too large: writing the decoded-image cache "
+                    f"{tmp_path / 'cache' / 'decoded' / 'phantom-'}", "set XBENCH_CACHE to a folder with room, or run "
+                    "with --data.cache false")
+    assert left_behind(tmp_path / "cache" / "decoded") == [] and left_behind(tmp_path / "results") == []

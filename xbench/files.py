@@ -9,6 +9,7 @@ group the user shares a folder with can read it as it could a file made by ``ope
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import os
 import tempfile
@@ -85,12 +86,29 @@ def staging_folder(parent: Path, name: str) -> Path:
     return staging
 
 
+#: The errors of a write that found no room: a full disk, a quota, a file-size limit (``ulimit -f``).
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+class WriteFailed(OSError):
+    """A write that failed (most often for want of room): the message names what was being written
+    and the fix, where the system's error names neither ("[Errno 27] File too large")."""
+
+    def __init__(self, error: OSError, target: str,
+                 fix: str = "free space or lift the limit and run again") -> None:
+        self.reason = getattr(error, "reason", error.strerror or str(error))
+        self.target = target
+        super().__init__(error.errno, f"{self.reason}: writing {target} failed (a full disk, a quota or a file-size "
+                                      f"limit such as `ulimit -f`?); {fix}")
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write`` on a temporary file beside ``path``, then rename it to ``path`` (with the mode
     the user's umask gives a new file).
 
     A reader never sees a half-written file: an interrupted write leaves the old file (or none). A
-    failed write (a full disk, a file-size limit) is an error naming ``path``.
+    failed write (a full disk, a file-size limit) is a [`WriteFailed`][xbench.files.WriteFailed]
+    naming ``path``.
     """
     path = Path(path)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -103,9 +121,7 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         Path(temporary).unlink(missing_ok=True)
         if error.filename is not None or str(path) in str(error):
             raise
-        raise OSError(error.errno, f"{error.strerror or error}: writing {path} failed (a full disk, a quota or a "
-                                   "file-size limit such as `ulimit -f`?); free space or lift the limit and "
-                                   "run again") from error
+        raise WriteFailed(error, str(path)) from error
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

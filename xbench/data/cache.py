@@ -60,7 +60,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from xbench import __version__
 from xbench.geometry.image import CodedImage
 from xbench.data.queries import query_fields
-from xbench.files import staging_folder
+from xbench.files import NO_ROOM, WriteFailed, staging_folder
 
 FORMAT = 5
 IMAGE_LEVELS = 65535
@@ -290,8 +290,11 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
             os.rename(staging, folder)
         except OSError:  # another process finished the same cache first; theirs is identical
             shutil.rmtree(staging, ignore_errors=True)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in NO_ROOM:
+            raise WriteFailed(error, f"the decoded-image cache {folder}", "free space or lift the limit, set "
+                              "XBENCH_CACHE to a folder with room, or run with --data.cache false") from error
         raise
 
 

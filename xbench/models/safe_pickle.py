@@ -188,7 +188,7 @@ class _FileReads:
     def read(self, size: int) -> bytes:
         position = self.file.tell()
         if position + size > self.end:
-            self.beyond_end(f"{size:,} bytes at byte {position:,}")
+            self.beyond_end(f"{size:,} byte{'' if size == 1 else 's'} at byte {position:,}")
         return self.file.read(size)
 
     def readline(self) -> bytes:

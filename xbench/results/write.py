@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from xbench.files import atomic_write, staging_folder
+from xbench.files import WriteFailed, atomic_write, staging_folder
 from xbench.findings import display_name
 from xbench.results.folder import CHECK_TABLES, METRICS, OVERLAYS, PAIRS, QUERIES, SANITY_MAPS, count_columns
 
@@ -206,6 +206,10 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
         if (records.get("sanity") or {}).get("arrays"):
             atomic_write(staging / SANITY_MAPS, lambda p: _write_overlays(p, records["sanity"]["arrays"]))
         final = claim_folder(staging, results_dir, name)
+    except WriteFailed as error:  # named as the user will look for it, not by the staging folder's name
+        shutil.rmtree(staging, ignore_errors=True)
+        raise WriteFailed(error, f"{Path(error.target).name} into the results folder {results_dir / name}",
+                          "free space or lift the limit and run again (no part of the folder was kept)") from error
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
