@@ -15,25 +15,28 @@ without the cache. An augmented image has no such codes: it is kept as float32, 
 frame image is put on the 16-bit grid (an error below 1e-5) whether or not the cache is used.
 
 The folder's name carries a fingerprint of everything the content depends on: the parsed
-annotations of every sample, each image (and mask) file's size and modification time, the class
-list, ``image_size``, the mask threshold, the augmentation and its seed, the cache format, the
-package version and the source of the code that decides the pixels (:func:`code_digest`). A
-changed file, setting or decoding rule therefore names a different folder. A cache is written
+annotations of every sample, each image (and mask) file's size and modification time, the dataset
+and its own options, the class list, ``image_size``, the mask threshold, the augmentation and its
+seed, the cache format, the package version and the source of the code that decides the pixels
+(:func:`code_digest`). A changed file, setting or decoding rule therefore names a different folder. A cache is written
 into a temporary folder and renamed into place when complete, so a half-written cache is never
 read.
 
-An entry is bound to what it holds (:class:`Binding`: the fingerprint its folder is named by, the
-dataset, the split and the image ids of its samples in order), stated in ``manifest.json`` and in
-the hashed index: a folder copied or renamed onto another entry's name holds another binding.
+An entry is bound to what it holds ([`Binding`][xbench.data.cache.Binding]: the fingerprint its
+folder is named by, the dataset, the split and the image ids of its samples in order), stated in
+``manifest.json`` and in the hashed index: a folder copied or renamed onto another entry's name
+holds another binding.
 
 What was written is checked on read: ``manifest.json`` states the format, the binding, each file's
 size, the arrays' headers and the index's hash (checked when the folder is opened, against the
-binding the datamodule expects: :func:`check_folder`), and the index holds an xxHash (XXH3-64) of
-each sample's frame and mask rows and of its native image, checked against the bytes each read
-returns (1.4 ms for a VinDr-size image, ``bench/loading.py``). The rule: what the open check finds
-(a damaged or foreign entry, or one of another format) ``prepare_data`` rebuilds, with a warning
-that names the folder and what disagrees; a reader never rebuilds, so the same finding there, or a
-sample whose bytes differ, is an error that names the folder and the fix.
+binding the datamodule expects: [`check_folder`][xbench.data.cache.check_folder]), and the index
+holds an xxHash (XXH3-64) of each sample's frame and mask rows and of its native image, checked
+against the bytes each read returns (1.4 ms for a VinDr-size image, ``bench/loading.py``).
+
+The rule: what the open check finds (a damaged or foreign entry, or one of another format)
+``prepare_data`` rebuilds, with a warning that names the folder and what disagrees; a reader never
+rebuilds, so the same finding there, or a sample whose bytes differ, is an error that names the
+folder and the fix.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ def damaged(folder: Path, what: str) -> CacheDamagedError:
 
 class Binding(BaseModel):
     """What a cache entry holds, stored in its manifest and its index and checked when it is opened:
-    the fingerprint its folder is named by (:func:`fingerprint`), the dataset's name, the split (the
-    dataset's own options, e.g. ``split=test``) and the image ids of its samples, in order."""
+    the fingerprint its folder is named by ([`fingerprint`][xbench.data.cache.fingerprint]), the
+    dataset's name, the split (the dataset's own options, e.g. ``split=test``) and the image ids of
+    its samples, in order."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -109,7 +113,7 @@ class _StoredFile(BaseModel):
 
 
 class _Manifest(BaseModel):
-    """``manifest.json``: the format, the binding, and each file as written (:func:`check_folder`)."""
+    """``manifest.json``: the format, the binding, and each file as written (``check_folder``)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -312,7 +316,7 @@ def _file_digest(path: Path) -> int:
 
 
 def _manifest(folder: Path, binding: Binding) -> _Manifest:
-    """What :func:`check_folder` checks: the binding, each file's size, the arrays' headers, the index's hash."""
+    """What ``check_folder`` checks: the binding, each file's size, the arrays' headers, the index's hash."""
     files = {name: _StoredFile(bytes=(folder / name).stat().st_size,
                                header=_npy_header(folder / name) if name.endswith(".npy") else None,
                                xxh3=_file_digest(folder / name) if name == "index.npz" else None)
@@ -321,7 +325,7 @@ def _manifest(folder: Path, binding: Binding) -> _Manifest:
 
 
 def _read_manifest(folder: Path) -> _Manifest:
-    """The folder's ``manifest.json``, checked for its format and shape; else :class:`CacheDamagedError`."""
+    """The folder's ``manifest.json``, checked for its format and shape; else ``CacheDamagedError``."""
     try:
         text = (folder / "manifest.json").read_bytes()
     except OSError as error:
@@ -333,9 +337,9 @@ def _read_manifest(folder: Path) -> _Manifest:
         if problem["loc"] == ("format",):
             raise damaged(folder, f"its manifest.json was written in cache format {problem['input']!r} (an older or "
                                   f"newer XBench); this one reads format {FORMAT}") from None
-        where = ".".join(map(str, problem["loc"]))
-        raise damaged(folder, f"its manifest.json is not a cache manifest ({where}: {problem['msg']})"
-                              if where else f"its manifest.json is not a cache manifest ({problem['msg']})") from None
+        field = ".".join(map(str, problem["loc"]))
+        where = f"{field}: " if field else ""
+        raise damaged(folder, f"its manifest.json is not a cache manifest ({where}{problem['msg']})") from None
     if set(manifest.files) != set(FILES):
         raise damaged(folder, f"its manifest.json lists the files {sorted(manifest.files)}, not {sorted(FILES)}")
     return manifest
@@ -347,13 +351,14 @@ def _sample_difference(expected: list[str], found: list[str]) -> str:
         row = next(row for row, (want, got) in enumerate(zip(expected, found)) if want != got)
         return (f"image ids: the {len(expected)} expected in another order (sample {row}: {expected[row]!r} "
                 f"expected, {found[row]!r} found)")
-    missing, extra = list((Counter(expected) - Counter(found)).elements()), list((Counter(found) - Counter(expected)).elements())
+    missing = list((Counter(expected) - Counter(found)).elements())
+    extra = list((Counter(found) - Counter(expected)).elements())
     return (f"image ids: {len(found)} found, {len(expected)} expected; {len(missing)} expected ones absent "
             f"{missing[:3]}, {len(extra)} found ones not expected {extra[:3]}")
 
 
 def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) -> None:
-    """``found`` (read from the folder's ``where``) is ``expected``; else :class:`CacheDamagedError`
+    """``found`` (read from the folder's ``where``) is ``expected``; else ``CacheDamagedError``
     saying, field by field, what was expected and what was found."""
     differences = [f"{name}: {getattr(expected, name)!r} expected, {getattr(found, name)!r} found"
                    for name in ("fingerprint", "dataset", "split") if getattr(expected, name) != getattr(found, name)]
@@ -366,7 +371,8 @@ def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) 
 def check_folder(folder: Path, binding: Binding) -> None:
     """The cache folder holds what ``manifest.json`` says was written for ``binding``: the manifest's
     and the index's binding, each file at its size, the arrays' headers, the index's content (a few
-    MB at most); else :class:`CacheDamagedError` saying what differs. Reads no pixels."""
+    MB at most); else [`CacheDamagedError`][xbench.data.cache.CacheDamagedError] saying what
+    differs. Reads no pixels."""
     written = _read_manifest(folder)
     _check_binding(folder, "manifest.json", binding, written.binding)
     for name, stated in written.files.items():
