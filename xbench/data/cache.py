@@ -18,9 +18,9 @@ The folder's name carries a fingerprint of everything the content depends on: th
 annotations of every sample, each image (and mask) file's size and modification time, the dataset
 and its own options, the class list, ``image_size``, the mask threshold, the augmentation and its
 seed, the cache format, the package version and the source of the code that decides the pixels
-(:func:`code_digest`). A changed file, setting or decoding rule therefore names a different folder. A cache is written
-into a temporary folder and renamed into place when complete, so a half-written cache is never
-read.
+(:func:`code_digest`). A changed file, setting or decoding rule therefore names a different
+folder. A cache is written into a temporary folder and renamed into place when complete, so a
+half-written cache is never read.
 
 An entry is bound to what it holds ([`Binding`][xbench.data.cache.Binding]: the fingerprint its
 folder is named by, the dataset, the split and the image ids of its samples in order), stated in
@@ -337,12 +337,17 @@ def _read_manifest(folder: Path) -> _Manifest:
         if problem["loc"] == ("format",):
             raise damaged(folder, f"its manifest.json was written in cache format {problem['input']!r} (an older or "
                                   f"newer XBench); this one reads format {FORMAT}") from None
-        field = ".".join(map(str, problem["loc"]))
-        where = f"{field}: " if field else ""
-        raise damaged(folder, f"its manifest.json is not a cache manifest ({where}{problem['msg']})") from None
+        raise damaged(folder, f"its manifest.json is not a cache manifest ({_first_problem(error)})") from None
     if set(manifest.files) != set(FILES):
         raise damaged(folder, f"its manifest.json lists the files {sorted(manifest.files)}, not {sorted(FILES)}")
     return manifest
+
+
+def _first_problem(error: ValidationError) -> str:
+    """The first thing pydantic found wrong, on one line: the field's path and what is wrong with it."""
+    problem = error.errors()[0]
+    field = ".".join(map(str, problem["loc"]))
+    return f"{field}: {problem['msg']}" if field else problem["msg"]
 
 
 def _sample_difference(expected: list[str], found: list[str]) -> str:
@@ -394,6 +399,8 @@ def check_folder(folder: Path, binding: Binding) -> None:
     try:
         with np.load(folder / "index.npz") as index:
             indexed = Binding.model_validate_json(index["binding"].tobytes())
+    except ValidationError as error:
+        raise damaged(folder, f"its index.npz holds no readable binding ({_first_problem(error)})") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
         raise damaged(folder, f"its index.npz holds no readable binding ({error})") from None
     _check_binding(folder, "index.npz", binding, indexed)
