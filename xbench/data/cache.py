@@ -93,8 +93,8 @@ def damaged(folder: Path, what: str) -> CacheDamagedError:
 class Binding(BaseModel):
     """What a cache entry holds, stored in its manifest and its index and checked when it is opened:
     the fingerprint its folder is named by ([`fingerprint`][xbench.data.cache.fingerprint]), the
-    dataset's name, the split (the dataset's own options, e.g. ``split=test``) and the image ids of
-    its samples, in order."""
+    dataset's name, the split (the dataset's own options, e.g. ``split=test``; empty for a dataset
+    without options of its own) and the image ids of its samples, in order."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
