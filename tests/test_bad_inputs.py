@@ -1698,3 +1698,198 @@ def test_a_decoded_image_cache_over_the_file_size_limit_is_named_with_the_fix(ph
                     f"{tmp_path / 'cache' / 'decoded' / 'phantom-'}", "set XBENCH_CACHE to a folder with room, or run "
                     "with --data.cache false")
     assert left_behind(tmp_path / "cache" / "decoded") == [] and left_behind(tmp_path / "results") == []
+# -- the decoded-image cache: an entry is read only for the split it was written for (issue 41) ---
+
+import shutil  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from conftest import only_folder  # noqa: E402
+from xbench.cli import error_line  # noqa: E402
+from xbench.data.cache import CacheDamagedError  # noqa: E402
+from xbench.data.chestx_det10 import ChestXDet10  # noqa: E402
+
+CACHED = [
+    {"file_name": "a.png", "syms": ["Mass"], "boxes": [[4, 4, 20, 20]]},
+    {"file_name": "b.png", "syms": ["Nodule"], "boxes": [[24, 24, 40, 40]]},
+    {"file_name": "c.png", "syms": ["Mass", "Nodule"], "boxes": [[4, 24, 20, 40], [24, 4, 40, 20]]},
+]
+
+
+def _cached_split(root, entries=CACHED, **options) -> ChestXDet10:
+    """ChestX-Det10 at ``root`` (written if missing) as ``quiet_run`` sets it up, its cache entry written."""
+    if not root.exists():
+        write_chestx_det10(root, entries, size=48)
+    datamodule = ChestXDet10(root=str(root), image_size=32, num_workers=0, **options)
+    datamodule.prepare_data()
+    return datamodule
+
+
+def _copy_entry(source, folder) -> None:
+    """Every file of the entry ``source`` over those of ``folder``: a folder copied under the wrong name."""
+    for path in source.iterdir():
+        shutil.copy(path, folder / path.name)
+
+
+def _manifest_edit(change, named):
+    """A case that rewrites the manifest's JSON with ``change`` and expects the error to say ``named``."""
+    def spoil(folder, tmp_path) -> str:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        (folder / "manifest.json").write_text(json.dumps(change(manifest)))
+        return named
+    return spoil
+
+
+def _manifest_bytes(content, named):
+    """A case that writes ``content(path)`` as the manifest and expects the error to say ``named``."""
+    def spoil(folder, tmp_path) -> str:
+        (folder / "manifest.json").write_bytes(content(folder / "manifest.json"))
+        return named
+    return spoil
+
+
+def _another_entrys_files(folder, tmp_path) -> str:
+    """Issue 41 as found: another annotation file of the same images, its entry copied under this name."""
+    other = [{**CACHED[0], "syms": ["Nodule"]}, {**CACHED[2], "file_name": "b.png"},
+             {"file_name": "c.png", "syms": [], "boxes": []}]
+    _copy_entry(_cached_split(tmp_path / "other", other).cache_folder(), folder)
+    return "its manifest.json was written for another entry (fingerprint: "
+
+
+def _older_format(folder, tmp_path) -> str:
+    """An entry as format 4 wrote it: no binding in the manifest or the index."""
+    with np.load(folder / "index.npz") as index:
+        np.savez(folder / "index.npz", **{name: index[name] for name in index.files if name != "binding"})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({"format": 4, "samples": 3, "files": manifest["files"]}))
+    return "its manifest.json was written in cache format 4 (an older or newer XBench); this one reads format 5"
+
+
+def _reordered(folder, tmp_path) -> str:
+    _copy_entry(_cached_split(tmp_path / "reordered", CACHED[::-1]).cache_folder(), folder)
+    return "image ids: the 3 expected in another order (sample 0: 'a.png' expected, 'c.png' found)"
+
+
+def _subset(folder, tmp_path) -> str:
+    _copy_entry(_cached_split(tmp_path / "subset", CACHED[:2]).cache_folder(), folder)
+    return "image ids: 2 found, 3 expected; 1 expected ones absent ['c.png'], 0 found ones not expected []"
+
+
+def _swapped(folder, tmp_path) -> str:
+    """This entry and another of the same images (other classes) renamed each into the other's place."""
+    other = _cached_split(tmp_path / "det10", classes=["mass", "nodule"]).cache_folder()
+    folder.rename(tmp_path / "parked")
+    other.rename(folder)
+    (tmp_path / "parked").rename(other)
+    ours, theirs = folder.name.split("-")[1], other.name.split("-")[1]
+    return f"fingerprint: '{ours}' expected, '{theirs}' found)"
+
+
+def _copy_stopped_before_the_manifest(folder, tmp_path) -> str:
+    (folder / "manifest.json").unlink()
+    return "its manifest.json cannot be read (No such file or directory)"
+
+
+def _copy_stopped_inside_natives(folder, tmp_path) -> str:
+    natives = folder / "natives.bin"
+    natives.write_bytes(natives.read_bytes()[:-64])
+    return f"natives.bin holds {natives.stat().st_size} bytes, {natives.stat().st_size + 64} were written"
+
+
+def _a_file_in_the_entrys_place(folder, tmp_path) -> str:
+    shutil.rmtree(folder)
+    folder.write_text("")
+    return "its manifest.json cannot be read (Not a directory)"
+
+
+def _with_file(files, name, **change):
+    """The manifest's ``files`` with ``change`` made to the entry of ``name``."""
+    return {**files, name: {**files[name], **change}}
+
+
+NOT_A_MANIFEST = "its manifest.json is not a cache manifest"
+CACHE_CASES = {
+    "another entry's files": _another_entrys_files,
+    "older format": _older_format,
+    "manifest truncated": _manifest_bytes(lambda path: path.read_bytes()[: path.stat().st_size // 2],
+                                          f"{NOT_A_MANIFEST} (Invalid JSON: EOF while parsing"),
+    "manifest empty": _manifest_bytes(lambda path: b"", f"{NOT_A_MANIFEST} (Invalid JSON: EOF while parsing a value"),
+    "manifest not JSON": _manifest_bytes(lambda path: b"\x89PNG\r\n\x1a\n",
+                                         f"{NOT_A_MANIFEST} (Invalid JSON: expected value"),
+    "manifest a list": _manifest_bytes(lambda path: b"[5]", f"{NOT_A_MANIFEST} (Input should be an object)"),
+    "bytes as text": _manifest_edit(
+        lambda m: {**m, "files": _with_file(m["files"], "frames.npy", bytes=str(m["files"]["frames.npy"]["bytes"]))},
+        f"{NOT_A_MANIFEST} (files.frames.npy.bytes: Input should be a valid integer)"),
+    "image ids numbers": _manifest_edit(lambda m: {**m, "binding": {**m["binding"], "image_ids": [1, 2, 3]}},
+                                        f"{NOT_A_MANIFEST} (binding.image_ids.0: Input should be a valid string)"),
+    "binding missing": _manifest_edit(lambda m: {key: value for key, value in m.items() if key != "binding"},
+                                      f"{NOT_A_MANIFEST} (binding: Field required)"),
+    "field injected": _manifest_edit(lambda m: {**m, "binding": {**m["binding"], "root": "/elsewhere"}},
+                                     f"{NOT_A_MANIFEST} (binding.root: Extra inputs are not permitted)"),
+    "file outside the folder": _manifest_edit(
+        lambda m: {**m, "files": {key.replace("natives.bin", "../natives.bin"): v for key, v in m["files"].items()}},
+        "its manifest.json lists the files ['../natives.bin', 'frames.npy', 'index.npz', 'masks.npy'], not"),
+    "samples reordered": _reordered,
+    "samples a subset": _subset,
+    "two entries swapped by name": _swapped,
+    "copy stopped before the manifest": _copy_stopped_before_the_manifest,
+    "copy stopped inside natives.bin": _copy_stopped_inside_natives,
+    "a file in the entry's place": _a_file_in_the_entrys_place,
+}
+
+
+@pytest.fixture(scope="module")
+def uncached_results(tmp_path_factory):
+    """The split's numbers without the cache, to hold a rebuilt cache's run against."""
+    root = write_chestx_det10(tmp_path_factory.mktemp("uncached") / "det10", CACHED, size=48)
+    results = tmp_path_factory.mktemp("uncached_results")
+    main(quiet_run("centre_prior", "chestx_det10", root, results, "--data.cache", "false"))
+    return json.loads((only_folder(results) / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("case", CACHE_CASES)
+def test_a_cache_entry_not_written_for_this_split_is_rebuilt_never_read(tmp_path, capsys, monkeypatch,
+                                                                        uncached_results, case):
+    """Issue 41: an entry whose files were all another entry's was read, and another split's regions
+    scored. The rule: reading never uses such an entry (an error naming the folder, what disagrees
+    and the fix); a run rebuilds it, saying so on the console, and its numbers are the uncached ones."""
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    folder = _cached_split(tmp_path / "det10").cache_folder()
+    named = CACHE_CASES[case](folder, tmp_path)
+    with pytest.raises(CacheDamagedError) as caught:
+        ChestXDet10(root=str(tmp_path / "det10"), image_size=32, num_workers=0).setup()
+    line = error_line("xbench-test", caught.value)
+    assert f"the decoded-image cache {folder} is damaged: " in line and named in line, line
+    assert f"Delete the folder {folder} and run again" in line and "\n" not in line and "Traceback" not in line
+    capsys.readouterr()
+    results = tmp_path / "results"
+    with pytest.warns(UserWarning, match="rebuilding it") as warned:
+        code, err = run_cli(quiet_run("centre_prior", "chestx_det10", tmp_path / "det10", results), capsys)
+    assert code == 0, err
+    (warning,) = [str(w.message) for w in warned if "decoded-image cache" in str(w.message)]
+    assert warning.startswith(f"the decoded-image cache {folder} is damaged: ") and named in warning, warning
+    assert f"Decoded-image cache rebuilt: {folder}" in err
+    rebuilt = json.loads((only_folder(results) / "metrics.json").read_text())
+    for section in ("grounding", "classification", "data"):
+        assert rebuilt[section] == uncached_results[section], section
+    assert [name for name in left_behind(folder.parent) if name.startswith(".")] == [], "a staging folder was left"
+
+
+def test_a_killed_builds_staging_folder_is_never_read(tmp_path, capsys, monkeypatch, uncached_results):
+    """A build killed mid-write (no clean-up ran) leaves its hidden staging folder: a run looks the
+    entry up by its full name only, so it writes its own, and leaves the other (perhaps still being
+    written by another process) alone."""
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    root = write_chestx_det10(tmp_path / "det10", CACHED, size=48)
+    folder = ChestXDet10(root=str(root), image_size=32, num_workers=0).cache_folder()
+    staging = folder.parent / f".{folder.name}.killed"
+    staging.mkdir(parents=True)
+    (staging / "frames.npy").write_bytes(b"\x93NUMPY half")
+    datamodule = ChestXDet10(root=str(root), image_size=32, num_workers=0)
+    datamodule.setup()
+    assert not (folder.exists() or hasattr(datamodule.test_set, "folder")), "the staging folder was read"
+    code, err = run_cli(quiet_run("centre_prior", "chestx_det10", root, tmp_path / "results"), capsys)
+    assert code == 0 and f"Decoded-image cache written: {folder}" in err, err
+    written = json.loads((only_folder(tmp_path / "results") / "metrics.json").read_text())
+    assert all(written[section] == uncached_results[section] for section in ("grounding", "classification", "data"))
+    assert left_behind(folder.parent) == sorted([staging.name, folder.name])

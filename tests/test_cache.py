@@ -239,12 +239,13 @@ def test_changed_content_of_the_same_size_is_an_error_naming_the_folder(root, na
     assert line.startswith(f"xbench-test: error: the decoded-image cache {folder} is damaged") and "Traceback" not in line
 
 
-def _rebind_index(folder: Path, binding: cache_module.Binding) -> None:
-    """Write ``binding`` into the folder's index alone, and the index's new size and hash into the
-    manifest: an index that the manifest vouches for but that was written for another entry."""
+def _rebind_index(folder: Path, binding: bytes | None) -> None:
+    """Write ``binding`` (JSON bytes; ``None``: none) into the folder's index alone, and the index's
+    new size and hash into the manifest: an index the manifest vouches for, bound to something else."""
     with np.load(folder / "index.npz") as index:
-        arrays = dict(index)
-    arrays["binding"] = np.frombuffer(binding.model_dump_json().encode(), dtype=np.uint8)
+        arrays = {name: index[name] for name in index.files if name != "binding"}
+    if binding is not None:
+        arrays["binding"] = np.frombuffer(binding, dtype=np.uint8)
     np.savez(folder / "index.npz", **arrays)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["files"]["index.npz"].update(bytes=(folder / "index.npz").stat().st_size,
@@ -278,7 +279,7 @@ def test_an_entry_is_bound_to_its_fingerprint_dataset_split_and_samples(root, ch
         manifest = json.loads((folder / "manifest.json").read_text())
         (folder / "manifest.json").write_text(json.dumps({**manifest, "binding": foreign.model_dump()}))
     else:
-        _rebind_index(folder, foreign)
+        _rebind_index(folder, foreign.model_dump_json().encode())
     with pytest.raises(CacheDamagedError, match=rf"{folder} is damaged: its {where} was written for another entry") as caught:
         module(root).setup()
     assert named.format(fingerprint=binding.fingerprint) in str(caught.value) and "Delete the folder" in str(caught.value)
@@ -296,3 +297,17 @@ def test_the_split_names_the_entry(root):
     assert first.cache_binding().split == "split=test, tag=a"
     assert first.cache_folder() != second.cache_folder()
     assert first.cache_binding().image_ids == second.cache_binding().image_ids
+
+
+@pytest.mark.parametrize(("binding", "named"), [
+    (None, "its index.npz holds no readable binding ('binding is not a file in the archive')"),
+    (b'{"fingerprint": "', "its index.npz holds no readable binding (Invalid JSON: EOF while parsing a string"),
+    (b'{"fingerprint": 5}', "its index.npz holds no readable binding (fingerprint: Input should be a valid string)"),
+])
+def test_an_index_without_a_readable_binding_is_named(root, binding, named):
+    dm = module(root)
+    dm.prepare_data()
+    _rebind_index(dm.cache_folder(), binding)
+    with pytest.raises(CacheDamagedError, match=rf"{dm.cache_folder()} is damaged: ") as caught:
+        module(root).setup()
+    assert named in str(caught.value) and "\n" not in str(caught.value), str(caught.value)

@@ -372,10 +372,13 @@ class XBenchDataModule(L.LightningDataModule, ABC):
 
     def cache_binding(self) -> Binding:
         """What this split's cache entry holds: the fingerprint of its samples and settings (the
-        entry's name), the dataset, the split (the dataset's own options) and the image ids in order."""
+        entry's name), the dataset, the split (the dataset's own options: its hyperparameters other
+        than the base's and than the ``_class_path`` and ``_instantiator`` LightningCLI records) and
+        the image ids in order."""
         if self._cache_binding is None:
+            base_options = inspect.signature(XBenchDataModule.__init__).parameters
             own = {key: value for key, value in self.hparams.items()
-                   if key not in inspect.signature(XBenchDataModule.__init__).parameters}
+                   if key not in base_options and not key.startswith("_")}
             split = ", ".join(f"{key}={value}" for key, value in sorted(own.items()))
             settings = {
                 "dataset": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -409,7 +412,8 @@ class XBenchDataModule(L.LightningDataModule, ABC):
                 check_folder(folder, binding)
                 action = "reading"
             except CacheDamagedError as error:
-                warnings.warn(f"the decoded-image cache {folder} is damaged: {error.reason}; rebuilding it", stacklevel=2)
+                warnings.warn(f"the decoded-image cache {folder} is damaged: {error.reason}; rebuilding it",
+                              stacklevel=2)
                 if folder.is_dir() and not folder.is_symlink():
                     shutil.rmtree(folder)
                 else:  # a file, or a link, in the entry's place

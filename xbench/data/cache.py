@@ -8,32 +8,35 @@ the classes that have a region on the image (and a phrase dataset's query masks,
 first run writes, per split and setting, memory-mapped files and an index; later runs of any model
 read them, and each model's own transform runs on the native image read back.
 
-The native image is kept as it is decoded (`xbench.geometry.image.CodedImage`): its integer codes
+The native image is kept as it is decoded (`CodedImage`): its integer codes
 at native resolution and the float32 grey level of each code. Without the cache the image is the
 same look-up of the same codes and levels, so a model's input is identical bit for bit with and
 without the cache. An augmented image has no such codes: it is kept as float32, also exact. The
 frame image is put on the 16-bit grid (an error below 1e-5) whether or not the cache is used.
 
 The folder's name carries a fingerprint of everything the content depends on: the parsed
-annotations of every sample, each image (and mask) file's size and modification time, the class
-list, ``image_size``, the mask threshold, the augmentation and its seed, the cache format, the
-package version and the source of the code that decides the pixels (`code_digest`). A
-changed file, setting or decoding rule therefore names a different folder. A cache is written
-into a temporary folder and renamed into place when complete, so a half-written cache is never
-read.
+annotations of every sample, each image (and mask) file's size and modification time, the dataset
+and its own options, the class list, ``image_size``, the mask threshold, the augmentation and its
+seed, the cache format, the package version and the source of the code that decides the pixels
+(`code_digest`). A changed file, setting or decoding rule therefore names a different
+folder. A cache is written into a temporary folder and renamed into place when complete, so a
+half-written cache is never read.
 
-An entry is bound to what it holds (`Binding`: the fingerprint its folder is named by, the
-dataset, the split and the image ids of its samples in order), stated in ``manifest.json`` and in
-the hashed index: a folder copied or renamed onto another entry's name holds another binding.
+An entry is bound to what it holds ([`Binding`][xbench.data.cache.Binding]: the fingerprint its
+folder is named by, the dataset, the split and the image ids of its samples in order), stated in
+``manifest.json`` and in the hashed index: a folder copied or renamed onto another entry's name
+holds another binding.
 
 What was written is checked on read: ``manifest.json`` states the format, the binding, each file's
 size, the arrays' headers and the index's hash (checked when the folder is opened, against the
-binding the datamodule expects: `check_folder`), and the index holds an xxHash (XXH3-64) of
-each sample's frame and mask rows and of its native image, checked against the bytes each read
-returns (1.4 ms for a VinDr-size image, ``bench/loading.py``). The rule: what the open check finds
-(a damaged or foreign entry, or one of another format) ``prepare_data`` rebuilds, with a warning
-that names the folder and what disagrees; a reader never rebuilds, so the same finding there, or a
-sample whose bytes differ, is an error that names the folder and the fix.
+binding the datamodule expects: [`check_folder`][xbench.data.cache.check_folder]), and the index
+holds an xxHash (XXH3-64) of each sample's frame and mask rows and of its native image, checked
+against the bytes each read returns (1.4 ms for a VinDr-size image, ``bench/loading.py``).
+
+The rule: what the open check finds (a damaged or foreign entry, or one of another format)
+``prepare_data`` rebuilds, with a warning that names the folder and what disagrees; a reader never
+rebuilds, so the same finding there, or a sample whose bytes differ, is an error that names the
+folder and the fix.
 """
 
 from __future__ import annotations
@@ -89,8 +92,9 @@ def damaged(folder: Path, what: str) -> CacheDamagedError:
 
 class Binding(BaseModel):
     """What a cache entry holds, stored in its manifest and its index and checked when it is opened:
-    the fingerprint its folder is named by (`fingerprint`), the dataset's name, the split (the
-    dataset's own options, e.g. ``split=test``) and the image ids of its samples, in order."""
+    the fingerprint its folder is named by ([`fingerprint`][xbench.data.cache.fingerprint]), the
+    dataset's name, the split (the dataset's own options, e.g. ``split=test``; empty for a dataset
+    without options of its own) and the image ids of its samples, in order."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -109,7 +113,7 @@ class _StoredFile(BaseModel):
 
 
 class _Manifest(BaseModel):
-    """``manifest.json``: the format, the binding, and each file as written (`check_folder`)."""
+    """``manifest.json``: the format, the binding, and each file as written (``check_folder``)."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -242,7 +246,6 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
         query_has_mask = np.zeros((count, slots), dtype=bool)
         query_lost = np.zeros((count, slots), dtype=bool)
         clipped = np.zeros(count, dtype=np.int64)
-        native_sizes = np.zeros((count, 2), dtype=np.int64)
         record_hashes = np.zeros(count, dtype=np.uint64)
         native_offsets = np.zeros(count, dtype=np.int64)
         native_shapes = np.zeros((count, 2), dtype=np.int64)
@@ -262,7 +265,6 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
                 has_mask[rows] = batch["has_mask"].numpy()
                 lost[rows] = batch["lost_regions"].numpy()
                 clipped[rows] = batch["clipped_shapes"].numpy()
-                native_sizes[rows] = batch["native_size"].numpy()
                 if slots:
                     query_masks[rows] = np.packbits(batch["query_masks"].numpy().reshape(len(rows), slots, pixels), axis=-1)
                     query_has_mask[rows] = batch["query_has_mask"].numpy()
@@ -278,8 +280,7 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
         masks.flush()
         del frames, masks
         np.savez(
-            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, native_sizes=native_sizes,
-            mask_rows=rows_of,
+            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, mask_rows=rows_of,
             native_offsets=native_offsets, native_shapes=native_shapes, native_kinds=native_kinds,
             native_levels=native_levels, native_hashes=native_hashes, record_hashes=record_hashes,
             query_masks=query_masks, query_has_mask=query_has_mask, query_lost=query_lost,
@@ -318,7 +319,7 @@ def _file_digest(path: Path) -> int:
 
 
 def _manifest(folder: Path, binding: Binding) -> _Manifest:
-    """What `check_folder` checks: the binding, each file's size, the arrays' headers, the index's hash."""
+    """What ``check_folder`` checks: the binding, each file's size, the arrays' headers, the index's hash."""
     files = {name: _StoredFile(bytes=(folder / name).stat().st_size,
                                header=_npy_header(folder / name) if name.endswith(".npy") else None,
                                xxh3=_file_digest(folder / name) if name == "index.npz" else None)
@@ -327,7 +328,7 @@ def _manifest(folder: Path, binding: Binding) -> _Manifest:
 
 
 def _read_manifest(folder: Path) -> _Manifest:
-    """The folder's ``manifest.json``, checked for its format and shape; else `CacheDamagedError`."""
+    """The folder's ``manifest.json``, checked for its format and shape; else ``CacheDamagedError``."""
     try:
         text = (folder / "manifest.json").read_bytes()
     except OSError as error:
@@ -339,12 +340,17 @@ def _read_manifest(folder: Path) -> _Manifest:
         if problem["loc"] == ("format",):
             raise damaged(folder, f"its manifest.json was written in cache format {problem['input']!r} (an older or "
                                   f"newer XBench); this one reads format {FORMAT}") from None
-        where = ".".join(map(str, problem["loc"]))
-        raise damaged(folder, f"its manifest.json is not a cache manifest ({where}: {problem['msg']})"
-                              if where else f"its manifest.json is not a cache manifest ({problem['msg']})") from None
+        raise damaged(folder, f"its manifest.json is not a cache manifest ({_first_problem(error)})") from None
     if set(manifest.files) != set(FILES):
         raise damaged(folder, f"its manifest.json lists the files {sorted(manifest.files)}, not {sorted(FILES)}")
     return manifest
+
+
+def _first_problem(error: ValidationError) -> str:
+    """The first thing pydantic found wrong, on one line: the field's path and what is wrong with it."""
+    problem = error.errors()[0]
+    field = ".".join(map(str, problem["loc"]))
+    return f"{field}: {problem['msg']}" if field else problem["msg"]
 
 
 def _sample_difference(expected: list[str], found: list[str]) -> str:
@@ -353,13 +359,14 @@ def _sample_difference(expected: list[str], found: list[str]) -> str:
         row = next(row for row, (want, got) in enumerate(zip(expected, found)) if want != got)
         return (f"image ids: the {len(expected)} expected in another order (sample {row}: {expected[row]!r} "
                 f"expected, {found[row]!r} found)")
-    missing, extra = list((Counter(expected) - Counter(found)).elements()), list((Counter(found) - Counter(expected)).elements())
+    missing = list((Counter(expected) - Counter(found)).elements())
+    extra = list((Counter(found) - Counter(expected)).elements())
     return (f"image ids: {len(found)} found, {len(expected)} expected; {len(missing)} expected ones absent "
             f"{missing[:3]}, {len(extra)} found ones not expected {extra[:3]}")
 
 
 def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) -> None:
-    """``found`` (read from the folder's ``where``) is ``expected``; else `CacheDamagedError`
+    """``found`` (read from the folder's ``where``) is ``expected``; else ``CacheDamagedError``
     saying, field by field, what was expected and what was found."""
     differences = [f"{name}: {getattr(expected, name)!r} expected, {getattr(found, name)!r} found"
                    for name in ("fingerprint", "dataset", "split") if getattr(expected, name) != getattr(found, name)]
@@ -372,7 +379,8 @@ def _check_binding(folder: Path, where: str, expected: Binding, found: Binding) 
 def check_folder(folder: Path, binding: Binding) -> None:
     """The cache folder holds what ``manifest.json`` says was written for ``binding``: the manifest's
     and the index's binding, each file at its size, the arrays' headers, the index's content (a few
-    MB at most); else `CacheDamagedError` saying what differs. Reads no pixels."""
+    MB at most); else [`CacheDamagedError`][xbench.data.cache.CacheDamagedError] saying what
+    differs. Reads no pixels."""
     written = _read_manifest(folder)
     _check_binding(folder, "manifest.json", binding, written.binding)
     for name, stated in written.files.items():
@@ -394,6 +402,8 @@ def check_folder(folder: Path, binding: Binding) -> None:
     try:
         with np.load(folder / "index.npz") as index:
             indexed = Binding.model_validate_json(index["binding"].tobytes())
+    except ValidationError as error:
+        raise damaged(folder, f"its index.npz holds no readable binding ({_first_problem(error)})") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
         raise damaged(folder, f"its index.npz holds no readable binding ({error})") from None
     _check_binding(folder, "index.npz", binding, indexed)
@@ -423,7 +433,6 @@ class CachedDataset(Dataset):
         self.has_mask = torch.from_numpy(index["has_mask"])
         self.lost_regions = torch.from_numpy(index["lost_regions"])
         self.clipped_shapes = index["clipped_shapes"]
-        self.native_sizes = torch.from_numpy(index["native_sizes"])
         self.mask_rows = index["mask_rows"]
         self.record_hashes = index["record_hashes"]
         self.native_offsets = index["native_offsets"]
@@ -461,7 +470,7 @@ class CachedDataset(Dataset):
         return self.item(index, with_native=False)[0]
 
     def item(self, index: int, with_native: bool) -> tuple[dict, CodedImage | np.ndarray | None]:
-        """The sample dict and, if asked, the cached native image (as `XBenchDataset.item`)."""
+        """The sample dict and, if asked, the cached native image (as `item`)."""
         if self._frames is None:  # opened in each worker: a memory map does not pickle
             self._open()
         size, num_classes = self.image_size, len(self.classes)
@@ -483,7 +492,6 @@ class CachedDataset(Dataset):
             "has_mask": self.has_mask[index].clone(),
             "index": index,
             "image_id": sample.image_id,
-            "native_size": self.native_sizes[index].clone(),
             "clipped_shapes": int(self.clipped_shapes[index]),
             "lost_regions": self.lost_regions[index].clone(),
         }
