@@ -477,13 +477,14 @@ def saved_samples(root):
 
 
 def read_every_pair(path, layout, root, classes=CLASSES):
-    """Every pair of the fixture through PrecomputedSaliency, as a run reads them."""
+    """Every pair of the fixture through PrecomputedSaliency, as a run reads them (with the
+    images' native size, as the batch gives it)."""
     from xbench.models.precomputed import PrecomputedSaliency
 
     model = PrecomputedSaliency(str(path), layout=layout)
     samples = saved_samples(root)
     model.find_pairs(samples, list(classes))
-    return [model.frame_map(sample.image_id, key, (8, 8)) for sample in samples for key in classes]
+    return [model.frame_map(sample.image_id, key, (8, 8), SAVED_SIZE) for sample in samples for key in classes]
 
 
 def good_image(**changes):
@@ -1322,3 +1323,18 @@ def test_cheXlocalizes_left_out_pairs_are_counted_not_scored_zero(wide_det10, tm
     assert native["nodule"]["chexlocalize_iou_otsu_left_out"] == 0 and native["nodule"]["chexlocalize_iou_otsu"] > 0
     assert "0 pairs with an empty fixed-threshold segmentation and 1 with an empty Otsu segmentation are left " \
            "out of their IoU means" in (run / "summary.md").read_text()
+
+
+def test_a_stated_size_is_checked_against_the_batchs_native_size_in_a_run(wide_det10, tmp_path, capsys):
+    """The image's size reaches the saved-output reader in the batch (no second read of the file):
+    a size written [width, height] still stops the run, naming the file and the pair."""
+    import numpy as np
+
+    maps = _bumps()
+    folder = _save_pairs(tmp_path / "saved", maps)
+    np.savez(folder / "a.png" / "nodule.npz", map=maps[("a.png", "nodule")], logit=np.float32(0.5),
+             window=np.array([0, 0, 48, 32]), image_size=np.array([48, 32]))
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys)
+    assert_one_line(code, err, 1, f"{folder / 'a.png' / 'nodule.npz'} (a.png, nodule)", "image, 32 x 48",
+                    "it reads as [width, height]: write [height, width]")
+    assert left_behind(tmp_path / "results") == []
