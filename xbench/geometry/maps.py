@@ -8,7 +8,8 @@ cheXlocalize's native-size protocol normalise with them, and saved outputs are p
   rule (``MapUpsample``), the frame pixels the model never saw taking the map's minimum;
   :func:`seen_pixels`: which frame pixels it saw (CNR leaves the others out);
 - :func:`normalise`: min-max to [0, 1], a constant map all zeros;
-- :func:`as_float32`: a map in the frame's precision, a float64 one normalised before it is rounded.
+- [`as_float32`][xbench.geometry.maps.as_float32]: a map in the frame's precision, a float64
+  one normalised before it is rounded.
 """
 
 from __future__ import annotations

@@ -254,7 +254,8 @@ class PrecomputedSaliency(XBenchModel):
 
     def frame_map(self, image_id: str, key: str, frame: tuple[int, int], native_size: tuple[int, int] | None = None
                   ) -> tuple[Tensor, float]:
-        """One pair's map on the frame's pixels [*frame] and its logit (``native_size``: as :meth:`read_pair`)."""
+        """One pair's map on the frame's pixels [*frame] and its logit (``native_size``: as
+        [`read_pair`][xbench.models.precomputed.PrecomputedSaliency.read_pair])."""
         if self.layout == "boxes":
             line = self._lines[(image_id, key)]
             _check_image_size(line["image_size"], native_size, line["where"])
