@@ -1338,3 +1338,18 @@ def test_a_stated_size_is_checked_against_the_batchs_native_size_in_a_run(wide_d
     assert_one_line(code, err, 1, f"{folder / 'a.png' / 'nodule.npz'} (a.png, nodule)", "image, 32 x 48",
                     "it reads as [width, height]: write [height, width]")
     assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("threshold", "named"), [
+    ("{mass: 0.4}", "--model.native_threshold has no threshold for ['nodule']; give one per finding of the run"),
+    ("1.0", "--model.native_threshold is 1.0; a threshold on the normalised map lies in [0, 1)"),
+    ("{mass: 0.4, nodule: -0.1}", "--model.native_threshold for nodule is -0.1"),
+])
+def test_a_native_threshold_missing_or_out_of_range_is_named(wide_det10, tmp_path, capsys, threshold, named):
+    """A finding without a threshold stopped the run with a bare KeyError after the loop; a threshold
+    of 1 or more left every pair out of their IoU silently."""
+    folder = _save_pairs(tmp_path / "saved", _bumps())
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys, "--model.native_protocol", "true",
+                           "--model.native_threshold", threshold)
+    assert_one_line(code, err, 1, named)
+    assert left_behind(tmp_path / "results") == []

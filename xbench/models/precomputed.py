@@ -161,7 +161,24 @@ class PrecomputedSaliency(XBenchModel):
 
     def build(self, classes: list[str]) -> None:
         self.find_pairs(self.trainer.datamodule.samples, classes)
-        self.chexlocalize_records = ChexlocalizeRecords(len(classes)) if self.native_protocol else None
+        self.chexlocalize_records = None
+        if self.native_protocol:
+            self.check_native_threshold(classes)
+            self.chexlocalize_records = ChexlocalizeRecords(len(classes))
+
+    def check_native_threshold(self, classes: list[str]) -> None:
+        """One threshold in [0, 1) for every finding of the run: a finding without one has no
+        segmentation, and at 1 or above every segmentation is empty (each pair left out)."""
+        per_finding = isinstance(self.native_threshold, dict)
+        given = self.native_threshold if per_finding else {"": self.native_threshold}
+        lacking = [key for key in classes if key not in given] if per_finding else []
+        if lacking:
+            raise ValueError(f"--model.native_threshold has no threshold for {lacking}; give one per finding of the "
+                             f"run ({', '.join(classes)}) or one number for all")
+        for key, value in given.items():
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"--model.native_threshold{f' for {key}' if key else ''} is {value!r}; a threshold "
+                                 "on the normalised map lies in [0, 1)")
 
     def run_metrics(self) -> list:
         return [*super().run_metrics(), *([self.chexlocalize_records] if self.native_protocol else [])]
