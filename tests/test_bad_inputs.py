@@ -460,13 +460,14 @@ def saved_samples(root):
 
 
 def read_every_pair(path, layout, root, classes=CLASSES):
-    """Every pair of the fixture through PrecomputedSaliency, as a run reads them."""
+    """Every pair of the fixture through PrecomputedSaliency, as a run reads them (with the
+    images' native size, as the batch gives it)."""
     from xbench.models.precomputed import PrecomputedSaliency
 
     model = PrecomputedSaliency(str(path), layout=layout)
     samples = saved_samples(root)
     model.find_pairs(samples, list(classes))
-    return [model.frame_map(sample.image_id, key, (8, 8)) for sample in samples for key in classes]
+    return [model.frame_map(sample.image_id, key, (8, 8), SAVED_SIZE) for sample in samples for key in classes]
 
 
 def good_image(**changes):
@@ -1893,3 +1894,33 @@ def test_a_killed_builds_staging_folder_is_never_read(tmp_path, capsys, monkeypa
     written = json.loads((only_folder(tmp_path / "results") / "metrics.json").read_text())
     assert all(written[section] == uncached_results[section] for section in ("grounding", "classification", "data"))
     assert left_behind(folder.parent) == sorted([staging.name, folder.name])
+
+
+def test_a_stated_size_is_checked_against_the_batchs_native_size_in_a_run(wide_det10, tmp_path, capsys):
+    """The image's size reaches the saved-output reader in the batch (no second read of the file):
+    a size written [width, height] still stops the run, naming the file and the pair."""
+    import numpy as np
+
+    maps = _bumps()
+    folder = _save_pairs(tmp_path / "saved", maps)
+    np.savez(folder / "a.png" / "nodule.npz", map=maps[("a.png", "nodule")], logit=np.float32(0.5),
+             window=np.array([0, 0, 48, 32]), image_size=np.array([48, 32]))
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys)
+    assert_one_line(code, err, 1, f"{folder / 'a.png' / 'nodule.npz'} (a.png, nodule)", "image, 32 x 48",
+                    "it reads as [width, height]: write [height, width]")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("threshold", "named"), [
+    ("{mass: 0.4}", "--model.native_threshold has no threshold for ['nodule']; give one per finding of the run"),
+    ("1.0", "--model.native_threshold is 1.0; a threshold on the normalised map lies in [0, 1)"),
+    ("{mass: 0.4, nodule: -0.1}", "--model.native_threshold for nodule is -0.1"),
+])
+def test_a_native_threshold_missing_or_out_of_range_is_named(wide_det10, tmp_path, capsys, threshold, named):
+    """A finding without a threshold stopped the run with a bare KeyError after the loop; a threshold
+    of 1 or more left every pair out of their IoU silently."""
+    folder = _save_pairs(tmp_path / "saved", _bumps())
+    code, err = _saved_run(wide_det10, folder, tmp_path / "results", capsys, "--model.native_protocol", "true",
+                           "--model.native_threshold", threshold)
+    assert_one_line(code, err, 1, named)
+    assert left_behind(tmp_path / "results") == []

@@ -1,4 +1,5 @@
-"""Both metrics give one process's numbers when the data is split unevenly over 2 or 3 processes."""
+"""The metrics (grounding, classification, cheXlocalize's native rows) give one process's numbers
+when the data is split unevenly over 2 or 3 processes."""
 
 import socket
 
@@ -9,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
+from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
 
 # DDP: processes of their own, whose imports are most of the cost; one xdist worker launches them all
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ddp")]
@@ -40,11 +42,15 @@ def make_data():
 def evaluate(indices, batch_size, queries=False):
     s, m, has, logits, labels, query_class = make_data()
     grounding, classification = GroundingMetrics(NUM_CLASSES), ClassificationMetrics(NUM_CLASSES)
+    native = ChexlocalizeRecords(NUM_CLASSES)
     for start in range(0, len(indices), batch_size):
         i = torch.as_tensor(indices[start : start + batch_size], dtype=torch.int64)
         grounding.update(s[i], m[i], has[i], i, query_class[i] if queries else None)
         classification.update(logits[i], labels[i], i)
-    return grounding.compute(), classification.compute()
+    for i in indices:  # each pair with a region, the map at its native size (12 x 12)
+        for c in torch.nonzero(has[i]).flatten().tolist():
+            native.update(s[i, c], m[i, c], c, 0.5)
+    return grounding.compute(), classification.compute(), chexlocalize_means(native.compute(), list("abc"))
 
 
 def _worker(rank, world, port, cases, out_path):
@@ -54,8 +60,8 @@ def _worker(rank, world, port, cases, out_path):
     try:
         results = {}
         for name, (shares, queries) in cases.items():
-            g, c = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
-            results[name] = {"g": dict(g.items()), "c": dict(c.items())}
+            g, c, native = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
+            results[name] = {"g": dict(g.items()), "c": dict(c.items()), "native": native}
         results["collectives"] = count_collectives(rank)
         if rank == 0:
             torch.save(results, out_path)
@@ -104,11 +110,14 @@ def test_ddp_equals_single_process(distributed):
     """Split unevenly (one process may get nothing), with and without queries: one process's numbers."""
     world, results = distributed
     for name, (_, queries) in CASES[world].items():
-        g, c = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=queries)
+        g, c, native = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=queries)
         if queries:
             assert int(g["pairs"][-1]) == 0 and int(g["pairs"].sum()) > 0, name  # no query of the last finding
         assert_same(dict(g.items()), results[name]["g"])
         assert_same(dict(c.items()), results[name]["c"])
+        assert native.keys() == results[name]["native"].keys() and sum(v["pairs"] for v in native.values()) > 0
+        for key, values in native.items():  # rows gathered in another order: means to rounding
+            assert results[name]["native"][key] == pytest.approx(values, abs=1e-12), (name, key)
 
 
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather", "all_gather_object", "gather", "reduce")

@@ -81,7 +81,8 @@ def chexlocalize(folder: Path, seed: int) -> None:
             spread = float(raw.max() - raw.min())
             detailed = raw.double() + torch.from_numpy(rng.uniform(0, spread * 2**-25, raw.shape))
             for where, size in (("frame", (224, 224)), ("native", (height, width))):
-                ours = normalise(place_in_frame(as_float32(detailed[None, None]), whole_frame(1, size, raw.device), size))
+                windows = whole_frame(1, size, raw.device)
+                ours = normalise(place_in_frame(as_float32(detailed[None, None]), windows, size))
                 exact = normalise(F.interpolate(detailed[None, None], size=size, mode="bilinear", align_corners=False))
                 moved[where][0] += int((threshold_bins(ours) - threshold_bins(exact)).abs().sum())
                 moved[where][1] += ours.numel() * len(THRESHOLDS)

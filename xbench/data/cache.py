@@ -246,6 +246,7 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
         query_has_mask = np.zeros((count, slots), dtype=bool)
         query_lost = np.zeros((count, slots), dtype=bool)
         clipped = np.zeros(count, dtype=np.int64)
+        native_sizes = np.zeros((count, 2), dtype=np.int64)
         record_hashes = np.zeros(count, dtype=np.uint64)
         native_offsets = np.zeros(count, dtype=np.int64)
         native_shapes = np.zeros((count, 2), dtype=np.int64)
@@ -265,6 +266,7 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
                 has_mask[rows] = batch["has_mask"].numpy()
                 lost[rows] = batch["lost_regions"].numpy()
                 clipped[rows] = batch["clipped_shapes"].numpy()
+                native_sizes[rows] = batch["native_size"].numpy()
                 if slots:
                     query_masks[rows] = np.packbits(batch["query_masks"].numpy().reshape(len(rows), slots, pixels), axis=-1)
                     query_has_mask[rows] = batch["query_has_mask"].numpy()
@@ -280,7 +282,8 @@ def build_cache(folder: Path, binding: Binding, dataset: Dataset, image_size: in
         masks.flush()
         del frames, masks
         np.savez(
-            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, mask_rows=rows_of,
+            staging / "index.npz", has_mask=has_mask, lost_regions=lost, clipped_shapes=clipped, native_sizes=native_sizes,
+            mask_rows=rows_of,
             native_offsets=native_offsets, native_shapes=native_shapes, native_kinds=native_kinds,
             native_levels=native_levels, native_hashes=native_hashes, record_hashes=record_hashes,
             query_masks=query_masks, query_has_mask=query_has_mask, query_lost=query_lost,
@@ -433,6 +436,7 @@ class CachedDataset(Dataset):
         self.has_mask = torch.from_numpy(index["has_mask"])
         self.lost_regions = torch.from_numpy(index["lost_regions"])
         self.clipped_shapes = index["clipped_shapes"]
+        self.native_sizes = torch.from_numpy(index["native_sizes"])
         self.mask_rows = index["mask_rows"]
         self.record_hashes = index["record_hashes"]
         self.native_offsets = index["native_offsets"]
@@ -492,6 +496,7 @@ class CachedDataset(Dataset):
             "has_mask": self.has_mask[index].clone(),
             "index": index,
             "image_id": sample.image_id,
+            "native_size": self.native_sizes[index].clone(),
             "clipped_shapes": int(self.clipped_shapes[index]),
             "lost_regions": self.lost_regions[index].clone(),
         }

@@ -3,14 +3,13 @@
 Every layer shares these rules: the model's ``test_step`` applies them to each map, the metrics and
 cheXlocalize's native-size protocol normalise with them, and saved outputs are placed with them.
 
-- [`near_constant`][xbench.geometry.maps.near_constant]: a raw map that points nowhere, decided on
-  the model's own grid;
-- [`place_in_frame`][xbench.geometry.maps.place_in_frame]: a map covering its input's window, placed
-  into the frame by the model's rule (``MapUpsample``), the frame pixels the model never saw taking
-  the map's minimum; `seen_pixels`: which frame pixels it saw (CNR leaves the others out);
-- [`normalise`][xbench.geometry.maps.normalise]: min-max to [0, 1], a constant map all zeros;
-- [`as_float32`][xbench.geometry.maps.as_float32]: a map in the frame's precision, a float64 one
-  normalised before it is rounded.
+- `near_constant`: a raw map that points nowhere, decided on the model's own grid;
+- `place_in_frame`: a map covering its input's window, placed into the frame by the model's
+  rule (``MapUpsample``), the frame pixels the model never saw taking the map's minimum;
+  `seen_pixels`: which frame pixels it saw (CNR leaves the others out);
+- `normalise`: min-max to [0, 1], a constant map all zeros;
+- [`as_float32`][xbench.geometry.maps.as_float32]: a map in the frame's precision, a float64
+  one normalised before it is rounded.
 """
 
 from __future__ import annotations
@@ -71,8 +70,7 @@ def _window_offset(size: int, start: Tensor, extent: Tensor) -> tuple[Tensor, Te
 
 def seen_pixels(windows: Tensor, frame: tuple[int, int]) -> Tensor:
     """Bool [B, *frame]: the frame pixels whose centre lies in each sample's window (top, left,
-    height, width) -- those [`place_in_frame`][xbench.geometry.maps.place_in_frame] gives the map's
-    values; the model never saw the rest."""
+    height, width) -- those `place_in_frame` gives the map's values; the model never saw the rest."""
     windows = windows.double()
     rows = _window_offset(frame[0], windows[:, :1], windows[:, 2:3])[1]
     columns = _window_offset(frame[1], windows[:, 1:2], windows[:, 3:4])[1]

@@ -29,8 +29,8 @@ scalar); numpy before 2.0 (their pins) compares in float32, as here; numpy 2 in 
 Which pairs enter their means is their ``eval.py``'s, with its defaults: an IoU is NaN, left out
 of the finding's mean, where the predicted segmentation or the radiologist mask is empty
 (``calculate_iou`` with ``--true_pos_only True``), and a hit is NaN where the mask is empty
-(``get_hitrates``). `ChexlocalizeRecords` keeps one row per pair and counts the pairs each
-rule left out.
+(``get_hitrates``). [`ChexlocalizeRecords`][xbench.metrics.native.ChexlocalizeRecords] keeps one row
+per pair and counts the pairs each rule left out.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
     Returns XBench's ``dice`` and ``iou`` curves (float64 [101]) and ``hit``; cheXlocalize's
     ``iou_fixed`` (``s > fixed_threshold``), ``otsu_level`` and ``iou_otsu`` (its Otsu
     segmentation, `otsu_segmentation`), each NaN where the segmentation or the mask is empty
-    (`true_positive_iou`), and ``argmax_hit``. XBench's values read the map in float32, as in
-    the frame ([`as_float32`][xbench.geometry.maps.as_float32]).
+    ([`true_positive_iou`][xbench.metrics.native.true_positive_iou]), and ``argmax_hit``. XBench's
+    values read the map in float32, as in the frame ([`as_float32`][xbench.geometry.maps.as_float32]).
     """
     mask = mask.bool()
     theirs = chexlocalize_segmentations(raw_map, tuple(mask.shape), fixed_threshold)
@@ -140,7 +140,8 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
     }
 
 
-#: The values of `ChexlocalizeRecords`' rows, each a finding's mean in ``metrics.json``.
+#: The values of a [`ChexlocalizeRecords`][xbench.metrics.native.ChexlocalizeRecords] row, each a
+#: finding's mean in ``metrics.json``.
 CHEXLOCALIZE_COLUMNS = ("xbench_iou@0.5", "xbench_pointing_game", "chexlocalize_iou_fixed", "chexlocalize_iou_otsu",
                         "chexlocalize_hit_rate")
 #: The columns cheXlocalize's ``true_pos_only`` leaves a pair out of (NaN: an empty segmentation).
@@ -150,10 +151,11 @@ TRUE_POSITIVE_ONLY = ("chexlocalize_iou_fixed", "chexlocalize_iou_otsu")
 class ChexlocalizeRecords(RecordsMetric):
     """cheXlocalize's protocol at native size, one row per (image, finding) pair with a region.
 
-    ``update(raw_map [h, w], mask bool [H, W], class_index, fixed_threshold)`` scores the
-    pair (`native_pair_scores`); a mask empty at native size is counted under ``empty_masks``
-    (their IoU and hit are NaN there; XBench grades no empty region) and gives no row. A row holds
-    `CHEXLOCALIZE_COLUMNS`, an IoU NaN where their ``true_pos_only`` leaves the pair out.
+    ``update(raw_map [h, w], mask bool [H, W], class_index, fixed_threshold)`` scores the pair
+    ([`native_pair_scores`][xbench.metrics.native.native_pair_scores]); a mask empty at native size is
+    counted under ``empty_masks`` (their IoU and hit are NaN there; XBench grades no empty region)
+    and gives no row. A row holds [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS],
+    an IoU NaN where their ``true_pos_only`` leaves the pair out.
     Rows sync by concatenation, so each process scores only its own samples.
     """
 
@@ -184,9 +186,10 @@ class ChexlocalizeRecords(RecordsMetric):
 
 def chexlocalize_means(values: MetricValues, classes: list[str]) -> dict[str, dict]:
     """Per finding (those with a pair scored or an empty mask): ``pairs`` graded, ``empty_masks``
-    left out, the mean of each of `CHEXLOCALIZE_COLUMNS` over the pairs where it is defined
-    (``None`` where none is; pandas' ``mean`` as their ``eval.py`` takes it) and, for their IoUs,
-    the pairs their ``true_pos_only`` left out (``<column>_left_out``)."""
+    left out, the mean of each of [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS]
+    over the pairs where it is defined (``None`` where none is; pandas' ``mean`` as their
+    ``eval.py`` takes it) and, for their IoUs, the pairs their ``true_pos_only`` left out
+    (``<column>_left_out``)."""
     per_class = {}
     for c, key in enumerate(classes):
         rows = values["scores"][values["class"] == c].cpu()
@@ -228,7 +231,7 @@ def himl_native_saliency(maps: Tensor, preprocess: Preprocess | None, window: Te
     normalised map is hi-ml's, min-max normalised over its pixels that are not NaN) and are not seen. Where
     hi-ml has no rule, the model's own ``window`` [4] in the ``frame`` (the batch's; ``None`` only
     for a model without a preprocess, which hi-ml's rule covers) is scaled to native pixels and the
-    maps placed through it ([`place_in_frame`][xbench.geometry.maps.place_in_frame]).
+    maps placed through it (`place_in_frame`).
     """
     height, width = image_size
     placement = himl_window(preprocess, image_size)

@@ -156,14 +156,30 @@ class PrecomputedSaliency(XBenchModel):
         self._last_file: tuple[Path, dict[str, Tensor], list[str] | None] | None = None
         self._file_classes: dict[Path, set[str]] = {}  # per-image file -> the findings it holds
         self._lines: dict[tuple[str, str], dict] = {}  # boxes layout: (image_id, finding) -> line
-        self._native_sizes: dict[str, tuple[int, int]] = {}  # image_id -> the batch's native_size
         self.chexlocalize_records: ChexlocalizeRecords | None = None
 
     # -- setup: find every pair's file before the first batch ----------------------------------
 
     def build(self, classes: list[str]) -> None:
         self.find_pairs(self.trainer.datamodule.samples, classes)
-        self.chexlocalize_records = ChexlocalizeRecords(len(classes)) if self.native_protocol else None
+        self.chexlocalize_records = None
+        if self.native_protocol:
+            self.check_native_threshold(classes)
+            self.chexlocalize_records = ChexlocalizeRecords(len(classes))
+
+    def check_native_threshold(self, classes: list[str]) -> None:
+        """One threshold in [0, 1) for every finding of the run: a finding without one has no
+        segmentation, and at 1 or above every segmentation is empty (each pair left out)."""
+        per_finding = isinstance(self.native_threshold, dict)
+        given = self.native_threshold if per_finding else {"": self.native_threshold}
+        lacking = [key for key in classes if key not in given] if per_finding else []
+        if lacking:
+            raise ValueError(f"--model.native_threshold has no threshold for {lacking}; give one per finding of the "
+                             f"run ({', '.join(classes)}) or one number for all")
+        for key, value in given.items():
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"--model.native_threshold{f' for {key}' if key else ''} is {value!r}; a threshold "
+                                 "on the normalised map lies in [0, 1)")
 
     def run_metrics(self) -> list:
         return [*super().run_metrics(), *([self.chexlocalize_records] if self.native_protocol else [])]
@@ -177,7 +193,6 @@ class PrecomputedSaliency(XBenchModel):
         self._file_classes, self._pickles, self._last_file = {}, None, None
         self._lines = _read_box_lines(self.path) if self.layout == "boxes" else {}
         image_ids = [sample.image_id for sample in samples]
-        self._native_sizes = {}
         missing = [(image_id, key) for image_id in image_ids for key in classes if not self._has(image_id, key)]
         if missing and self.missing == "error":
             shown = ", ".join(f"({i}, {k})" for i, k in missing[:5])
@@ -227,9 +242,10 @@ class PrecomputedSaliency(XBenchModel):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def read_pair(self, image_id: str, key: str) -> SavedPair:
+    def read_pair(self, image_id: str, key: str, native_size: tuple[int, int] | None = None) -> SavedPair:
         """The saved map and logit of one pair (the pair must exist), checked: exact shapes, finite
-        values, a window inside a positive image size of the image's aspect."""
+        values, a window inside a positive image size of the aspect of the image's ``native_size``
+        (the batch's; ``None`` outside a run: not checked)."""
         if self.layout == "chexlocalize":
             file = self._pickle_path(image_id, key)
             pair = _chexlocalize_pair(load_data_pickle(file), file)
@@ -251,32 +267,18 @@ class PrecomputedSaliency(XBenchModel):
             pair = SavedPair(_map(arrays, "maps", (c,), where), _logit(arrays, "logits", "probs", (c,), where),
                              *_window(arrays, where))
         if pair.image_size is not None:
-            self._check_image_size(image_id, pair.image_size, f"{file} ({image_id}, {key})")
+            _check_image_size(pair.image_size, native_size, f"{file} ({image_id}, {key})")
         return pair
 
-    def _check_image_size(self, image_id: str, stated: tuple[int, int], where: str) -> None:
-        """A stated native size must have the aspect of the image file (within rounding: a resized
-        copy's size is fine): ``[width, height]`` for ``[height, width]`` would stretch the map. The
-        image's size is its batch's ``native_size``."""
-        actual = self._native_sizes.get(image_id)
-        if actual is None:  # read outside a run: no image to compare with
-            return
-        if not aspect_matches(stated, actual):
-            reversed_hint = (" (it reads as [width, height]: write [height, width])"
-                             if aspect_matches(stated[::-1], actual) else "")
-            raise ValueError(
-                f"{where}: the stated image size {list(stated)} (height, width) has another aspect ratio than the "
-                f"image, {actual[0]} x {actual[1]} (height x width){reversed_hint}; the saved output would be "
-                "stretched unevenly. State the size of the image the output was made on, as [height, width]."
-            )
-
-    def frame_map(self, image_id: str, key: str, frame: tuple[int, int]) -> tuple[Tensor, float]:
-        """One pair's map on the frame's pixels [*frame] and its logit."""
+    def frame_map(self, image_id: str, key: str, frame: tuple[int, int], native_size: tuple[int, int] | None = None
+                  ) -> tuple[Tensor, float]:
+        """One pair's map on the frame's pixels [*frame] and its logit (``native_size``: as
+        [`read_pair`][xbench.models.precomputed.PrecomputedSaliency.read_pair])."""
         if self.layout == "boxes":
             line = self._lines[(image_id, key)]
-            self._check_image_size(image_id, line["image_size"], line["where"])
+            _check_image_size(line["image_size"], native_size, line["where"])
             return box_map(line["boxes"], line.get("scores"), line["image_size"], frame), line["logit"]
-        pair = self.read_pair(image_id, key)
+        pair = self.read_pair(image_id, key, native_size)
         raw = as_float32(pair.map[None, None])
         if pair.window is None:
             window = whole_frame(1, frame, raw.device)
@@ -294,16 +296,17 @@ class PrecomputedSaliency(XBenchModel):
         logits = torch.zeros(len(batch["image_id"]), len(self.classes))
         maps = torch.zeros(len(batch["image_id"]), len(self.classes), *frame)
         for b, image_id in enumerate(batch["image_id"]):
-            self._native_sizes[image_id] = tuple(batch["native_size"][b].tolist())
+            native_size = tuple(batch["native_size"][b].tolist())
             sample = samples[int(batch["index"][b])]
             for c, key in enumerate(self.classes):
                 if (image_id, key) in self.missing_pairs:
                     batch["labels"][b, c] = -1
                     batch["has_mask"][b, c] = False
                     continue
-                maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame)
+                maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame, native_size)
                 if self.native_protocol and key in sample.regions:
-                    self.chexlocalize_records.update(*self.native_pair(sample, key), c, self.fixed_threshold(key))
+                    self.chexlocalize_records.update(*self.native_pair(sample, key, native_size), c,
+                                                     self.fixed_threshold(key))
         device = batch["masks"].device
         return logits.to(device), maps.to(device)
 
@@ -322,22 +325,37 @@ class PrecomputedSaliency(XBenchModel):
         """cheXlocalize's fixed threshold for finding ``key``: one for all, or the finding's own."""
         return self.native_threshold[key] if isinstance(self.native_threshold, dict) else self.native_threshold
 
-    def native_pair(self, sample, key: str) -> tuple[Tensor, Tensor]:
-        """One pair's raw map over the whole image at its native size and its mask drawn there."""
+    def native_pair(self, sample, key: str, native_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """One pair's raw map over the whole image at its native size (the saved file's, else the
+        image's ``native_size``) and its mask drawn there."""
         if self.layout == "boxes":
             line = self._lines[(sample.image_id, key)]
             image_size = line["image_size"]
-            self._check_image_size(sample.image_id, image_size, line["where"])
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
             pair = self.read_pair(sample.image_id, key)
-            image_size = pair.image_size or self._native_sizes[sample.image_id]
+            image_size = pair.image_size or native_size
             raw = pair.map
             if pair.window is not None:
                 raw = place_in_frame(raw[None, None], native_window_in_frame(pair.window, image_size, image_size),
                                      image_size)[0, 0]
         mask, _ = sample.regions[key].to_mask(*image_size)
         return raw, torch.from_numpy(mask)
+
+
+def _check_image_size(stated: tuple[int, int], actual: tuple[int, int] | None, where: str) -> None:
+    """A stated native size must have the aspect of the image's ``actual`` size (within rounding: a
+    resized copy's size is fine): ``[width, height]`` for ``[height, width]`` would stretch the map.
+    ``None``: read outside a run, no image to compare with."""
+    if actual is None or aspect_matches(stated, actual):
+        return
+    reversed_hint = (" (it reads as [width, height]: write [height, width])"
+                     if aspect_matches(stated[::-1], actual) else "")
+    raise ValueError(
+        f"{where}: the stated image size {list(stated)} (height, width) has another aspect ratio than the "
+        f"image, {actual[0]} x {actual[1]} (height x width){reversed_hint}; the saved output would be "
+        "stretched unevenly. State the size of the image the output was made on, as [height, width]."
+    )
 
 
 @contextmanager
