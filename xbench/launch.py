@@ -64,13 +64,13 @@ LOCK = "lock"
 CLUSTER = "slurm"
 #: How often jobs are checked, and at least how long between two lines of one job's images done.
 POLL_SECONDS = 1.0
+PROGRESS_LINE_SECONDS = 60.0
 #: A SLURM job's watchdog: the launcher touches this file of its launch's folder at every check of
 #: its jobs; a job that sees it untouched for WATCHDOG_SECONDS (by its own clock; a shared file
 #: system may show a file's time a minute late) ends itself, as no signal reaches it from a
 #: launcher that died.
 LAUNCHER_ALIVE = "launcher.alive"
 WATCHDOG_SECONDS = 300.0
-PROGRESS_LINE_SECONDS = 60.0
 
 # -- the suite file's slurm: block -------------------------------------------------------------
 
@@ -687,15 +687,15 @@ def launch(console: Console, jobs: list[Job], results_dir: Path, launcher: str =
         folder = (results_dir / JOBS_FOLDER / datetime.now().strftime("%Y%m%d-%H%M%S-%f")).resolve() if concurrent \
             else Path(scratch)
         executor = submitit_executor(folder, resources) if launcher == "slurm" else None
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         tracked = []
         try:
             for job in ordered:
                 name = _file_name(job)
-                request = {"cwd": os.getcwd(), "outcomes": str(folder / f"{name}.jsonl"), "jobs": job.tasks,
-                           "launcher_alive": str(folder / LAUNCHER_ALIVE), "watchdog_seconds": WATCHDOG_SECONDS}
+                request = {"cwd": os.getcwd(), "outcomes": str(folder / f"{name}.jsonl"), "jobs": job.tasks}
                 if executor is not None:
-                    run = SubmititRun(job, request, executor)
+                    watchdog = {"launcher_alive": str(folder / LAUNCHER_ALIVE), "watchdog_seconds": WATCHDOG_SECONDS}
+                    run = SubmititRun(job, {**request, **watchdog}, executor)
                 else:
                     (folder / f"{name}.json").write_text(json.dumps(request))
                     run = LocalRun(job, folder / f"{name}.json", folder / f"{name}.log" if concurrent else None,

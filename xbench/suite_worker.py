@@ -9,7 +9,9 @@ model (its weights loaded once) while its settings stay the same. A pair that ra
 the next one runs. JSON lines go to the outcomes file: ``started`` before each pair, ``progress``
 with the images it has scored (every ``PROGRESS_SECONDS``), then ``ok`` or ``failed`` with the
 results folder or the error; so if this process dies the suite knows which pair it was running
-and which never ran, and a person can follow a job that runs out of sight.
+and which never ran, and a person can follow a job that runs out of sight. A SLURM job's request
+also names the file its suite touches while it follows the job (``launcher_alive``) and how long
+it may stay untouched (``watchdog_seconds``) before the job ends itself.
 """
 
 from __future__ import annotations
