@@ -1329,3 +1329,24 @@ def test_a_slurm_launcher_without_slurm_leaves_nothing_behind(tmp_path, capsys, 
     code, err = run_command(suite_main, ["--config", "suite.yaml", "--launcher", "slurm"], "xbench-suite", capsys)
     assert_one_line(code, err, 1, "--launcher slurm: ", "srun", "use --launcher local")
     assert not (tmp_path / "results").exists()
+
+
+def test_a_config_file_name_cannot_reach_the_job_script(tmp_path):
+    """A SLURM job is named after its model's config file: a line break there would start a line of
+    the job's script (submitit quotes the name, and a quoted line break is still one)."""
+    from types import SimpleNamespace
+
+    from xbench.launch import Job, SubmititRun
+
+    named = {}
+
+    class Executor:
+        def update_parameters(self, **parameters):
+            named.update(parameters)
+
+        def submit(self, function, request):
+            return SimpleNamespace(paths=SimpleNamespace(stdout=tmp_path / "log"), job_id="1")
+
+    job = Job(1, "m\n#SBATCH --output=x", [None], [{}], ["d"])
+    SubmititRun(job, {}, Executor()).start(None)
+    assert named["name"] == "xbench-m-SBATCH---output-x"
