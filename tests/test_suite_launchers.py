@@ -1,7 +1,8 @@
 """The suite's launchers: submitit (its local executor runs SLURM's path without sbatch) and
 ``--devices N`` write what a serial run writes; a job that dies loses only its own pairs; a re-run
 skips what finished; Ctrl-C cancels what was started; the sbatch script states the suite file's
-resources; jobs that run at once start longest first."""
+resources, as the plan prints them; jobs that run at once start longest first; a job dies with its
+launcher, which holds its results folder till then; Ctrl-C ends a worker on one line."""
 
 from __future__ import annotations
 
