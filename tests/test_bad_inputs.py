@@ -1924,3 +1924,22 @@ def test_a_native_threshold_missing_or_out_of_range_is_named(wide_det10, tmp_pat
                            "--model.native_threshold", threshold)
     assert_one_line(code, err, 1, named)
     assert left_behind(tmp_path / "results") == []
+def test_a_config_file_name_cannot_reach_the_job_script(tmp_path):
+    """A SLURM job is named after its model's config file: a line break there would start a line of
+    the job's script (submitit quotes the name, and a quoted line break is still one)."""
+    from types import SimpleNamespace
+
+    from xbench.launch import Job, SubmititRun
+
+    named = {}
+
+    class Executor:
+        def update_parameters(self, **parameters):
+            named.update(parameters)
+
+        def submit(self, function, request):
+            return SimpleNamespace(paths=SimpleNamespace(stdout=tmp_path / "log"), job_id="1")
+
+    job = Job(1, "m\n#SBATCH --output=x", [None], [{}], ["d"])
+    SubmititRun(job, {}, Executor()).start(None)
+    assert named["name"] == "xbench-m-SBATCH---output-x"

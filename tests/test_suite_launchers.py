@@ -1,7 +1,8 @@
 """The suite's launchers: submitit (its local executor runs SLURM's path without sbatch) and
 ``--devices N`` write what a serial run writes; a job that dies loses only its own pairs; a re-run
 skips what finished; Ctrl-C cancels what was started; the sbatch script states the suite file's
-resources; jobs that run at once start longest first."""
+resources, as the plan prints them; jobs that run at once start longest first; a job dies with its
+launcher, which holds its results folder till then; Ctrl-C ends a worker on one line."""
 
 from __future__ import annotations
 
@@ -409,23 +410,33 @@ def gone(pid: int) -> bool:
         return True
 
 
+#: How a test starts a suite with ``--launcher slurm`` as a process of its own: submitit's local
+#: executor, a watchdog that gives up on the suite after 3 s.
+SLURM_SUITE = ("from xbench import launch; launch.CLUSTER = 'local'; launch.WATCHDOG_SECONDS = 3.0; "
+               "from xbench.suite import main; main(['--config', 'suite.yaml', '--launcher', 'slurm'])")
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
-def test_a_job_dies_with_its_launcher_and_holds_its_results_folder_till_then(user_models, phantom_root):
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_a_job_dies_with_its_launcher_and_holds_its_results_folder_till_then(user_models, phantom_root, launcher):
     """Issue 41.2: ``kill -9`` of the suite left its job running its pairs unsupervised, and a second
-    suite ran the same pairs at once. The job sleeps ten minutes; the kernel sends it SIGKILL as
-    the launcher dies (PR_SET_PDEATHSIG), so it is gone at once: the wait is only a safety net."""
-    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
-    launcher = subprocess.Popen([sys.executable, "-m", "xbench.suite", "--config", "suite.yaml"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    suite ran the same pairs at once. The job sleeps ten minutes. A local one gets SIGKILL from the
+    kernel as its launcher dies (Linux's PR_SET_PDEATHSIG): gone at once. A SLURM one (submitit's
+    local executor here) ends itself once it has not seen its launcher for WATCHDOG_SECONDS (3 s
+    here), looking every 0.3 s. The wait is only a safety net."""
+    if launcher == "local" and not sys.platform.startswith("linux"):
+        pytest.skip("the parent-death signal is Linux's")
+    write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM], slurm=SLURM)
+    command = ["-m", "xbench.suite", "--config", "suite.yaml"] if launcher == "local" else ["-c", SLURM_SUITE]
+    suite = subprocess.Popen([sys.executable, *command], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(Path("job.pid").exists, "the job to start its pair")
         job = int(Path("job.pid").read_text())
-        with pytest.raises(RuntimeError, match=rf"results is in use by another suite \(pid {launcher.pid} on "):
+        with pytest.raises(RuntimeError, match=rf"results is in use by another suite \(pid {suite.pid} on "):
             main(["--config", "suite.yaml"])
     finally:
-        launcher.kill()
-        launcher.wait()
+        suite.kill()
+        suite.wait()
     wait_for(lambda: gone(job), "the job to die with its launcher", seconds=60)
     with launch.results_lock(Path("results"), Path("next.yaml")):  # released by the kernel with its holder
         pass

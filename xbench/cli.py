@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import warnings
 from argparse import ArgumentError
 from collections.abc import Callable
@@ -118,7 +119,9 @@ def run(main: Callable[[], object], name: str) -> None:
         interrupts.append(signum)
         raise KeyboardInterrupt
 
-    noted = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    # not where SIGINT is ignored, nor off the main thread (where no handler can be set)
+    noted = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
+        threading.current_thread() is threading.main_thread()
     if noted:
         signal.signal(signal.SIGINT, interrupt)
     try:

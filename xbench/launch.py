@@ -19,9 +19,9 @@ file its worker notes each pair in, so each launcher reports the same: a job tha
 pair it was running and leaves its later pairs not run. Outside the terminal a job's output goes
 to its log file under ``<results_dir>/.suite/<time>/`` (a hidden folder, which readers of results
 do not look into; on a cluster the nodes see it, as they see the results). ``Ctrl-C`` cancels
-every job started or submitted and stops. A job of this machine dies with its launcher (Linux's
-parent-death signal), and one launcher at a time runs pairs in a results folder
-([`results_lock`][xbench.launch.results_lock]): docs/large-runs.md says why so.
+every job started or submitted and stops. A job dies with its launcher (on this machine Linux's
+parent-death signal, under SLURM a watchdog), and one launcher at a time runs pairs in a results
+folder ([`results_lock`][xbench.launch.results_lock]): docs/large-runs.md says why so.
 """
 
 from __future__ import annotations
@@ -65,6 +65,12 @@ CLUSTER = "slurm"
 #: How often jobs are checked, and at least how long between two lines of one job's images done.
 POLL_SECONDS = 1.0
 PROGRESS_LINE_SECONDS = 60.0
+#: A SLURM job's watchdog: the launcher touches this file of its launch's folder at every check of
+#: its jobs; a job that sees it untouched for WATCHDOG_SECONDS (by its own clock; a shared file
+#: system may show a file's time a minute late) ends itself, as no signal reaches it from a
+#: launcher that died.
+LAUNCHER_ALIVE = "launcher.alive"
+WATCHDOG_SECONDS = 300.0
 
 # -- the suite file's slurm: block -------------------------------------------------------------
 
@@ -483,8 +489,8 @@ class Launch:
     """Runs jobs, at most ``capacity`` at once, each on a free slot, printing a line at each step of
     each job; ``quiet_pairs``: no line per pair (their output is on the terminal)."""
 
-    def __init__(self, console: Console, total_jobs: int, quiet_pairs: bool) -> None:
-        self.console, self.total_jobs, self.quiet_pairs = console, total_jobs, quiet_pairs
+    def __init__(self, console: Console, total_jobs: int, quiet_pairs: bool, alive: Path | None = None) -> None:
+        self.console, self.total_jobs, self.quiet_pairs, self.alive = console, total_jobs, quiet_pairs, alive
         self.finished = self.failed = 0
 
     def say(self, tracked: Tracked, text: str) -> None:
@@ -562,6 +568,8 @@ class Launch:
             self.say(tracked, f"queued ({len(tracked.job.tasks)} pair(s))")
         try:
             while waiting or running:
+                if self.alive is not None:
+                    self.alive.touch()  # the jobs' watchdogs see the launcher alive
                 while waiting and self._may_start(waiting[0], running, capacity):
                     tracked = waiting.popleft()
                     tracked.slot = free.pop(0) if tracked.job.worker else Slot({}, None, "")
@@ -679,20 +687,22 @@ def launch(console: Console, jobs: list[Job], results_dir: Path, launcher: str =
         folder = (results_dir / JOBS_FOLDER / datetime.now().strftime("%Y%m%d-%H%M%S-%f")).resolve() if concurrent \
             else Path(scratch)
         executor = submitit_executor(folder, resources) if launcher == "slurm" else None
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         tracked = []
         try:
             for job in ordered:
                 name = _file_name(job)
                 request = {"cwd": os.getcwd(), "outcomes": str(folder / f"{name}.jsonl"), "jobs": job.tasks}
                 if executor is not None:
-                    run = SubmititRun(job, request, executor)
+                    watchdog = {"launcher_alive": str(folder / LAUNCHER_ALIVE), "watchdog_seconds": WATCHDOG_SECONDS}
+                    run = SubmititRun(job, {**request, **watchdog}, executor)
                 else:
                     (folder / f"{name}.json").write_text(json.dumps(request))
                     run = LocalRun(job, folder / f"{name}.json", folder / f"{name}.log" if concurrent else None,
                                    results_dir)
                 tracked.append(Tracked(job, run, folder / f"{name}.jsonl" if job.worker else None))
-            progress = Launch(console, len(jobs), quiet_pairs=not concurrent)
+            progress = Launch(console, len(jobs), quiet_pairs=not concurrent,
+                              alive=folder / LAUNCHER_ALIVE if executor is not None else None)
             outcomes = progress.run(tracked, slots, len(slots))
         except BaseException:
             if concurrent and not any(entry.run.started for entry in tracked):

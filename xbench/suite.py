@@ -44,7 +44,8 @@ suite names does not exist, or if no pair could run.
 
 One suite at a time runs in a results folder: a second one exits, naming the first (its lock is
 ``<results_dir>/.suite/lock``); start it again once the first ends, and it skips what that one
-finished. A job started here ends when the suite does, ``kill -9`` included (on Linux).
+finished. A job ends when the suite does, ``kill -9`` included (here on Linux at once; a SLURM job
+once it has not seen the suite for 5 minutes).
 """
 
 from __future__ import annotations

@@ -9,16 +9,21 @@ model (its weights loaded once) while its settings stay the same. A pair that ra
 the next one runs. JSON lines go to the outcomes file: ``started`` before each pair, ``progress``
 with the images it has scored (every ``PROGRESS_SECONDS``), then ``ok`` or ``failed`` with the
 results folder or the error; so if this process dies the suite knows which pair it was running
-and which never ran, and a person can follow a job that runs out of sight.
+and which never ran, and a person can follow a job that runs out of sight. A SLURM job's request
+also names the file its suite touches while it follows the job (``launcher_alive``) and how long
+it may stay untouched (``watchdog_seconds``) before the job ends itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
+from pathlib import Path
 
 from lightning.pytorch import Callback
 from rich.console import Console
@@ -27,6 +32,7 @@ from xbench.cli import error_line, quiet_notices, return_large_frees_to_the_syst
 from xbench.test import LoadedModel, run_test
 
 NAME = "xbench-test"  # what a failed pair's line starts with, as in a pair's own process
+COMMAND = "xbench-suite-worker"  # what this process's own lines start with
 #: How often a running pair notes its images done.
 PROGRESS_SECONDS = 10.0
 
@@ -72,9 +78,34 @@ def run_jobs(request: dict) -> int:
     return 1 if failed else 0
 
 
+def watch_launcher(alive: Path, seconds: float) -> None:
+    """End this process (SIGKILL, as Lightning runs on after a SIGTERM) once its launcher has left
+    ``alive`` untouched for ``seconds``: a SLURM job runs where no signal from a launcher that died
+    reaches it. A thread, looking ten times in ``seconds`` (at most every 10 s)."""
+
+    def watch() -> None:
+        seen, since = None, time.monotonic()
+        while True:
+            try:
+                touched = alive.stat().st_mtime_ns
+            except OSError:  # not there (yet, on a slow shared file system): as untouched
+                touched = seen
+            if touched != seen:
+                seen, since = touched, time.monotonic()
+            elif time.monotonic() - since > seconds:
+                print(f"{COMMAND}: its suite has not been seen for {seconds:.0f} s "
+                      f"({alive} untouched): it was stopped, so this job ends", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(min(seconds / 10, 10.0))
+
+    threading.Thread(target=watch, daemon=True, name="xbench-watchdog").start()
+
+
 def run_submitted(request: dict) -> int:
     """A suite's job as submitit runs it (a SLURM job, or its local executor): in the folder the
-    suite was started from, with the settings of XBench's commands."""
+    suite was started from, with the settings of XBench's commands, ended by its watchdog if the
+    suite is gone."""
+    watch_launcher(Path(request["launcher_alive"]), request["watchdog_seconds"])
     os.chdir(request["cwd"])
     if os.environ.get("XBENCH_DEBUG") != "1":
         quiet_notices()
@@ -88,4 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    run(main, "xbench-suite-worker")
+    run(main, COMMAND)
