@@ -133,17 +133,25 @@ def _value(path: Path, line: int, text: str) -> tuple[float, float]:
     return value / 100, 0.5 * 10 ** -_decimals(text) / 100
 
 
-def _check_cell(path: Path, line: int, cell: CellKey, runs: set[tuple[str, str]] | None) -> None:
+def _vocabulary(bench: Benchmark | None = None) -> dict[str, set[str]]:
+    """Each dataset's findings: the registered datasets', then those of the results' own datasets."""
+    vocabulary = {dataset: set(spellings_of(dataset).values()) for dataset in DEFAULT_CLASSES}
+    if bench is not None:
+        vocabulary |= {d: set(bench.classes(d)) for d in bench.datasets if d not in vocabulary}
+    return vocabulary
+
+
+def _check_cell(path: Path, line: int, cell: CellKey, vocabulary: dict[str, set[str]],
+                runs: set[tuple[str, str]] | None) -> None:
     """A cell XBench computes: a known dataset, one of its findings or ``mean``, a compared metric
     and, where ``runs`` (model, dataset) is given, a run of these results."""
     dataset, model, finding, metric = cell
     where = f"reference {path}, line {line}"
-    if dataset not in DEFAULT_CLASSES:
-        raise ReferenceError(f"{where}: unknown dataset {dataset!r}; XBench's datasets: {', '.join(DEFAULT_CLASSES)}")
-    findings = set(spellings_of(dataset).values())
-    if finding != MEAN and finding not in findings:
+    if dataset not in vocabulary:
+        raise ReferenceError(f"{where}: unknown dataset {dataset!r}; XBench's datasets: {', '.join(vocabulary)}")
+    if finding != MEAN and finding not in vocabulary[dataset]:
         raise ReferenceError(f"{where}: {finding!r} is not a finding of {dataset}; give '{MEAN}' or one of "
-                             f"{', '.join(sorted(findings))}")
+                             f"{', '.join(sorted(vocabulary[dataset]))}")
     if metric not in COMPARED_METRICS:
         raise ReferenceError(f"{where}: unknown metric {metric!r}; a reference compares {', '.join(COMPARED_METRICS)}")
     if runs is not None and (model, dataset) not in runs:
@@ -165,11 +173,11 @@ def read_reference(path: Path, bench: Benchmark) -> Reference:
     """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric), every
     row a cell these results compute: an unknown name, or a model not run on the dataset, is an
     error that names the line."""
-    runs = set(bench.runs)
+    runs, vocabulary = set(bench.runs), _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path):
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
-        _check_cell(path, line, cell, runs)
+        _check_cell(path, line, cell, vocabulary, runs)
         _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
     tables = {printed.table: printed.table for cell in values.values() for printed in cell}
     return Reference(f"`{path}`", str(path), values, tables)
@@ -178,12 +186,12 @@ def read_reference(path: Path, bench: Benchmark) -> Reference:
 def paper_reference() -> Reference:
     """The paper's Tables 1-5 (``paper/tables.csv``, as printed), in XBench's keys by ``paper/paper.yaml``."""
     about = read_yaml(Path(str(PAPER / "paper.yaml")))
-    path = Path(str(PAPER / "tables.csv"))
+    path, vocabulary = Path(str(PAPER / "tables.csv")), _vocabulary()
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path):
         finding = MEAN if row["finding"] == MEAN else about["findings"][row["table"]][row["finding"]]
         cell = (about["datasets"][row["dataset"]], about["models"][row["model"]], finding, row["metric"])
-        _check_cell(path, line, cell, None)
+        _check_cell(path, line, cell, vocabulary, None)
         _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
     return Reference(
         f"the paper (arXiv {about['arxiv']})", about["url"], values, about["tables"],
@@ -264,7 +272,7 @@ def _class_means(reference: Reference) -> dict[tuple[str, str, str], float]:
         if finding != MEAN:
             by_row.setdefault((dataset, model, metric), {})[finding] = printed[0].value
     return {row: sum(found.values()) / len(found) for row, found in by_row.items()
-            if set(found) == set(DEFAULT_CLASSES[row[0]]) and len(found) > 1}
+            if set(found) == set(DEFAULT_CLASSES.get(row[0], ())) and len(found) > 1}
 
 
 def _states(reference: Reference) -> dict[CellKey, tuple[str, float | None]]:
