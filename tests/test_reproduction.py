@@ -259,3 +259,21 @@ def test_a_reference_csv_and_a_results_folder_as_reference(paper_runs, tmp_path)
     text = report(paper_runs, tmp_path / "same", "--reference", str(paper_runs), "--fail-outside-interval")
     assert "judged inside XBench's interval, 0 outside" in text.split("- Reproduction of the results")[1]
 
+
+
+def test_each_run_logs_its_cells_of_the_paper_to_wandb(paper_runs):
+    from test_explainers import RecordingWandbLogger
+
+    from xbench.reporting.wandb import log_run
+    from xbench.results.folder import read_results
+
+    (folder,) = paper_runs.glob("clip__chexlocalize__*")
+    results = read_results(folder, {})
+    logger = RecordingWandbLogger()
+    log_run([logger], results, {"image_id": []}, folder)
+    table = logger.run.logged["reproduction"]
+    rows = {(row[0], row[1], row[2]): row for row in table.data}
+    assert len(rows) == 13 + 1 + 3  # Table 5: the classes and Mean; Table 1: PG, Dice and IoU
+    assert rows[("5", MEAN, "pointing_game")][3:5] == [6.88, pytest.approx(3.22, abs=0.05)]
+    assert rows[("5", MEAN, "pointing_game")][6] == "inconsistent"
+    assert rows[("5", "atelectasis", "pointing_game")][6] == "consistent"

@@ -453,3 +453,26 @@ def figure_table(reference: Reference, bench: Benchmark, name: str) -> Table:
         "– : a model not run on all seven datasets.",
         "Number", tuple(Column(header, ranked=False, percent=False) for header in ("Ref.", "XBench", "Δ")),
         tuple(rows))
+
+
+#: The columns of a run's reproduction table (W&B).
+RUN_COLUMNS = ["table", "finding", "metric", "paper", "xbench", "delta", "paper_state"]
+
+
+def paper_rows(results: dict) -> list[list]:
+    """One run's cells of the paper, one row per printed value, in percent: the paper's value, the
+    run's, their difference and whether the paper states the cell consistently (no interval: the
+    analysis comes after the runs; the report judges)."""
+    reference = paper_reference()
+    states = _states(reference)
+    rows = []
+    for cell, printed in reference.values.items():
+        dataset, model, finding, metric = cell
+        if (model, dataset) != (results["model"], results["dataset"]):
+            continue
+        value = xbench_value(results, finding, metric)
+        for p in printed:
+            ours = None if value is None else 100 * value
+            rows.append([p.table, finding, metric, 100 * p.value, ours,
+                         None if ours is None else ours - 100 * p.value, states[cell][0]])
+    return rows
