@@ -1283,6 +1283,7 @@ def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
     (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centreprior,mean,pointing_game,5\n",
      "unknown dataset \"=cmd|' /C calc'!A0\""),
     (REFERENCE_HEADER.encode() + b"mine,phantom,\xff\xfe,mean,pointing_game,5\n", "not a readable CSV"),
+    (REFERENCE_HEADER + ",phantom,centreprior,mean,pointing_game,5\n", "line 2: the table is empty"),
 ])
 def test_a_bad_reference_is_named_and_no_report_is_written(finished_runs, tmp_path, capsys, content, named):
     reference = tmp_path / "reference.csv"
@@ -1332,6 +1333,15 @@ def test_a_reference_value_outside_the_interval_fails_the_gate_naming_it(finishe
                                            f"centreprior mean pointing_game (line 2: {value}, XBench")
     else:
         assert code == 0, err
-    table = (tmp_path / "out" / "tables" / "reproduction_reference_mine.md").read_text()
+    table = (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()
     (row,) = [line for line in table.splitlines() if line.startswith("| CentrePrior")]
     assert row.endswith(" † |") == bool(status)
+
+
+def test_a_table_label_never_names_a_file(finished_runs, tmp_path, capsys):
+    reference = tmp_path / "reference.csv"
+    reference.write_text(REFERENCE_HEADER + GOOD_ROW.replace("mine", "../../escaped").format(value="100"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference))
+    assert code == 0, err
+    assert not list(tmp_path.rglob("escaped*"))
+    assert "Reproduction: ../../escaped" in (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()

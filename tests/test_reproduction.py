@@ -132,8 +132,10 @@ def write_run(root: Path, model: str, label: str, dataset: str, targets: dict, p
     order = torch.argsort(records["index"] * len(classes) + records["class"], stable=True)
     records = {name: value[order] for name, value in records.items()}
     dice, iou = pair_scores(records["predicted"], records["inter"])
-    per_class = lambda values: torch.zeros(len(classes), *values.shape[1:], dtype=values.dtype).index_add_(  # noqa: E731
-        0, records["class"], values)
+
+    def per_class(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(classes), *values.shape[1:], dtype=values.dtype).index_add_(0, records["class"], values)
+
     graded = torch.ones(len(records["index"]), dtype=torch.int64)
     cnr = torch.full((len(graded),), 0.5, dtype=torch.float64)
     grounding = summarise_curves(per_class(graded), per_class(records["inter"][:, -1]), per_class(dice),

@@ -176,6 +176,8 @@ def read_reference(path: Path, bench: Benchmark) -> Reference:
     runs, vocabulary = set(bench.runs), _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path):
+        if not row["table"]:
+            raise ReferenceError(f"reference {path}, line {line}: the table is empty; give each row a table label")
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
         _check_cell(path, line, cell, vocabulary, runs)
         _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
@@ -378,7 +380,8 @@ def _disagreements(table: str, comparisons: list[Comparison]) -> str:
 def reproduction_tables(reference: Reference, comparisons: list[Comparison], bench: Benchmark, name: str,
                         analysis_note: str = "") -> list[Table]:
     """Each of the reference's tables in its own layout: its rows (models) and columns (dataset,
-    finding, metric as they vary), each column as the reference's value, XBench's and Δ."""
+    finding, metric as they vary), each column as the reference's value, XBench's and Δ. Files are
+    named by the table's place (``<name>_1``, ...), never by a label read from a file."""
     by_cell = {c.cell: c for c in comparisons}
     tables = []
     for number, (table, title) in enumerate(reference.tables.items(), start=1):
@@ -414,7 +417,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
                "(unverified, not judged). " if any(by_cell[cell].state == "unverified" for cell, _ in entries)
                else "")
             + analysis_note)
-        tables.append(Table(f"{name}_{table}", f"Reproduction: {title}", caption.strip(), "Model", columns,
+        tables.append(Table(f"{name}_{number}", f"Reproduction: {title}", caption.strip(), "Model", columns,
                             tuple(rows)))
     if reference.figures:
         tables.append(figure_table(reference, bench, name))
