@@ -217,7 +217,7 @@ def test_results_equal_to_the_paper_are_inside_every_interval(paper_runs, tmp_pa
     table5 = tmp_path / "report" / "tables" / "reproduction_paper_5.csv"
     rows = {row["Model"]: row for row in read_rows(table5)}
     assert rows["CLIP"]["Mean Ref."] == "6.88" and rows["CLIP"]["Mean Δ mark"] == "‡†"
-    assert "CheXlocalize clip Mean PG: printed 3.22 (table 1), 6.88 (table 5)" in text
+    assert "CheXlocalize CLIP Mean PG: printed 3.22 (table 1), 6.88 (table 5)" in text
     assert all("†" not in value for row in rows.values() for column, value in row.items()
                if not column.startswith("Mean"))
     assert rows["DeViDe (not reproducible: weights and code not public)"]

@@ -364,7 +364,7 @@ def _row_label(reference: Reference, bench: Benchmark, model: str) -> str:
     return f"{label} (not reproducible: {why})" if why else label
 
 
-def _disagreements(table: str, comparisons: list[Comparison]) -> str:
+def _disagreements(table: str, comparisons: list[Comparison], labels: dict[str, str]) -> str:
     """The reference's disagreements that touch this table, every printed value named."""
     notes = []
     for c in comparisons:
@@ -372,7 +372,8 @@ def _disagreements(table: str, comparisons: list[Comparison]) -> str:
             continue
         printed = ", ".join(f"{100 * p.value:.2f} (table {p.table})" for p in c.printed)
         mean = f"; the mean of its class values {100 * c.class_mean:.2f}" if c.class_mean is not None else ""
-        notes.append(f"{dataset_name(c.cell[0])} {c.cell[1]} {_finding_label(c.cell[2])} {short(c.cell[3])}: "
+        notes.append(f"{dataset_name(c.cell[0])} {labels.get(c.cell[1], c.cell[1])} {_finding_label(c.cell[2])} "
+                     f"{short(c.cell[3])}: "
                      f"printed {printed}{mean}")
     return "; ".join(notes)
 
@@ -392,7 +393,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
         varying = tuple(len({key[i] for key in keys}) > 1 for i in range(3))
         models = list(dict.fromkeys(cell[1] for cell, _ in entries))
         where = {(cell[1], (cell[0], cell[2], cell[3])): p for cell, p in entries}
-        columns = tuple(Column(header, _column_label(key, varying), ranked=False)
+        columns = tuple(Column(header, _column_label(key, varying), ranked=False, digits=2)
                         for key in keys for header in ("Ref.", "XBench", "Δ"))
         rows = []
         for model in models:
@@ -406,7 +407,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
                 cells += [Cell(printed.value), Cell(c.value, c.interval),
                           Cell(c.delta(printed), mark=_marks(c, printed))]
             rows.append(Row(_row_label(reference, bench, model), tuple(cells)))
-        disagreements = _disagreements(table, comparisons)
+        disagreements = _disagreements(table, comparisons, reference.model_labels)
         caption = (
             f"{title}, from {reference.name} ({reference.source}). Ref.: the value it prints; XBench: this "
             "report's value [interval]; Δ = XBench − Ref. (percentage points); – : not covered by these results. "
