@@ -1943,3 +1943,113 @@ def test_a_config_file_name_cannot_reach_the_job_script(tmp_path):
     job = Job(1, "m\n#SBATCH --output=x", [None], [{}], ["d"])
     SubmititRun(job, {}, Executor()).start(None)
     assert named["name"] == "xbench-m-SBATCH---output-x"
+# -- the report's references: the paper's numbers, --reference and --fail-outside-interval (issue 41) --
+
+REFERENCE_HEADER = "table,dataset,model,finding,metric,value_percent\n"
+GOOD_ROW = "mine,phantom,centreprior,mean,pointing_game,{value}\n"
+
+
+def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
+    from xbench.report import main as report_main
+
+    return run_command(report_main, [str(runs), "--out", str(tmp_path / "out"), "--replicates", "5", *extra],
+                       "xbench-report", capsys)
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    (None, "cannot be read (No such file or directory)"),
+    ("", "is empty; its first line must be the header table,dataset,model,finding,metric,value_percent"),
+    (REFERENCE_HEADER, "has a header but no values"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean\n", "line 2: 4 fields, expected 6"),
+    ("table,dataset,model,finding,metric\nmine,phantom,centreprior,mean,pointing_game\n",
+     "line 1: the header is 'table,dataset,model,finding,metric'; expected table,dataset,model,finding,metric,"
+     "value_percent (missing: value_percent)"),
+    (REFERENCE_HEADER.replace("\n", ",extra\n") + GOOD_ROW.format(value="5").replace("\n", ",1\n"),
+     "(unknown: 'extra')"),
+    (REFERENCE_HEADER.replace("value_percent", "value_pct") + GOOD_ROW.format(value="5"),
+     "(missing: value_percent) (unknown: 'value_pct')"),
+    (REFERENCE_HEADER.replace("dataset,model", "model,dataset") + GOOD_ROW.format(value="5"),
+     "line 1: the header is 'table,model,dataset,finding,metric,value_percent'"),
+    (REFERENCE_HEADER + GOOD_ROW.format(value="abc"), "line 2: value_percent 'abc' is not a number from 0 to 100"),
+    (REFERENCE_HEADER + GOOD_ROW.format(value="120"), "line 2: value_percent '120' is not a number from 0 to 100"),
+    (REFERENCE_HEADER + GOOD_ROW.format(value="-1"), "line 2: value_percent '-1' is not a number from 0 to 100"),
+    (REFERENCE_HEADER + GOOD_ROW.format(value="nan"), "line 2: value_percent 'nan' is not a number"),
+    (REFERENCE_HEADER + GOOD_ROW.format(value="5") + GOOD_ROW.format(value="6"),
+     "line 3: table 'mine' already gives this cell (phantom, centreprior, mean, pointing_game) on line 2; keep one"),
+    (REFERENCE_HEADER + "mine,phantom,gpt,mean,pointing_game,5\n",
+     "line 2: these results have no run of model 'gpt' on phantom (models run on it: centreprior)"),
+    (REFERENCE_HEADER + "mine,phantom,oracle,mean,pointing_game,5\n", "no run of model 'oracle' on phantom"),
+    (REFERENCE_HEADER + "mine,rsna,centreprior,mean,pointing_game,5\n",
+     "line 2: these results have no run of model 'centreprior' on rsna (no run on it)"),
+    (REFERENCE_HEADER + "mine,mnist,centreprior,mean,pointing_game,5\n", "line 2: unknown dataset 'mnist'"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,bronchiectasis,pointing_game,5\n",
+     "line 2: 'bronchiectasis' is not a finding of phantom; give 'mean' or one of"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,accuracy,5\n", "line 2: unknown metric 'accuracy'"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,pointing_game_tau,5\n", "unknown metric 'pointing_game_tau'"),
+    (REFERENCE_HEADER + 'mine,phantom,"centreprior\nrm -rf /",mean,pointing_game,5\n',
+     "line 2: these results have no run of model 'centreprior\\nrm -rf /'"),
+    (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centreprior,mean,pointing_game,5\n",
+     "unknown dataset \"=cmd|' /C calc'!A0\""),
+    (REFERENCE_HEADER.encode() + b"mine,phantom,\xff\xfe,mean,pointing_game,5\n", "not a readable CSV"),
+    (REFERENCE_HEADER + ",phantom,centreprior,mean,pointing_game,5\n", "line 2: the table is empty"),
+])
+def test_a_bad_reference_is_named_and_no_report_is_written(finished_runs, tmp_path, capsys, content, named):
+    reference = tmp_path / "reference.csv"
+    if isinstance(content, bytes):
+        reference.write_bytes(content)
+    elif content is not None:
+        reference.write_text(content)
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference))
+    assert_one_line(code, err, 1, f"reference {reference}", named)
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_a_reference_folder_without_results_is_named(finished_runs, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(tmp_path / "empty"))
+    assert_one_line(code, err, 1, f"no results folders (with metrics.json) under {tmp_path / 'empty'}")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_the_gate_needs_the_intervals(finished_runs, tmp_path, capsys):
+    code, err = _report(finished_runs, tmp_path, capsys, "--no-analysis", "--fail-outside-interval")
+    assert_one_line(code, err, 1, "--fail-outside-interval judges each number against its interval, which "
+                                  "--no-analysis leaves out")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_the_demo_report_says_no_paper_cell_is_covered_and_the_gate_refuses_it(finished_runs, tmp_path, capsys):
+    code, err = _report(finished_runs, tmp_path, capsys, "--fail-outside-interval")
+    assert_one_line(code, err, 1, "no cell of the paper (arXiv 2510.19599) is covered by these results, so nothing "
+                                  "was compared")
+    text = (tmp_path / "out" / "report.md").read_text()  # the report is written before the gate
+    assert ("- Reproduction of the paper (arXiv 2510.19599): 539 values in 511 cells; no cell is covered by these "
+            "results") in text
+    assert "## Reproduction" not in text
+
+
+@pytest.mark.parametrize(("value", "status"), [("100", 1), ("{ours}", 0)])
+def test_a_reference_value_outside_the_interval_fails_the_gate_naming_it(finished_runs, tmp_path, capsys, value,
+                                                                         status):
+    (folder,) = finished_runs.glob("centreprior__*")
+    ours = json.loads((folder / "metrics.json").read_text())["grounding"]["macro"]["pointing_game"]
+    reference = tmp_path / "reference.csv"
+    reference.write_text(REFERENCE_HEADER + GOOD_ROW.format(value=value.format(ours=100 * ours)))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    if status:
+        assert_one_line(code, err, status, "1 cell(s) of `" + str(reference) + "` left XBench's interval: Phantom "
+                                           f"centreprior mean pointing_game (line 2: {value}, XBench")
+    else:
+        assert code == 0, err
+    table = (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()
+    (row,) = [line for line in table.splitlines() if line.startswith("| CentrePrior")]
+    assert row.endswith(" † |") == bool(status)
+
+
+def test_a_table_label_never_names_a_file(finished_runs, tmp_path, capsys):
+    reference = tmp_path / "reference.csv"
+    reference.write_text(REFERENCE_HEADER + GOOD_ROW.replace("mine", "../../escaped").format(value="100"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference))
+    assert code == 0, err
+    assert not list(tmp_path.rglob("escaped*"))
+    assert "Reproduction: ../../escaped" in (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()

@@ -132,8 +132,10 @@ def write_run(root: Path, model: str, label: str, dataset: str, targets: dict, p
     order = torch.argsort(records["index"] * len(classes) + records["class"], stable=True)
     records = {name: value[order] for name, value in records.items()}
     dice, iou = pair_scores(records["predicted"], records["inter"])
-    per_class = lambda values: torch.zeros(len(classes), *values.shape[1:], dtype=values.dtype).index_add_(  # noqa: E731
-        0, records["class"], values)
+
+    def per_class(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(len(classes), *values.shape[1:], dtype=values.dtype).index_add_(0, records["class"], values)
+
     graded = torch.ones(len(records["index"]), dtype=torch.int64)
     cnr = torch.full((len(graded),), 0.5, dtype=torch.float64)
     grounding = summarise_curves(per_class(graded), per_class(records["inter"][:, -1]), per_class(dice),
@@ -215,7 +217,7 @@ def test_results_equal_to_the_paper_are_inside_every_interval(paper_runs, tmp_pa
     table5 = tmp_path / "report" / "tables" / "reproduction_paper_5.csv"
     rows = {row["Model"]: row for row in read_rows(table5)}
     assert rows["CLIP"]["Mean Ref."] == "6.88" and rows["CLIP"]["Mean Δ mark"] == "‡†"
-    assert "CheXlocalize clip Mean PG: printed 3.22 (table 1), 6.88 (table 5)" in text
+    assert "CheXlocalize CLIP Mean PG: printed 3.22 (table 1), 6.88 (table 5)" in text
     assert all("†" not in value for row in rows.values() for column, value in row.items()
                if not column.startswith("Mean"))
     assert rows["DeViDe (not reproducible: weights and code not public)"]
@@ -259,3 +261,21 @@ def test_a_reference_csv_and_a_results_folder_as_reference(paper_runs, tmp_path)
     text = report(paper_runs, tmp_path / "same", "--reference", str(paper_runs), "--fail-outside-interval")
     assert "judged inside XBench's interval, 0 outside" in text.split("- Reproduction of the results")[1]
 
+
+
+def test_each_run_logs_its_cells_of_the_paper_to_wandb(paper_runs):
+    from test_explainers import RecordingWandbLogger
+
+    from xbench.reporting.wandb import log_run
+    from xbench.results.folder import read_results
+
+    (folder,) = paper_runs.glob("clip__chexlocalize__*")
+    results = read_results(folder, {})
+    logger = RecordingWandbLogger()
+    log_run([logger], results, {"image_id": []}, folder)
+    table = logger.run.logged["reproduction"]
+    rows = {(row[0], row[1], row[2]): row for row in table.data}
+    assert len(rows) == 13 + 1 + 3  # Table 5: the classes and Mean; Table 1: PG, Dice and IoU
+    assert rows[("5", MEAN, "pointing_game")][3:5] == [6.88, pytest.approx(3.22, abs=0.05)]
+    assert rows[("5", MEAN, "pointing_game")][6] == "inconsistent"
+    assert rows[("5", "atelectasis", "pointing_game")][6] == "consistent"

@@ -133,17 +133,25 @@ def _value(path: Path, line: int, text: str) -> tuple[float, float]:
     return value / 100, 0.5 * 10 ** -_decimals(text) / 100
 
 
-def _check_cell(path: Path, line: int, cell: CellKey, runs: set[tuple[str, str]] | None) -> None:
+def _vocabulary(bench: Benchmark | None = None) -> dict[str, set[str]]:
+    """Each dataset's findings: the registered datasets', then those of the results' own datasets."""
+    vocabulary = {dataset: set(spellings_of(dataset).values()) for dataset in DEFAULT_CLASSES}
+    if bench is not None:
+        vocabulary |= {d: set(bench.classes(d)) for d in bench.datasets if d not in vocabulary}
+    return vocabulary
+
+
+def _check_cell(path: Path, line: int, cell: CellKey, vocabulary: dict[str, set[str]],
+                runs: set[tuple[str, str]] | None) -> None:
     """A cell XBench computes: a known dataset, one of its findings or ``mean``, a compared metric
     and, where ``runs`` (model, dataset) is given, a run of these results."""
     dataset, model, finding, metric = cell
     where = f"reference {path}, line {line}"
-    if dataset not in DEFAULT_CLASSES:
-        raise ReferenceError(f"{where}: unknown dataset {dataset!r}; XBench's datasets: {', '.join(DEFAULT_CLASSES)}")
-    findings = set(spellings_of(dataset).values())
-    if finding != MEAN and finding not in findings:
+    if dataset not in vocabulary:
+        raise ReferenceError(f"{where}: unknown dataset {dataset!r}; XBench's datasets: {', '.join(vocabulary)}")
+    if finding != MEAN and finding not in vocabulary[dataset]:
         raise ReferenceError(f"{where}: {finding!r} is not a finding of {dataset}; give '{MEAN}' or one of "
-                             f"{', '.join(sorted(findings))}")
+                             f"{', '.join(sorted(vocabulary[dataset]))}")
     if metric not in COMPARED_METRICS:
         raise ReferenceError(f"{where}: unknown metric {metric!r}; a reference compares {', '.join(COMPARED_METRICS)}")
     if runs is not None and (model, dataset) not in runs:
@@ -165,11 +173,13 @@ def read_reference(path: Path, bench: Benchmark) -> Reference:
     """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric), every
     row a cell these results compute: an unknown name, or a model not run on the dataset, is an
     error that names the line."""
-    runs = set(bench.runs)
+    runs, vocabulary = set(bench.runs), _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path):
+        if not row["table"]:
+            raise ReferenceError(f"reference {path}, line {line}: the table is empty; give each row a table label")
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
-        _check_cell(path, line, cell, runs)
+        _check_cell(path, line, cell, vocabulary, runs)
         _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
     tables = {printed.table: printed.table for cell in values.values() for printed in cell}
     return Reference(f"`{path}`", str(path), values, tables)
@@ -178,12 +188,12 @@ def read_reference(path: Path, bench: Benchmark) -> Reference:
 def paper_reference() -> Reference:
     """The paper's Tables 1-5 (``paper/tables.csv``, as printed), in XBench's keys by ``paper/paper.yaml``."""
     about = read_yaml(Path(str(PAPER / "paper.yaml")))
-    path = Path(str(PAPER / "tables.csv"))
+    path, vocabulary = Path(str(PAPER / "tables.csv")), _vocabulary()
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path):
         finding = MEAN if row["finding"] == MEAN else about["findings"][row["table"]][row["finding"]]
         cell = (about["datasets"][row["dataset"]], about["models"][row["model"]], finding, row["metric"])
-        _check_cell(path, line, cell, None)
+        _check_cell(path, line, cell, vocabulary, None)
         _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
     return Reference(
         f"the paper (arXiv {about['arxiv']})", about["url"], values, about["tables"],
@@ -264,7 +274,7 @@ def _class_means(reference: Reference) -> dict[tuple[str, str, str], float]:
         if finding != MEAN:
             by_row.setdefault((dataset, model, metric), {})[finding] = printed[0].value
     return {row: sum(found.values()) / len(found) for row, found in by_row.items()
-            if set(found) == set(DEFAULT_CLASSES[row[0]]) and len(found) > 1}
+            if set(found) == set(DEFAULT_CLASSES.get(row[0], ())) and len(found) > 1}
 
 
 def _states(reference: Reference) -> dict[CellKey, tuple[str, float | None]]:
@@ -354,7 +364,7 @@ def _row_label(reference: Reference, bench: Benchmark, model: str) -> str:
     return f"{label} (not reproducible: {why})" if why else label
 
 
-def _disagreements(table: str, comparisons: list[Comparison]) -> str:
+def _disagreements(table: str, comparisons: list[Comparison], labels: dict[str, str]) -> str:
     """The reference's disagreements that touch this table, every printed value named."""
     notes = []
     for c in comparisons:
@@ -362,7 +372,8 @@ def _disagreements(table: str, comparisons: list[Comparison]) -> str:
             continue
         printed = ", ".join(f"{100 * p.value:.2f} (table {p.table})" for p in c.printed)
         mean = f"; the mean of its class values {100 * c.class_mean:.2f}" if c.class_mean is not None else ""
-        notes.append(f"{dataset_name(c.cell[0])} {c.cell[1]} {_finding_label(c.cell[2])} {short(c.cell[3])}: "
+        notes.append(f"{dataset_name(c.cell[0])} {labels.get(c.cell[1], c.cell[1])} {_finding_label(c.cell[2])} "
+                     f"{short(c.cell[3])}: "
                      f"printed {printed}{mean}")
     return "; ".join(notes)
 
@@ -370,7 +381,8 @@ def _disagreements(table: str, comparisons: list[Comparison]) -> str:
 def reproduction_tables(reference: Reference, comparisons: list[Comparison], bench: Benchmark, name: str,
                         analysis_note: str = "") -> list[Table]:
     """Each of the reference's tables in its own layout: its rows (models) and columns (dataset,
-    finding, metric as they vary), each column as the reference's value, XBench's and Δ."""
+    finding, metric as they vary), each column as the reference's value, XBench's and Δ. Files are
+    named by the table's place (``<name>_1``, ...), never by a label read from a file."""
     by_cell = {c.cell: c for c in comparisons}
     tables = []
     for number, (table, title) in enumerate(reference.tables.items(), start=1):
@@ -381,7 +393,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
         varying = tuple(len({key[i] for key in keys}) > 1 for i in range(3))
         models = list(dict.fromkeys(cell[1] for cell, _ in entries))
         where = {(cell[1], (cell[0], cell[2], cell[3])): p for cell, p in entries}
-        columns = tuple(Column(header, _column_label(key, varying), ranked=False)
+        columns = tuple(Column(header, _column_label(key, varying), ranked=False, digits=2)
                         for key in keys for header in ("Ref.", "XBench", "Δ"))
         rows = []
         for model in models:
@@ -395,7 +407,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
                 cells += [Cell(printed.value), Cell(c.value, c.interval),
                           Cell(c.delta(printed), mark=_marks(c, printed))]
             rows.append(Row(_row_label(reference, bench, model), tuple(cells)))
-        disagreements = _disagreements(table, comparisons)
+        disagreements = _disagreements(table, comparisons, reference.model_labels)
         caption = (
             f"{title}, from {reference.name} ({reference.source}). Ref.: the value it prints; XBench: this "
             "report's value [interval]; Δ = XBench − Ref. (percentage points); – : not covered by these results. "
@@ -406,7 +418,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
                "(unverified, not judged). " if any(by_cell[cell].state == "unverified" for cell, _ in entries)
                else "")
             + analysis_note)
-        tables.append(Table(f"{name}_{table}", f"Reproduction: {title}", caption.strip(), "Model", columns,
+        tables.append(Table(f"{name}_{number}", f"Reproduction: {title}", caption.strip(), "Model", columns,
                             tuple(rows)))
     if reference.figures:
         tables.append(figure_table(reference, bench, name))
@@ -445,3 +457,26 @@ def figure_table(reference: Reference, bench: Benchmark, name: str) -> Table:
         "– : a model not run on all seven datasets.",
         "Number", tuple(Column(header, ranked=False, percent=False) for header in ("Ref.", "XBench", "Δ")),
         tuple(rows))
+
+
+#: The columns of a run's reproduction table (W&B).
+RUN_COLUMNS = ["table", "finding", "metric", "paper", "xbench", "delta", "paper_state"]
+
+
+def paper_rows(results: dict) -> list[list]:
+    """One run's cells of the paper, one row per printed value, in percent: the paper's value, the
+    run's, their difference and whether the paper states the cell consistently (no interval: the
+    analysis comes after the runs; the report judges)."""
+    reference = paper_reference()
+    states = _states(reference)
+    rows = []
+    for cell, printed in reference.values.items():
+        dataset, model, finding, metric = cell
+        if (model, dataset) != (results["model"], results["dataset"]):
+            continue
+        value = xbench_value(results, finding, metric)
+        for p in printed:
+            ours = None if value is None else 100 * value
+            rows.append([p.table, finding, metric, 100 * p.value, ours,
+                         None if ours is None else ours - 100 * p.value, states[cell][0]])
+    return rows

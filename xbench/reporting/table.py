@@ -45,18 +45,21 @@ class Cell:
 class Column:
     """``ranked``: bold/underline the best values (not for differences and gaps); ``lower_better``:
     the best is the lowest (a deletion AUC); ``percent``: values are fractions shown in percent, else
-    plain numbers with two decimals (R², a logit)."""
+    plain numbers with two decimals (R², a logit); ``digits``: other decimals (a reference's values
+    as printed)."""
 
     header: str
     group: str | None = None
     ranked: bool = True
     percent: bool = True
     lower_better: bool = False
+    digits: int | None = None
 
     @property
     def scale(self) -> tuple[float, int]:
         """The factor and decimals a value of this column is printed with."""
-        return (100, 1) if self.percent else (1, 2)
+        scale, digits = (100, 1) if self.percent else (1, 2)
+        return scale, digits if self.digits is None else self.digits
 
     def text(self, cell: Cell) -> str:
         """The cell as printed: ``61.6``, ``61.6 [58.9, 64.2]`` or ``–``, then its mark."""

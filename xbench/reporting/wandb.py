@@ -8,7 +8,8 @@
 At the end of a run `log_run` names the run ``<model>__<dataset>`` (the model's name joined by
 a CAM explainer's, ``clip+gradcam++``, so each explainer's maps are a run of their own) and adds, to
 any Lightning ``WandbLogger``: the resolved config and the explainer,
-the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, the Dice- and
+the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, for a paper
+model on a paper dataset the paper's cells beside the run's (``reproduction``), the Dice- and
 IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs.
 """
 
@@ -82,8 +83,10 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
     import wandb
 
     from xbench.reporting.figures import overlay_rgb
+    from xbench.reporting.reproduction import RUN_COLUMNS, paper_rows
 
     columns, rows = per_class_rows(results)
+    reproduction = paper_rows(results)
     thresholds = results["thresholds"]
     graded = [key for key in results["classes"] if results["grounding"]["per_class"][key]["pairs"] > 0]
     for logger in targets:
@@ -94,6 +97,8 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
                            "chosen_on_evaluated_set": results["chosen_on_evaluated_set"]}, allow_val_change=True)
         run.summary.update(log_keys(results))
         media = {"per_class": wandb.Table(columns=columns, data=rows)}
+        if reproduction:
+            media["reproduction"] = wandb.Table(columns=RUN_COLUMNS, data=reproduction)
         for name, label in (("dice", "Dice"), ("iou", "IoU")):
             if graded:
                 media[f"curves/{name}"] = wandb.plot.line_series(
