@@ -2053,3 +2053,184 @@ def test_a_table_label_never_names_a_file(finished_runs, tmp_path, capsys):
     assert code == 0, err
     assert not list(tmp_path.rglob("escaped*"))
     assert "Reproduction: ../../escaped" in (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()
+# -- transformers CLIP/SigLIP folders (issue 41) ------------------------------------------------
+# A folder is read only when every file it needs is there, readable, and agrees with the others:
+# before, a CLIP folder without its tokenizer files ran with exit 0 on an empty vocabulary.
+
+@pytest.fixture(scope="module")
+def hf_folders(tmp_path_factory):
+    """A tiny CLIP (the legacy ``eos_token_id: 2`` of XrayCLIP's config) and SigLIP folder, as the hub holds them."""
+    from test_hf_dual_encoder import TINY
+    from xbench.models.random_weights import write_hf_dual_encoder
+
+    root = tmp_path_factory.mktemp("hf_folders")
+    return {family: write_hf_dual_encoder(root / family, *TINY[family], seed=0) for family in TINY}
+
+
+def _hf_remove(*names):
+    return lambda folder: [(folder / name).unlink() for name in names]
+
+
+def _hf_truncate(name, keep=None):
+    def damage(folder):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2 if keep is None else keep])
+    return damage
+
+
+def _hf_write(name, text):
+    return lambda folder: (folder / name).write_text(text)
+
+
+def _hf_edit(name, change):
+    def damage(folder):
+        settings = json.loads((folder / name).read_text())
+        change(settings)
+        (folder / name).write_text(json.dumps(settings))
+    return damage
+
+
+def _hf_tensor(key, value):
+    def damage(folder):
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(str(folder / "model.safetensors"))
+        weights[key].view(-1)[0] = value
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return damage
+
+
+def _hf_siglip_tokenizer_in_clip(folder):
+    """A SigLIP tokenizer (spiece.model and its tokenizer_config.json) in place of the CLIP's."""
+    from xbench.models.random_weights import write_siglip_tokenizer
+
+    (folder / "tokenizer.json").unlink()
+    write_siglip_tokenizer(folder)
+
+
+def _hf_added_token(folder):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    tokenizer.add_tokens(["<extra>"])
+    tokenizer.save_pretrained(str(folder))
+
+
+def _hf_foreign_letters(folder):
+    """Another vocabulary of the same size: the SentencePiece model's letters and digits become CJK characters."""
+    from sentencepiece import sentencepiece_model_pb2 as spm
+
+    proto = spm.ModelProto()
+    proto.ParseFromString((folder / "spiece.model").read_bytes())
+    for piece in proto.pieces:
+        if len(piece.piece) == 1 and piece.piece.isalnum():
+            piece.piece = chr(0x4E00 + ord(piece.piece))
+    (folder / "spiece.model").write_bytes(proto.SerializeToString())
+
+
+MISSING_TOKENIZER = ("no clip tokenizer in {folder}: it needs tokenizer.json or vocab.json and merges.txt",
+                     "copy the checkpoint's tokenizer files there")
+NO_PROCESSOR = ("no image processor settings in {folder}", "processor_config.json with an image_processor entry",
+                "its save_pretrained writes processor_config.json")
+HF_CASES = {
+    # missing and swapped files
+    "no tokenizer files": ("clip", _hf_remove("tokenizer.json", "tokenizer_config.json"), MISSING_TOKENIZER),
+    "tokenizer_config.json alone (was: an empty vocabulary, every logit 0.0)": (
+        "clip", _hf_remove("tokenizer.json"), MISSING_TOKENIZER),
+    "SigLIP's tokenizer in a CLIP folder": ("clip", _hf_siglip_tokenizer_in_clip, MISSING_TOKENIZER),
+    "no spiece.model": ("siglip", _hf_remove("spiece.model"),
+                        ("no siglip tokenizer in {folder}: it needs spiece.model",)),
+    "no image processor settings": ("siglip", _hf_remove("preprocessor_config.json"), NO_PROCESSOR),
+    "processor_config.json without an image_processor": (
+        "siglip", lambda folder: (_hf_remove("preprocessor_config.json")(folder),
+                                  _hf_write("processor_config.json", '{"processor_class": "X"}')(folder)),
+        NO_PROCESSOR),
+    # truncated and wrong-shaped files
+    "truncated config.json": ("clip", _hf_truncate("config.json"),
+                              ("{folder}/config.json is not valid JSON", "Download or write it again")),
+    "config.json a list": ("clip", _hf_write("config.json", "[1, 2]"),
+                           ("{folder}/config.json holds a JSON list", "fetch the checkpoint's own file")),
+    "truncated tokenizer.json": ("clip", _hf_truncate("tokenizer.json"),
+                                 ("{folder}/tokenizer.json is not valid JSON",)),
+    "truncated spiece.model": ("siglip", _hf_truncate("spiece.model"),
+                               ("cannot read the tokenizer in {folder}", "spiece.model",
+                                "fetch the checkpoint's tokenizer files again")),
+    "truncated preprocessor_config.json": ("clip", _hf_truncate("preprocessor_config.json"),
+                                           ("{folder}/preprocessor_config.json is not valid JSON",)),
+    "truncated processor_config.json": ("clip", _hf_write("processor_config.json", '{"image_processor": {"size"'),
+                                        ("{folder}/processor_config.json is not valid JSON",)),
+    "image_processor a list": ("clip", _hf_write("processor_config.json", '{"image_processor": [224]}'),
+                               ("{folder}/processor_config.json has an image_processor that is not an object",)),
+    "model.safetensors cut in its header": ("clip", _hf_truncate("model.safetensors", keep=4),
+                                            ("{folder}/model.safetensors", "header too small", "fetch it again")),
+    "model.safetensors cut in its tensors": ("siglip", _hf_truncate("model.safetensors"),
+                                             ("{folder}/model.safetensors", "not fully covered", "fetch it again")),
+    # values out of range, of the wrong type, or injected
+    "NaN in visual_projection.weight": ("clip", _hf_tensor("visual_projection.weight", float("nan")),
+                                        ("the weights in {folder}", "NaN or inf in visual_projection.weight",
+                                         "fetch the checkpoint again")),
+    "inf in logit_bias": ("siglip", _hf_tensor("logit_bias", float("inf")),
+                          ("the weights in {folder}", "NaN or inf in logit_bias")),
+    "vision_config.image_size a string": (
+        "clip", _hf_edit("config.json", lambda c: c["vision_config"].update(image_size="big")),
+        ("cannot load CLIPModel from {folder}", "image_size", "check its config.json against the checkpoint's own")),
+    "text_config.vocab_size negative": (
+        "clip", _hf_edit("config.json", lambda c: c["text_config"].update(vocab_size=-3)),
+        ("cannot load CLIPModel from {folder}", "negative dimension")),
+    "eos_token_id not the tokenizer's": (
+        "clip", _hf_edit("config.json", lambda c: c["text_config"].update(eos_token_id=5)),
+        ("the tokenizer in {folder} ends prompts with id 49407", "pools id 5 (config.json eos_token_id)")),
+    "a token added to the tokenizer": ("clip", _hf_added_token,
+                                       ("the tokenizer in {folder} has 49409 ids", "text tower embeds ids 0 to 49407",
+                                        "use the checkpoint's own tokenizer files")),
+    "another vocabulary of the same size": ("siglip", _hf_foreign_letters,
+                                            ("the tokenizer in {folder} reads the prompt",
+                                             "special or unknown tokens only", "--model.pos_template")),
+    "resample a string": ("clip", _hf_edit("preprocessor_config.json", lambda c: c.update(resample="x")),
+                          ("{folder}/preprocessor_config.json: a setting that is not a number", "'x'")),
+    "crop_size negative": (
+        "clip", _hf_edit("preprocessor_config.json", lambda c: c.update(crop_size={"height": -4, "width": -4})),
+        ("{folder}/preprocessor_config.json: crop_size", "XBench crops a positive square")),
+    "an image processor transformers does not have": (
+        "siglip", _hf_edit("preprocessor_config.json", lambda c: c.update(image_processor_type="NoSuchProcessor")),
+        ("{folder}/preprocessor_config.json: transformers cannot build its image processor",
+         "Unrecognized image processor")),
+    "pad_token null": ("clip", _hf_edit("tokenizer_config.json", lambda c: c.update(pad_token=None)),
+                       ("the tokenizer in {folder} has no pad_token",)),
+}
+
+
+@pytest.mark.parametrize("case", HF_CASES)
+def test_a_transformers_folder_that_does_not_hold_together_is_named(hf_folders, phantom_root, tmp_path, capsys,
+                                                                      case):
+    import shutil
+
+    family, damage, named = HF_CASES[case]
+    folder = tmp_path / family
+    shutil.copytree(hf_folders[family], folder)
+    damage(folder)
+    config = "xray_clip" if family == "clip" else "medsiglip"
+    code, err = run_cli(quiet_run(config, "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                  str(folder)), capsys)
+    assert_one_line(code, err, 1, *(name.format(folder=folder) for name in named))
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_code_named_in_a_folders_files_is_never_run(hf_folders, tmp_path):
+    """``auto_map`` entries in the config, the image processor's and the tokenizer's settings point at a
+    module in the folder: XBench builds transformers' own classes and imports nothing from the folder."""
+    import shutil
+
+    from xbench.models.hf_dual_encoder import HFDualEncoder
+
+    folder = tmp_path / "clip"
+    shutil.copytree(hf_folders["clip"], folder)
+    marker = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
+    for name, auto in (("config.json", "AutoModel"), ("preprocessor_config.json", "AutoImageProcessor"),
+                       ("tokenizer_config.json", "AutoTokenizer")):
+        _hf_edit(name, lambda c, auto=auto: c.update(auto_map={auto: "evil.Evil"}))(folder)
+    model = HFDualEncoder(str(folder))
+    model.build(["nodule"])
+    assert not marker.exists()
+    assert type(model.model).__name__ == "CLIPModel" and type(model.tokenizer).__name__ == "CLIPTokenizer"

@@ -100,6 +100,26 @@ def test_a_processor_setting_preprocess_cannot_state_is_refused(edit, message, t
         processor_preprocess(tmp_path)
 
 
+@pytest.mark.parametrize("width, height", [(300, 200), (200, 300), (250, 250)])
+def test_a_crop_smaller_than_the_resize_cuts_both_sides(width, height, tmp_path):
+    """``shortest_edge`` 256 then a 224 crop (a folder the docs invite a user to run): the processor's
+    own output, XBench's window and the parity tool's are the geometry worked by hand. 300 x 200 resizes
+    to 384 x 256; the crop starts 16 rows and 80 columns in, the floor of half of each margin."""
+    config = {**HF_DUAL_ENCODERS["xray_clip"]["preprocessor"], "size": {"shortest_edge": 256}}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    processor = AutoImageProcessor.from_pretrained(str(tmp_path), local_files_only=True)
+    ramp = np.add.outer(np.arange(height), 2 * np.arange(width)) % 256
+    Image.fromarray(ramp.astype(np.uint8)).save(tmp_path / "image.png")
+    found, window = processor_preprocess(tmp_path)(read_image(tmp_path / "image.png"), frame=224)
+    expected = processor(images=Image.open(tmp_path / "image.png"), return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(found, expected, rtol=0, atol=1e-6)
+    rows, columns = (256, 384) if width > height else (384, 256) if height > width else (256, 256)
+    by_hand = [(rows - 224) // 2 * 224 / rows, (columns - 224) // 2 * 224 / columns, 224 * 224 / rows,
+               224 * 224 / columns]
+    np.testing.assert_allclose(window.numpy(), by_hand, rtol=1e-6)
+    np.testing.assert_allclose(parity.window(tmp_path / "image.png", processor), by_hand, rtol=1e-6)
+
+
 def test_transformers_crop_offset_is_floored_where_torchvision_rounds():
     """A margin of 51 pixels: transformers crops at 25, torchvision's CenterCrop at round(25.5) = 26."""
     image = np.tile(np.arange(275, dtype=np.float32)[None] / 275, (224, 1))
@@ -205,7 +225,7 @@ def copy_folder(source: Path, target: Path, **edits) -> Path:
 
 
 def test_what_a_folder_cannot_be_run_with_is_said(folders, tmp_path, no_network):
-    with pytest.raises(FileNotFoundError, match="config.json, preprocessor_config.json not found"):
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
         load(tmp_path)
     with pytest.raises(ValueError, match="drop --model.neg_template"):
         load(folders["siglip"], neg_template="no {}")
@@ -225,6 +245,40 @@ def test_what_a_folder_cannot_be_run_with_is_said(folders, tmp_path, no_network)
     (small / "preprocessor_config.json").write_text(json.dumps(processor))
     with pytest.raises(ValueError, match="makes 24-pixel inputs but the vision tower takes 32"):
         load(small)
+
+
+def saved_by_transformers(source: Path, target: Path) -> Path:
+    """``source`` as transformers 5's ``save_pretrained`` writes it: the model's ``config.json`` and
+    ``model.safetensors``, the processor's ``processor_config.json`` (the image processor nested in it,
+    no ``preprocessor_config.json``) and the tokenizer's files."""
+    from transformers import AutoProcessor
+
+    transformers_model(source).save_pretrained(target)
+    AutoProcessor.from_pretrained(str(source), local_files_only=True).save_pretrained(target)
+    return target
+
+
+def test_a_folder_as_save_pretrained_writes_it_runs_as_the_hubs_layout_does(folders, tmp_path):
+    """Both layouts of the image processor's settings (``processor_config.json``, which transformers 5
+    writes; ``preprocessor_config.json``, the hub's) give the same input and the same scores."""
+    for family in ("clip", "siglip"):
+        saved = saved_by_transformers(folders[family], tmp_path / family)
+        assert (saved / "processor_config.json").is_file() and not (saved / "preprocessor_config.json").exists()
+        assert processor_preprocess(saved) == processor_preprocess(folders[family])
+        image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(load(saved)(image), load(folders[family])(image), rtol=0, atol=0)
+
+
+def test_processor_config_json_comes_first_as_transformers_reads_it(folders, tmp_path):
+    """With both files, the nested settings of ``processor_config.json`` decide, as in transformers;
+    without an ``image_processor`` entry, ``preprocessor_config.json`` does."""
+    folder = copy_folder(folders["siglip"], tmp_path / "both")
+    nested = {**TINY["siglip"][1], "image_mean": [0.25, 0.25, 0.25]}
+    (folder / "processor_config.json").write_text(json.dumps({"image_processor": nested}))
+    assert processor_preprocess(folder).mean == (0.25, 0.25, 0.25)
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "SiglipProcessor"}))
+    assert processor_preprocess(folder).mean == (0.5, 0.5, 0.5)
 
 
 # -- the command line ---------------------------------------------------------------------------------

@@ -47,18 +47,18 @@ import common  # noqa: E402
 def window(path: Path, processor) -> np.ndarray:
     """(top, left, height, width) of the processor's input in the metric frame: the whole frame after a
     squash; after a shorter-side resize (the longer side truncated, as transformers does) the centre
-    crop at the floor of half the margin."""
+    crop, at the floor of half the margin, on each side: a crop smaller than the resize cuts the
+    shorter side too."""
     width, height = Image.open(path).size
     size = processor.size
     if getattr(size, "shortest_edge", None) is None:
         return np.array([0.0, 0.0, common.FRAME, common.FRAME], dtype=np.float32)
     side, crop = size.shortest_edge, processor.crop_size.height
     long = int(side * max(height, width) / min(height, width))
-    offset = (long - crop) // 2
-    scale = common.FRAME / long
-    along_long, whole = (offset * scale, crop * scale), (0.0, float(common.FRAME))
-    rows, columns = (along_long, whole) if height > width else (whole, along_long)
-    return np.array([rows[0], columns[0], rows[1], columns[1]], dtype=np.float32)
+    resized_rows, resized_columns = (long, side) if height > width else (side, long)
+    top, left = (resized_rows - crop) // 2, (resized_columns - crop) // 2
+    return np.array([top * common.FRAME / resized_rows, left * common.FRAME / resized_columns,
+                     crop * common.FRAME / resized_rows, crop * common.FRAME / resized_columns], dtype=np.float32)
 
 
 def patch_embeddings(model, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -73,8 +73,7 @@ def safe_load(path: str | Path) -> Any:
         try:
             return load_file(str(path))
         except Exception as error:  # noqa: BLE001 -- safetensors raises its own error type for a bad header
-            raise ValueError(f"cannot read checkpoint {path} ({type(error).__name__}: {error}): a damaged or truncated "
-                             ".safetensors file; fetch it again") from error
+            raise damaged_safetensors(path, error) from error
     with open(path, "rb") as handle:
         head = handle.read(2)
     if head != b"PK" and head[:1] != b"\x80":  # a zip (torch >= 1.6) or a pickle (older torch.save)
@@ -92,6 +91,33 @@ def safe_load(path: str | Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # a corrupt or foreign file: say which and why
         raise ValueError(f"cannot read checkpoint {path}: {error}") from error
+
+
+def damaged_safetensors(path: Path, error: Exception) -> ValueError:
+    """The error for a ``.safetensors`` file that safetensors cannot read: the file, safetensors' reason, the fix."""
+    return ValueError(f"cannot read checkpoint {path} ({type(error).__name__}: {error}): a damaged or truncated "
+                      ".safetensors file; fetch it again")
+
+
+def check_safetensors(path: Path) -> None:
+    """Read ``path``'s header, which also checks that its tensors fill the file exactly: a damaged or
+    truncated file is named here, before a loader that would not name it (transformers) reads it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except Exception as error:  # noqa: BLE001 -- safetensors raises its own error type for a bad header
+        raise damaged_safetensors(path, error) from error
+
+
+def require_finite(state: Mapping[str, Tensor], where: str) -> None:
+    """Every floating-point tensor of ``state`` finite: a NaN or inf in the weights is named (the
+    tensors and ``where``) when they are loaded, not met later as non-finite outputs."""
+    damaged = [key for key, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if damaged:
+        raise ValueError(f"{where}: NaN or inf in {group_keys(damaged)}: the weights are damaged (or saved from a "
+                         "diverged training); fetch the checkpoint again")
 
 
 def omegaconf_values(node: Any) -> Any:

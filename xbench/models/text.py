@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 
 from xbench.cache import cache_root
 from xbench.files import atomic_write
+from xbench.models.checkpoints import check_safetensors, require_finite
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -55,7 +56,12 @@ def bert_from_config(folder: str | Path, what: str, **config_overrides) -> BertM
 def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tuple[str, ...] = (), **kwargs):
     """``model_class.from_pretrained(folder)`` offline, in float32 and eval mode, checked against its
     loading report: no weight may be missing or reshaped, and a weight of the file the model does not
-    hold may only start or end with one of ``extra_keys``. Anything else is an error naming the keys."""
+    hold may only start or end with one of ``extra_keys``. Anything else is an error naming the keys.
+    A damaged ``.safetensors`` file is named before transformers reads it, a config transformers
+    refuses is named with its reason, and a NaN or inf in the weights is named by its tensor."""
+    folder = Path(folder)
+    for path in sorted(folder.glob("*.safetensors")):
+        check_safetensors(path)
     verbosity, progress_bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # its load report would list the keys dropped on purpose; we check below
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per model: noise a user cannot act on
@@ -63,6 +69,11 @@ def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tupl
         # reshaped weights come back in the report (to be named below) instead of a bare error
         model, info = model_class.from_pretrained(str(folder), local_files_only=True, output_loading_info=True,
                                                   ignore_mismatched_sizes=True, **kwargs)
+    except Exception as error:  # noqa: BLE001 -- a config of the wrong type or range fails in many error types
+        reason = " ".join(str(error).split())
+        raise ValueError(f"{what}: transformers cannot load {model_class.__name__} from {folder} "
+                         f"({type(error).__name__}: {reason}); check its config.json against the checkpoint's own, "
+                         "or fetch the checkpoint again") from error
     finally:
         hf_logging.set_verbosity(verbosity)
         if progress_bar:
@@ -79,6 +90,7 @@ def load_pretrained(model_class, folder: str | Path, what: str, extra_keys: tupl
         problems.append(f"reshaped weights: {info['mismatched_keys']}")
     if problems:
         raise ValueError(f"{what}: the weights in {folder} do not match its config.json: " + "; ".join(problems))
+    require_finite(model.state_dict(), f"{what}: the weights in {folder}")
     return model.float().eval()
 
 
