@@ -10,8 +10,7 @@ import torch.multiprocessing as mp
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 
-# DDP: processes of their own, whose imports are most of the cost; one xdist worker launches them all
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ddp")]
+pytestmark = pytest.mark.slow  # DDP: processes of their own, whose imports are most of the cost
 
 NUM_SAMPLES, NUM_CLASSES, SIZE = 17, 3, 12
 
