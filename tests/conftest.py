@@ -90,6 +90,24 @@ def phantom_root(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def gloria_folder(tmp_path_factory) -> Path:
+    """``checkpoints/gloria/`` with full-size random weights (``write_gloria``, seed 0), written once
+    for every test that only reads it (a test that edits a file edits a copy)."""
+    from xbench.models.random_weights import write_gloria
+
+    return write_gloria(tmp_path_factory.mktemp("gloria"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def biovil_folder(tmp_path_factory) -> Path:
+    """``checkpoints/biovil/`` with full-size random weights (``write_biovil``, seed 0), written once
+    for every test that only reads it."""
+    from xbench.models.random_weights import write_biovil
+
+    return write_biovil(tmp_path_factory.mktemp("biovil"), seed=0)
+
+
 def write_chestx_det10(root: Path, entries: list[dict], size: int = 64, split: str = "test") -> Path:
     """Write ``<split>.json`` and grey PNGs in ChestX-Det10's layout."""
     (root / f"{split}_data").mkdir(parents=True, exist_ok=True)

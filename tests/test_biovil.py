@@ -22,11 +22,6 @@ CLASSES = ["pneumonia", "pleural_effusion"]
 RESNET_STEPS = [f"image tower: {stage}" for stage in ("layer4", "layer3", "layer2", "layer1", "stem")]
 
 
-@pytest.fixture(scope="module")
-def small_folder(tmp_path_factory):
-    return write_biovil(tmp_path_factory.mktemp("biovil"), seed=0)
-
-
 def load(folder, classes=CLASSES, **kwargs) -> BioViL:
     model = BioViL(checkpoint_dir=str(folder), **kwargs)
     model.build(classes)
@@ -89,15 +84,15 @@ def test_missing_text_files_are_named(tmp_path):
         load(folder)
 
 
-def test_score_and_map_are_the_authors_cosines(small_folder):
+def test_score_and_map_are_the_authors_cosines(biovil_folder):
     """Logit = cos(global, pos) - cos(global, neg), the global embedding being the mean projected
     patch; map = smoothed cosine of each projected patch with the positive prompt. A trailing
     full stop is cut from a prompt as the authors' tokenisation does."""
     from conftest import check_layer_groups
 
-    model = load(small_folder)
+    model = load(biovil_folder)
     assert [s.name for s in check_layer_groups(model)] == ["projector", *RESNET_STEPS]  # the sanity check's cascade
-    dotted = load(small_folder, pos_template="{}.", neg_template="no {}!")
+    dotted = load(biovil_folder, pos_template="{}.", neg_template="no {}!")
     torch.testing.assert_close(dotted.pos_text, model.pos_text, atol=0, rtol=0)
     torch.testing.assert_close(dotted.neg_text, model.neg_text, atol=0, rtol=0)
     inputs = torch.rand(1, 3, 96, 96, generator=torch.Generator().manual_seed(1))
@@ -204,7 +199,7 @@ def test_transform_runs_in_the_datamodule_workers(variant, tmp_path, monkeypatch
 
 @pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("variant, data", [("biovil", "phantom"), ("biovil", "ms_cxr"), ("biovil_t", "chestx_det10")])
-def test_cli_end_to_end(variant, data, phantom_root, tmp_path, no_network):
+def test_cli_end_to_end(variant, data, phantom_root, biovil_folder, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layouts (random weights) on the phantom and on
     ChestX-Det10 and MS-CXR fixtures; every image evaluated, metrics in range, MS-CXR's
     phrases grounded; both checks, of the maps of the model's CAM explainer (``conftest.CLI_EXPLAINERS``),
@@ -212,7 +207,7 @@ def test_cli_end_to_end(variant, data, phantom_root, tmp_path, no_network):
     from conftest import explainer_args, run_model_cli
     from xbench.models.random_weights import write_biovil_t
 
-    folder = (write_biovil if variant == "biovil" else write_biovil_t)(tmp_path / variant)
+    folder = biovil_folder if variant == "biovil" else write_biovil_t(tmp_path / variant)
     checks = () if data == "ms_cxr" else explainer_args(variant)
     run_model_cli(variant, data, tmp_path, phantom_root, "--model.checkpoint_dir", str(folder), "--data.batch_size", "4",
                   *checks)

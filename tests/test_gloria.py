@@ -13,7 +13,6 @@ from transformers import BertConfig, BertModel
 from conftest import CLI_DATASETS
 from xbench.models.checkpoints import CheckpointMismatchError, manifest, safe_load
 from xbench.models.gloria import CHECKPOINT_FILE, GLoRIA, GLoRIANetwork, local_similarity
-from xbench.models.random_weights import write_gloria
 
 MANIFEST = json.loads((Path(__file__).parent / "gloria.keys.json").read_text())
 CLASSES = ["pneumonia", "pleural_effusion", "nodule"]
@@ -21,13 +20,8 @@ POSITION_IDS = "gloria.text_encoder.model.embeddings.position_ids"
 
 
 @pytest.fixture(scope="module")
-def small_folder(tmp_path_factory):
-    return write_gloria(tmp_path_factory.mktemp("gloria"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def small_model(small_folder):
-    return load(small_folder)
+def small_model(gloria_folder):
+    return load(gloria_folder)
 
 
 def load(folder, classes=CLASSES, **kwargs) -> GLoRIA:
@@ -55,11 +49,11 @@ def test_full_size_network_has_the_authors_keys_and_shapes():
     assert len(MANIFEST) == 520 and manifest(network.state_dict()) == MANIFEST
 
 
-def test_loads_the_authors_lightning_file(small_folder, small_model, no_network):
+def test_loads_the_authors_lightning_file(gloria_folder, small_model, no_network):
     """Every tensor of the file under ``gloria.`` lands where the file put it; the old
     ``position_ids`` buffer is the only key dropped, and the file's keys are the manifest's (its
     BERT has 4 of the 12 layers)."""
-    state = safe_load(small_folder / CHECKPOINT_FILE)["state_dict"]
+    state = safe_load(gloria_folder / CHECKPOINT_FILE)["state_dict"]
     deeper = re.compile(r"text_encoder\.model\.encoder\.layer\.([4-9]|1[01])\.")
     four_layers = {key for key in MANIFEST if not deeper.match(key)}
     assert {key.removeprefix("gloria.") for key in state} == four_layers | {POSITION_IDS.removeprefix("gloria.")}
@@ -81,8 +75,8 @@ def test_loads_the_authors_lightning_file(small_folder, small_model, no_network)
     ],
     ids=["missing", "extra", "bad-buffer", "prefix"],
 )
-def test_checkpoint_mismatch_names_the_key(small_folder, tmp_path, edit, error, pattern):
-    folder = rewritten(small_folder, tmp_path / "edited", edit)
+def test_checkpoint_mismatch_names_the_key(gloria_folder, tmp_path, edit, error, pattern):
+    folder = rewritten(gloria_folder, tmp_path / "edited", edit)
     with pytest.raises(error, match=pattern):
         GLoRIA(checkpoint_dir=str(folder)).load_weights()
 
@@ -122,9 +116,9 @@ def test_an_empty_slot_scores_cosine_zero_and_attention_sums_to_one():
 @pytest.mark.parametrize(
     "template, pattern", [("{}", "empty after GLoRIA's cleaning"), ("a" * 90 + " {}", "characters")]
 )
-def test_prompts_the_authors_code_cannot_take_are_refused(small_folder, template, pattern):
+def test_prompts_the_authors_code_cannot_take_are_refused(gloria_folder, template, pattern):
     with pytest.raises(ValueError, match=pattern):
-        load(small_folder, template=template)
+        load(gloria_folder, template=template)
 
 
 @pytest.mark.parametrize(
@@ -147,14 +141,14 @@ def test_letterbox_and_crop_are_the_authors(height, width, rows, columns):
 
 @pytest.mark.slow  # a full-size network through the CLI, its CAM explainer and checks
 @pytest.mark.parametrize("data", CLI_DATASETS)
-def test_cli_end_to_end(data, small_folder, phantom_root, tmp_path, no_network):
+def test_cli_end_to_end(data, gloria_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with the authors' layout (random weights) on the phantom and on
     the MS-CXR fixture (``CLI_DATASETS``): every image evaluated, metrics in range, MS-CXR's
     phrases grounded; both checks, on the phantom of the maps of GLoRIA's CAM explainer
     (``conftest.CLI_EXPLAINERS``)."""
     from conftest import explainer_args, run_model_cli
 
-    run_model_cli("gloria", data, tmp_path, phantom_root, "--model.checkpoint_dir", str(small_folder),
+    run_model_cli("gloria", data, tmp_path, phantom_root, "--model.checkpoint_dir", str(gloria_folder),
                   "--data.batch_size", "5", *(explainer_args("gloria") if data == "phantom" else ()))
 
 
@@ -195,13 +189,13 @@ def test_bf16_mixed_runs_the_trunk_in_bf16_and_the_heads_in_float32(small_model,
     torch.testing.assert_close(logits, expected_logits, **BF16_LOGITS)
 
 
-def test_a_file_trained_with_other_settings_is_refused(small_folder, tmp_path):
+def test_a_file_trained_with_other_settings_is_refused(gloria_folder, tmp_path):
     """The file's ``hyper_parameters`` are checked against what XBench hard-codes: another value
     is an error naming it; a config without the key only a warning (the weights matched)."""
-    other = rewritten(small_folder, tmp_path / "other", lambda c: c["model"]["text"].update(last_n_layers=1),
+    other = rewritten(gloria_folder, tmp_path / "other", lambda c: c["model"]["text"].update(last_n_layers=1),
                       section="hyper_parameters")
     with pytest.raises(ValueError, match=r"other settings: model\.text\.last_n_layers = 1, expected 4"):
         GLoRIA(checkpoint_dir=str(other)).load_weights()
-    partial = rewritten(small_folder, tmp_path / "partial", lambda c: c.pop("transforms"), section="hyper_parameters")
+    partial = rewritten(gloria_folder, tmp_path / "partial", lambda c: c.pop("transforms"), section="hyper_parameters")
     with pytest.warns(UserWarning, match=r"lack transforms\.norm, transforms\.random_crop\.crop_size"):
         GLoRIA(checkpoint_dir=str(partial)).load_weights()

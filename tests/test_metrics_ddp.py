@@ -12,8 +12,7 @@ import torch.multiprocessing as mp
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
 
-# DDP: processes of their own, whose imports are most of the cost; one xdist worker launches them all
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ddp")]
+pytestmark = pytest.mark.slow  # DDP: processes of their own, whose imports are most of the cost
 
 NUM_SAMPLES, NUM_CLASSES, SIZE = 17, 3, 12
 

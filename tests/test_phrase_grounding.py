@@ -128,7 +128,6 @@ def test_analysis_reads_queries_as_pairs(tmp_path):
 
 
 @pytest.mark.slow  # a DDP launch: two processes of their own
-@pytest.mark.xdist_group("ddp")
 def test_ddp_two_processes_count_every_image_and_query_once(tmp_path):
     """MS-CXR's 3 images over 2 processes (trainer/ddp.yaml on CPUs: gloo), the decoded-image cache on,
     a seeded augmentation (every process draws the same perturbation for the same image): the same

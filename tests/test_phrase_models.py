@@ -90,9 +90,10 @@ def clip_family(name: str, folder, **kwargs):
 
 
 def build_model(name: str, folder):
-    """(model built on CLASSES, input side, phrase_of: class index -> the phrase whose prompt is that class's)."""
+    """(model built on CLASSES, input side, phrase_of: class index -> the phrase whose prompt is that class's).
+    ``folder``: BioViL's and GLoRIA's checkpoint folder (:func:`model_folder`), else an empty one to write in."""
     if name == "biovil":
-        model, side = BioViL(checkpoint_dir=str(random_weights.write_biovil(folder))), 96
+        model, side = BioViL(checkpoint_dir=str(folder)), 96
     elif name == "carzero":
         torch.manual_seed(0)
         text = folder / CARZERO_TEXT
@@ -107,7 +108,7 @@ def build_model(name: str, folder):
             for parameter in model.network.parameters():
                 parameter.add_(torch.randn_like(parameter) * 0.05)
     elif name == "gloria":
-        model, side = GLoRIA(checkpoint_dir=str(random_weights.write_gloria(folder))), 224
+        model, side = GLoRIA(checkpoint_dir=str(folder)), 224
     else:
         model, side = clip_family(name, folder)
     with warnings.catch_warnings():
@@ -119,12 +120,19 @@ def build_model(name: str, folder):
     return model, side, lambda c: finding_text(CLASSES[c])
 
 
+def model_folder(name: str, request, tmp_path_factory):
+    """:func:`build_model`'s ``folder``: the session's full-size BioViL or GLoRIA (conftest), else a new one."""
+    if name in ("biovil", "gloria"):
+        return request.getfixturevalue(f"{name}_folder")
+    return tmp_path_factory.mktemp(name)
+
+
 TEXT_MODELS = ["clip", "clip_gradcam", "biomedclip", "chexzero", "biovil", "carzero", "gloria"]
 
 
 @pytest.fixture(scope="module", params=TEXT_MODELS)
 def text_model(request, tmp_path_factory):
-    model, side, phrase_of = build_model(request.param, tmp_path_factory.mktemp(request.param))
+    model, side, phrase_of = build_model(request.param, model_folder(request.param, request, tmp_path_factory))
     pixels = torch.rand(2, 3, side, side, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits, maps = model.explain(pixels)
@@ -152,8 +160,8 @@ def test_the_declared_cam_layer_is_on_the_scores_path(text_model):
 
 @pytest.mark.parametrize("name, pos_template", [("clip", "{}"), ("biomedclip", "this is a photo of {}"),
                                                 ("chexzero", "{}"), ("biovil", "{}")])
-def test_dual_encoders_wrap_the_phrase_in_their_prompt_pair(name, pos_template, tmp_path):
-    model, *_ = build_model(name, tmp_path)
+def test_dual_encoders_wrap_the_phrase_in_their_prompt_pair(name, pos_template, request, tmp_path_factory):
+    model, *_ = build_model(name, model_folder(name, request, tmp_path_factory))
     assert model.pos_template == pos_template
     encoded = model.encode_phrases([PHRASE])
     close(encoded["pos_text"], model.embed_text([pos_template.format(PHRASE)]))
@@ -161,8 +169,8 @@ def test_dual_encoders_wrap_the_phrase_in_their_prompt_pair(name, pos_template, 
 
 
 @pytest.mark.parametrize("name, one_word", [("carzero", "There is pneumonia"), ("gloria", "there is pneumonia")])
-def test_carzero_and_gloria_take_the_phrase_as_written(name, one_word, tmp_path):
-    model, *_ = build_model(name, tmp_path)
+def test_carzero_and_gloria_take_the_phrase_as_written(name, one_word, request, tmp_path_factory):
+    model, *_ = build_model(name, model_folder(name, request, tmp_path_factory))
     for phrase, prompt in ((PHRASE, PHRASE), ("pneumonia", one_word)):  # one word: the cleaning would drop it
         encoded, direct = model.encode_phrases([phrase]), model.encode_prompts([prompt])
         assert encoded.keys() == direct.keys()
@@ -170,11 +178,11 @@ def test_carzero_and_gloria_take_the_phrase_as_written(name, one_word, tmp_path)
             close(encoded[key], direct[key])
 
 
-def test_gloria_grounds_a_phrase_longer_than_its_word_slots(tmp_path):
+def test_gloria_grounds_a_phrase_longer_than_its_word_slots(gloria_folder):
     """The authors' code fails on a prompt of more than 96 characters (it counts characters as word
     slots); a report phrase that long takes all 96 slots, a shorter one its characters, as a class
     prompt does."""
-    model, side, _ = build_model("gloria", tmp_path)
+    model, side, _ = build_model("gloria", gloria_folder)
     phrase = "moderate right pleural effusion with adjacent basilar atelectasis, unchanged from the prior study"
     assert len(phrase) > 96
     with pytest.raises(ValueError, match="characters"):

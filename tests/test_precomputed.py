@@ -17,7 +17,7 @@ from conftest import only_folder, run_args
 from xbench.metrics.grounding import THRESHOLDS, threshold_counts
 from xbench.models.precomputed import PrecomputedSaliency, box_map, native_window_in_frame
 from xbench.models.safe_pickle import load_data_pickle
-from xbench.suite import main as suite_main
+from xbench.suite import load_suite, plan, run_arguments
 from xbench.test import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,10 +160,11 @@ def test_threshold_counts_in_blocks_of_one_pairs_pixels():
 
 
 def test_saved_outputs_run_in_a_suite(example, tmp_path, monkeypatch):
-    """The saved layouts as suite entries, each with its ``model.path``: same numbers as the live runs."""
+    """The saved layouts as suite entries, each with its ``model.path``: same numbers as the live runs.
+    Each pair runs in this process with the arguments the suite gives it (that a suite's worker runs
+    what these arguments run: tests/test_suite_modes.py, in the slow tier)."""
     out, runs = example
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
     models = REPO / "lightning_configs" / "models"
     suite = {
         "results_dir": "results",
@@ -177,7 +178,9 @@ def test_saved_outputs_run_in_a_suite(example, tmp_path, monkeypatch):
         "datasets": [str(REPO / "lightning_configs" / "data" / "phantom.yaml")],
     }
     (tmp_path / "saved.yaml").write_text(yaml.safe_dump(suite))
-    assert suite_main(["--config", "saved.yaml"]) == 0
+    saved = load_suite(tmp_path / "saved.yaml")
+    for pair in plan(saved):
+        main(run_arguments(saved, pair))
     by_layout = {}
     for folder in (tmp_path / "results").iterdir():
         metrics = json.loads((folder / "metrics.json").read_text())

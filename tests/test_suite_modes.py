@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, results_contents, run_args
-from xbench.models.random_weights import write_gloria
 from xbench.suite import Entry, Pair, load_suite, main, plan, processes, run_arguments
 from xbench.test import LoadedModel, run_test
 from xbench.test import main as xbench_test
@@ -147,15 +146,14 @@ def test_per_model_writes_what_per_pair_writes_and_loads_the_model_once(user_mod
 
 
 @pytest.mark.slow  # a worker process, and GLoRIA at full size
-def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, monkeypatch, capsys):
+def test_a_real_model_per_model_equals_per_pair(tmp_path, phantom_root, gloria_folder, monkeypatch, capsys):
     """GLoRIA (random weights in the authors' layout): its prompts are embedded again for the
     second dataset's classes, on the weights the first dataset's run loaded."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    folder = write_gloria(tmp_path / "gloria")
     # one batch of each dataset: a ResNet-50 at 299 x 299 is slow on CPUs
     model = {"config": str(CONFIGS / "models" / "gloria.yaml"),
-             "settings": {"model.checkpoint_dir": str(folder), "trainer.limit_test_batches": 1}}
+             "settings": {"model.checkpoint_dir": str(gloria_folder), "trainer.limit_test_batches": 1}}
     run_both_modes(tmp_path, phantom_root, [model], [PHANTOM, TWO_CLASSES], capsys)
     # the limit holds in a worker too (the order of its imports once made it read 1 as 1.0: all batches)
     assert {json.loads(path.read_text())["data"]["images_evaluated"]
