@@ -38,11 +38,14 @@ CONFIGS = Path(__file__).resolve().parents[1] / "lightning_configs"
 def pytest_configure(config):
     """Generated phantoms and caches go to a throw-away folder unless XBENCH_CACHE says otherwise.
     An xdist worker (``pytest -n``) computes on one thread, as workers share the machine's cores, and
-    keeps its caches in a folder of its own, as two workers may write the same phantom at once."""
+    so do the processes it starts (a run in a subprocess gives the numbers of the same run in the
+    worker); it keeps its caches in a folder of its own, as two workers may write the same phantom
+    at once."""
     os.environ.setdefault("XBENCH_CACHE", tempfile.mkdtemp(prefix="xbench-test-cache-"))
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
         os.environ["XBENCH_CACHE"] = str(Path(os.environ["XBENCH_CACHE"]) / worker)
 
 

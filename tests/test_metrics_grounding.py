@@ -473,6 +473,7 @@ def test_the_cpu_pass_runs_without_a_cache_folder_and_leaves_torchs_thread_count
             "predicted, _ = threshold_counts(torch.tensor([[[[0.0, 0.5, 1.0]]]]), torch.zeros(1, 1, 1, 3, dtype=torch.bool)); "
             "print(predicted[0, 0, [0, 50, 51, 100]].tolist(), torch.get_num_threads())")
     environment = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    environment.pop("OMP_NUM_THREADS", None)  # an xdist worker's setting (conftest), not a user's
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment,
                           timeout=SUBPROCESS_SAFETY_TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
