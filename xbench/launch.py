@@ -65,6 +65,8 @@ CLUSTER = "slurm"
 #: How often jobs are checked, and at least how long between two lines of one job's images done.
 POLL_SECONDS = 1.0
 PROGRESS_LINE_SECONDS = 60.0
+#: How long cancelled jobs have, all together, to stop on their SIGINT before a SIGKILL.
+CANCEL_SECONDS = 10.0
 #: A SLURM job's watchdog: the launcher touches this file of its launch's folder at every check of
 #: its jobs; a job that sees it untouched for WATCHDOG_SECONDS (by its own clock; a shared file
 #: system may show a file's time a minute late) ends itself, as no signal reaches it from a
@@ -416,20 +418,27 @@ class LocalRun:
         return "ok", str(new[-1]) if new else "(no results folder written)"
 
     def cancel(self) -> None:
-        """SIGINT to its session (a clean stop: W&B and Lightning close), SIGKILL after 10 s (a job
-        ignores SIGINT where the suite itself does and it passed on: a background job of a script)."""
+        """SIGINT to its session (a clean stop: W&B and Lightning close); it does not wait, so every
+        job hears the Ctrl-C at once ([`reap`][xbench.launch.LocalRun.reap] waits)."""
+        self._signal(signal.SIGINT)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the cancelled job until ``deadline`` (``time.monotonic``), then SIGKILL its session
+        (a job ignores SIGINT where the suite itself does and it passed on: a background job of a script)."""
         if self.process is None:
             return
-        for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            self.process.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.process.wait()
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.process is not None:
             try:
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.process.wait(timeout=10)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+            except ProcessLookupError:  # it has ended
+                pass
 
 
 class SubmititRun:
@@ -461,6 +470,9 @@ class SubmititRun:
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel(check=False)
+
+    def reap(self, deadline: float) -> None:
+        """Nothing to wait for: the scheduler ends a cancelled job."""
 
 
 def result_folders(results_dir: Path) -> list[Path]:
@@ -588,6 +600,9 @@ class Launch:
             for tracked in running:
                 tracked.run.cancel()
                 self.say(tracked, "[red]cancelled[/red]")
+            deadline = time.monotonic() + CANCEL_SECONDS
+            for tracked in running:
+                tracked.run.reap(deadline)
             for tracked in waiting:
                 self.say(tracked, "[red]not started[/red]")
             why = "Interrupted" if isinstance(error, KeyboardInterrupt) else f"Stopped ({type(error).__name__})"
