@@ -42,6 +42,7 @@ from xbench.reporting.figures import DPI, paper_figures, robustness
 from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
+from xbench.reporting.table import format_interval
 from xbench.reporting.reproduction import (Comparison, Reference, ReferenceError, compare, failures,
                                            paper_reference, read_reference, reproduction_tables,
                                            results_reference, summary_line)
@@ -223,8 +224,8 @@ def gate(reference: Reference, comparisons: list[Comparison]) -> None:
             f"--fail-outside-interval: {len(failed)} cell(s) of {reference.name} left XBench's interval: " + "; ".join(
                 f"{c.describe()} ({f'line {c.printed[0].line}: ' if c.printed[0].line else ''}"
                 f"{100 * c.printed[0].value:g}, XBench "
-                + ("no value" if c.value is None else f"{100 * c.value:.2f} [{100 * c.interval[0]:.2f}, "
-                   f"{100 * c.interval[1]:.2f}]") + ")" for c in failed))
+                + ("no value" if c.value is None else format_interval(c.value, *c.interval, digits=2)) + ")"
+                for c in failed))
 
 
 def cli() -> None:

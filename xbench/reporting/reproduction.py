@@ -28,7 +28,7 @@ from xbench.analysis.correlation import r_squared
 from xbench.analysis.tables import MACRO
 from xbench.files import read_yaml
 from xbench.findings import DEFAULT_CLASSES, PAPER_CLASSES, dataset_name, short_name, spellings_of
-from xbench.metrics.names import ANALYSIS_ONLY, METRICS, short
+from xbench.metrics.names import ANALYSIS_ONLY, BY_KEY, METRICS, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.table import Cell, Column, Row, Table
 
@@ -215,7 +215,7 @@ def results_reference(bench: Benchmark, source: str) -> Reference:
 
 def xbench_value(results: dict, finding: str, metric: str) -> float | None:
     """A cell's value in a run's ``metrics.json``."""
-    section = next(m.section for m in METRICS if m.key == metric)
+    section = BY_KEY[metric].section
     if finding == MEAN:
         return results[section]["macro"].get(metric)
     return (results[section].get("per_class", {}).get(finding) or {}).get(metric)
@@ -303,14 +303,10 @@ def compare(reference: Reference, bench: Benchmark, analysis) -> list[Comparison
     for cell, (state, class_mean) in _states(reference).items():
         dataset, model, finding, metric = cell
         run = bench.runs.get((model, dataset))
-        comparison = Comparison(cell, tuple(reference.values[cell]), state, class_mean, run is not None)
-        if run is not None:
-            value = xbench_value(run.results, finding, metric)
-            interval = None
-            if analysis is not None and value is not None:
-                interval = analysis.interval(dataset, model, MACRO if finding == MEAN else finding, metric)
-            comparison = Comparison(cell, comparison.printed, state, class_mean, True, value, interval)
-        out.append(comparison)
+        value = None if run is None else xbench_value(run.results, finding, metric)
+        interval = (analysis.interval(dataset, model, MACRO if finding == MEAN else finding, metric)
+                    if analysis is not None and value is not None else None)
+        out.append(Comparison(cell, tuple(reference.values[cell]), state, class_mean, run is not None, value, interval))
     return out
 
 
