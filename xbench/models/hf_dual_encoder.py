@@ -314,7 +314,7 @@ class HFDualEncoder(OpenClipDualEncoder):
             return
         eos, expected = tokenizer.eos_token_id, config.text_config.eos_token_id
         legacy = expected == 2
-        if (legacy and eos != max(tokenizer.get_vocab().values())) or (not legacy and eos != expected):
+        if (legacy and eos != size - 1) or (not legacy and eos != expected):  # ids are 0 to size - 1 (above)
             raise ValueError(
                 f"{self.label}: the tokenizer in {folder} ends prompts with id {eos} but the text tower pools "
                 + ("the highest id of each prompt" if legacy else f"id {expected} (config.json eos_token_id)")
