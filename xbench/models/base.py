@@ -365,10 +365,11 @@ class XBenchModel(L.LightningModule, ABC):
         ``native_size``, and its queries' boxes drawn at that size, bool [1, Q, H, W] (every query of a run's
         finding, in slot order)."""
         samples, found = self.trainer.datamodule.samples, []
+        sizes = batch["native_size"].tolist()  # one device sync, not one per image
         for b, index in enumerate(batch["index"].tolist()):
             queries = [query for query in samples[index].queries if query.finding in self.classes]
             if queries:
-                image_size = tuple(batch["native_size"][b].tolist())
+                image_size = tuple(sizes[b])
                 masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) for query in queries])
                 found.append((b, image_size, masks[None].to(batch["index"].device)))
         return found

@@ -270,15 +270,17 @@ class PrecomputedSaliency(XBenchModel):
             _check_image_size(pair.image_size, native_size, f"{file} ({image_id}, {key})")
         return pair
 
-    def frame_map(self, image_id: str, key: str, frame: tuple[int, int], native_size: tuple[int, int] | None = None
-                  ) -> tuple[Tensor, float]:
+    def frame_map(self, image_id: str, key: str, frame: tuple[int, int], native_size: tuple[int, int] | None = None,
+                  pair: SavedPair | None = None) -> tuple[Tensor, float]:
         """One pair's map on the frame's pixels [*frame] and its logit (``native_size``: as
-        [`read_pair`][xbench.models.precomputed.PrecomputedSaliency.read_pair])."""
+        [`read_pair`][xbench.models.precomputed.PrecomputedSaliency.read_pair]; ``pair``: the pair
+        already read, else it is read here)."""
         if self.layout == "boxes":
             line = self._lines[(image_id, key)]
             _check_image_size(line["image_size"], native_size, line["where"])
             return box_map(line["boxes"], line.get("scores"), line["image_size"], frame), line["logit"]
-        pair = self.read_pair(image_id, key, native_size)
+        if pair is None:
+            pair = self.read_pair(image_id, key, native_size)
         raw = as_float32(pair.map[None, None])
         if pair.window is None:
             window = whole_frame(1, frame, raw.device)
@@ -295,17 +297,18 @@ class PrecomputedSaliency(XBenchModel):
         samples = self.trainer.datamodule.samples
         logits = torch.zeros(len(batch["image_id"]), len(self.classes))
         maps = torch.zeros(len(batch["image_id"]), len(self.classes), *frame)
+        sizes, rows = batch["native_size"].tolist(), batch["index"].tolist()  # one device sync each
         for b, image_id in enumerate(batch["image_id"]):
-            native_size = tuple(batch["native_size"][b].tolist())
-            sample = samples[int(batch["index"][b])]
+            native_size, sample = tuple(sizes[b]), samples[rows[b]]
             for c, key in enumerate(self.classes):
                 if (image_id, key) in self.missing_pairs:
                     batch["labels"][b, c] = -1
                     batch["has_mask"][b, c] = False
                     continue
-                maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame, native_size)
+                pair = None if self.layout == "boxes" else self.read_pair(image_id, key, native_size)  # read once
+                maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame, native_size, pair)
                 if self.native_protocol and key in sample.regions:
-                    self.chexlocalize_records.update(*self.native_pair(sample, key, native_size), c,
+                    self.chexlocalize_records.update(*self.native_pair(sample, key, native_size, pair), c,
                                                      self.fixed_threshold(key))
         device = batch["masks"].device
         return logits.to(device), maps.to(device)
@@ -325,15 +328,17 @@ class PrecomputedSaliency(XBenchModel):
         """cheXlocalize's fixed threshold for finding ``key``: one for all, or the finding's own."""
         return self.native_threshold[key] if isinstance(self.native_threshold, dict) else self.native_threshold
 
-    def native_pair(self, sample, key: str, native_size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    def native_pair(self, sample, key: str, native_size: tuple[int, int], pair: SavedPair | None = None
+                    ) -> tuple[Tensor, Tensor]:
         """One pair's raw map over the whole image at its native size (the saved file's, else the
-        image's ``native_size``) and its mask drawn there."""
+        image's ``native_size``) and its mask drawn there (``pair``: as in ``frame_map``)."""
         if self.layout == "boxes":
             line = self._lines[(sample.image_id, key)]
             image_size = line["image_size"]
             raw = box_map(line["boxes"], line["scores"], image_size, image_size)
         else:
-            pair = self.read_pair(sample.image_id, key)
+            if pair is None:
+                pair = self.read_pair(sample.image_id, key)
             image_size = pair.image_size or native_size
             raw = pair.map
             if pair.window is not None:
