@@ -47,6 +47,15 @@ def read_json(path: Path):
         raise ValueError(f"{path} {state}: was it truncated? Download or write it again.") from None
 
 
+def read_json_object(path: Path, holds: str, fix: str) -> dict:
+    """The JSON object in ``path``; anything else is an error naming the file, what it should hold
+    (``holds``) and the ``fix``."""
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not {holds}; {fix}")
+    return value
+
+
 def read_yaml(path: Path):
     """The YAML in ``path``; a file that is not valid YAML is an error naming it and the line."""
     try:

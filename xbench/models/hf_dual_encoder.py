@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
-from xbench.files import read_json
+from xbench.files import read_json_object
 from xbench.models.base import LayerGroup
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
@@ -85,11 +85,7 @@ TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map
 
 def json_object(path: Path) -> dict:
     """The JSON object in ``path``; an error naming the file if it is damaged or not an object."""
-    value = read_json(path)
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object of settings; fetch the "
-                         "checkpoint's own file")
-    return value
+    return read_json_object(path, "an object of settings", "fetch the checkpoint's own file")
 
 
 def image_processor_file(folder: Path, what: str) -> Path:

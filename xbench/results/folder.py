@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xbench.files import read_json
+from xbench.files import read_json_object
 
 SCHEMA = "xbench.results/2"
 METRICS = "metrics.json"
@@ -59,9 +59,7 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
     and the reader's own ``sections`` (key -> (type, keys it must hold)); a file that is not a
     run's results is an error naming it."""
     path = Path(folder) / METRICS
-    payload = read_json(path)
-    if not isinstance(payload, dict):
-        raise ValueError(f"{path} holds a JSON {type(payload).__name__}, not a run's results; {DAMAGED}")
+    payload = read_json_object(path, "a run's results", DAMAGED)
     if payload.get("schema") != SCHEMA:
         raise ValueError(
             f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
