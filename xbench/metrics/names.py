@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Section = Literal["grounding", "classification", "faithfulness", "sanity"]
+Section = Literal["grounding", "classification", "faithfulness", "sanity", "localisation", "complexity",
+                  "randomisation", "robustness"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,23 @@ METRICS: tuple[Metric, ...] = (
     Metric("spearman_abs", "sanity", "Spearman (abs)", "Spearman correlation of absolute values with the original map",
            unit="ratio", analysed=True),
     Metric("ssim", "sanity", "SSIM", "SSIM with the original map (lower passes)", unit="ratio", analysed=True),
+    # Quantus' families (docs/explanations.md): localisation, complexity and random logit on every graded pair
+    # (xbench.metrics.map_quality), robustness on a subset (xbench.checks.robustness)
+    Metric("relevance_mass", "localisation", "Mass", "relevance mass accuracy (= attribution localisation)",
+           analysed=True),
+    Metric("relevance_rank", "localisation", "Rank", "relevance rank accuracy", analysed=True),
+    Metric("top_k_intersection", "localisation", "Top-k", "top-k intersection", analysed=True),
+    Metric("pixel_auc", "localisation", "Pixel AUC", "pixel AUROC of the map against the region", analysed=True),
+    Metric("sparseness", "complexity", "Gini", "sparseness (Gini index; higher is sparser)", unit="ratio",
+           analysed=True),
+    Metric("complexity", "complexity", "Entropy", "complexity (entropy in nats; lower is simpler)", unit="ratio",
+           analysed=True),
+    Metric("random_logit", "randomisation", "Random logit",
+           "random logit: SSIM with another class's map (lower passes)", unit="ratio", analysed=True),
+    Metric("max_sensitivity", "robustness", "Max-sens", "max-sensitivity (lower is more robust)", unit="ratio",
+           analysed=True),
+    Metric("local_lipschitz", "robustness", "Lipschitz", "local Lipschitz estimate (lower is more robust)",
+           unit="ratio", analysed=True),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
 #: Metrics the analysis adds (a threshold chosen where it is not scored); not in metrics.json.

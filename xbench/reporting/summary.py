@@ -22,6 +22,13 @@ SUMMARY_CHECKS = {
                      ("deletion_auc", "insertion_auc", "road_morf", "road_lerf", "road")),
     "sanity": ("Sanity on {images} images: similarity to the original map once every layer group is randomised",
                ("spearman", "spearman_abs", "ssim")),
+    "robustness": ("Robustness on {images} images: the map under input noise",
+                   ("max_sensitivity", "local_lipschitz")),
+    "localisation": ("Localisation of the map in the region, graded pairs of {images} images (percent)",
+                     ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc")),
+    "complexity": ("Complexity of the map, graded pairs of {images} images", ("sparseness", "complexity")),
+    "randomisation": ("Random logit, graded pairs of {images} images: SSIM with the other classes' maps",
+                      ("random_logit",)),
 }
 
 

@@ -19,8 +19,11 @@ OVERLAYS = "overlays.npz"
 DAMAGED = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
 PAIRS = "pairs.csv.gz"
 QUERIES = "queries.csv.gz"
-#: The run-level checks' per-pair tables (``xbench.checks``), by their section in ``metrics.json``.
-CHECK_TABLES = {"faithfulness": "faithfulness.csv.gz", "sanity": "sanity.csv.gz"}
+#: The per-pair tables of the explanation sections, by their section in ``metrics.json``: the run-level
+#: checks' (``xbench.checks``: faithfulness, sanity, robustness) and the families every run scores on
+#: its graded pairs (``xbench.metrics.map_quality``: localisation, complexity, randomisation).
+CHECK_TABLES = {section: f"{section}.csv.gz" for section in (
+    "faithfulness", "sanity", "robustness", "localisation", "complexity", "randomisation")}
 #: The sanity check's saved cascade of one pair: its radiograph, region and map at every step.
 SANITY_MAPS = "sanity_maps.npz"
 #: Where the output went, not which model ran: options that folders written before the output

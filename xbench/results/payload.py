@@ -21,15 +21,15 @@ import torch
 from xbench.metrics.grounding import THRESHOLDS
 from xbench.metrics.names import chosen_keys, run_keys
 from xbench.metrics.phrases import phrase_intervals
-from xbench.results.folder import SCHEMA
+from xbench.results.folder import CHECK_TABLES, SCHEMA
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
 GROUNDING_MACRO = run_keys("grounding", "macro")
 CLASSIFICATION_PER_CLASS = run_keys("classification", "per_class")
 CLASSIFICATION_MACRO = run_keys("classification", "macro")
-#: The run-level checks' sections (``xbench.checks``), present where a run asked for them.
-CHECK_SECTIONS = ("faithfulness", "sanity")
+#: The explanation sections (``xbench.checks``' where a run asked for them, and the map-quality families).
+CHECK_SECTIONS = tuple(CHECK_TABLES)
 CHOSEN_ON_EVALUATED_SET = (
     "grounding: every '@best' value and its '@best_tau' (the threshold maximising that metric per class); "
     f"classification: {', '.join(chosen_keys('classification'))}"
