@@ -128,25 +128,35 @@ def _explainer_notes(explainer: dict | None) -> list[str]:
 
 
 def _check_notes(results: dict) -> list[str]:
-    """What the sanity and faithfulness tables mean, or why a check asked for did not run."""
+    """What the explanation tables mean, or why a section asked for (or scored on every run) did not apply."""
     notes = []
     for name in SUMMARY_CHECKS:
         section = results.get(name)
         if section is None:
             continue
         if not section.get("applicable"):
-            notes.append(f"{name.capitalize()} check not run: {section['reason']}.")
+            notes.append(f"{name.capitalize()} not scored: {section['reason']}.")
         elif name == "faithfulness":
             notes.append(
                 f"Faithfulness ({section['steps']} deletion/insertion steps, ROAD at percentiles "
                 f"{', '.join(map(str, section['road_percentiles']))}): deletion AUC lower and insertion AUC and ROAD "
                 f"higher are more faithful; {section['constant_maps']} constant maps left out. Definitions: "
                 "docs/explanations.md.")
-        else:
+        elif name == "sanity":
             notes.append(
                 f"Sanity: after the last of {len(section['steps']) - 1} cascade steps; lower is a map that depends "
                 "on the weights (meaningful with the authors' weights only). Each step: sanity.csv.gz, the report.")
-    return notes
+        elif name == "robustness":
+            notes.append(
+                f"Robustness: the largest change of the map over {section['samples']} noisy copies of the input per "
+                f"image (uniform within ±{section['radius']:g} for max-sensitivity, Gaussian σ = {section['std']:g} "
+                f"for the local Lipschitz estimate, seed {section['seed']}); lower is more robust.")
+        elif name == "localisation":
+            notes.append(
+                f"Localisation: higher is better; top-k takes the {section['top_k']} most relevant of the frame's "
+                f"pixels; equal values at a cut share its places (docs/explanations.md); {section['constant_maps']} "
+                "constant maps taken as uniform.")
+    return notes    return notes
 
 
 def _phrase_notes(phrases: dict | None) -> list[str]:
