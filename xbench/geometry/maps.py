@@ -137,3 +137,13 @@ def normalise(maps: Tensor) -> Tensor:
     # Dividing in place saves a second full-size buffer (at native size, its page faults cost as
     # much as the division).
     return (flat - low).div_(torch.where(spread > 0, spread, 1.0)).view_as(maps)
+
+
+def as_relevance(saliency: Tensor) -> Tensor:
+    """Normalised maps [..., H, W] as relevance for Quantus' families (``xbench.metrics.map_quality``,
+    ``xbench.checks.robustness``): a constant map (all zeros after normalisation) is uniform relevance,
+    all ones -- what Quantus' normalisation by the maximum makes of a constant map -- so that its
+    mass, ranks and entropy are those of a map that points nowhere, not 0 / 0."""
+    constant = saliency.flatten(-2).amax(-1) == 0
+    return torch.where(constant[..., None, None], torch.ones_like(saliency), saliency)
+
