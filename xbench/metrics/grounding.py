@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
+from xbench.metrics.map_quality import VALUES as MAP_QUALITY_VALUES
+from xbench.metrics.map_quality import pair_values, top_k
 from xbench.metrics.common import MetricValues, RecordsMetric
 from xbench.metrics.names import run_keys
 
@@ -66,12 +68,13 @@ def threshold_counts(saliency: Tensor, masks: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = None
-                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`threshold_counts` and, from the same pass over the pixels, each pair's map mean and
     population variance outside and inside ``R``: float64 [B, C, 2] each (index 0 outside, 1
-    inside), NaN where a side has no pixel. ``seen`` (bool [B, H, W], default all): the pixels the
+    inside), NaN where a side has no pixel, and the map's sum (its mass) outside and inside ``R``
+    over every pixel, float64 [B, C, 2]. ``seen`` (bool [B, H, W], default all): the pixels the
     moments take; the others (frame pixels outside the model's window) are in neither side, and
-    still in the counts.
+    still in the counts and the masses.
 
     Every pixel is ``s = tau_r + e`` with ``r = round(100 s)`` and ``e`` exact in float32
     (``|e| <= 0.005``). The pass sums ``e`` and ``e^2`` in float64 per histogram code (pair, side,
@@ -83,13 +86,15 @@ def counts_and_moments(saliency: Tensor, masks: Tensor, seen: Tensor | None = No
     hist, sum_e, sum_e2 = _scan(saliency, masks, moments=True, seen=seen)
     predicted, inter = _threshold_counts(hist)
     shape = (*hist.shape[:2], hist.shape[-1] // _CODES_PER_SIDE, NUM_THRESHOLDS, 2)  # [B, C, side, r, s >= tau_r]
-    count, sum_e, sum_e2 = (part.view(shape)[:, :, :2] for part in (hist.double(), sum_e, sum_e2))  # seen sides
     tau = THRESHOLDS.to(device=hist.device, dtype=torch.float64).view(NUM_THRESHOLDS, 1)
+    every = (hist.double().view(shape) * tau + sum_e.view(shape)).sum((-2, -1))  # [B, C, side]
+    mass = every.view(*shape[:2], -1, 2).sum(2)  # seen or not: [B, C, inside]
+    count, sum_e, sum_e2 = (part.view(shape)[:, :, :2] for part in (hist.double(), sum_e, sum_e2))  # seen sides
     pixels = count.sum((-2, -1))
     mean = (count * tau + sum_e).sum((-2, -1)) / pixels
     offset = tau - mean[..., None, None]
     squares = (count * offset**2 + 2 * offset * sum_e + sum_e2).sum((-2, -1))
-    return predicted, inter, mean, squares.clamp(min=0) / pixels
+    return predicted, inter, mean, squares.clamp(min=0) / pixels, mass
 
 
 def _threshold_counts(hist: Tensor) -> tuple[Tensor, Tensor]:
@@ -297,14 +302,14 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor, seen: T
     Returns a dict of [B, C] tensors (``graded``: the pair enters grounding -- it has a mask and the
     mask is not empty; ``empty_mask``; ``region``; ``hit``; ``constant``; ``tied``; ``cnr``, NaN
     where not graded or undefined), [B, C, 101] tensors (``predicted``, ``inter``, ``dice``,
-    ``iou``; zero for pairs that are not graded) and ``graded_pairs``, the (image, class) indices of
-    the graded pairs.
+    ``iou``; zero for pairs that are not graded), ``mass`` [B, C, 2] (the map's sum outside and
+    inside ``R``) and ``graded_pairs``, the (image, class) indices of the graded pairs.
 
     Pointing Game: the map's maximum is 1 after min-max normalisation, so the pixels attaining it
     are exactly the top bin; a hit is any of them inside ``R`` (ties count symmetrically). A
     constant map normalises to all zeros, has an empty top bin, and is a miss.
     """
-    predicted, inter, mean, variance = counts_and_moments(saliency, masks, seen)
+    predicted, inter, mean, variance, mass = counts_and_moments(saliency, masks, seen)
     region = inter[..., 0]
     has_mask = has_mask.bool()
     graded = has_mask & (region > 0)
@@ -327,6 +332,7 @@ def grounding_records(saliency: Tensor, masks: Tensor, has_mask: Tensor, seen: T
         "dice": torch.where(keep, dice, 0.0),
         "iou": torch.where(keep, iou, 0.0),
         "cnr": cnr,
+        "mass": mass,
         "graded_pairs": graded_pairs,
     }
 
@@ -391,16 +397,21 @@ class GroundingMetrics(RecordsMetric):
     Only pairs with ``has_mask`` and a non-empty mask are graded; pairs with ``has_mask`` but an
     empty mask are counted as ``empty_masks`` and left out. ``best`` values are chosen on the
     evaluated set itself (the paper's protocol) and must be labelled so wherever shown.
+
+    ``map_quality``: also record, per graded pair, Quantus' localisation, complexity and random-logit
+    values (`xbench.metrics.map_quality`; the relevance mass from this pass's sums). Class pairs
+    only (no ``pair_class``): a run's own grounding, not a phrase view or a sanity step.
     """
 
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
 
-    def __init__(self, num_classes: int, validate_args: bool = True, **kwargs) -> None:
+    def __init__(self, num_classes: int, validate_args: bool = True, map_quality: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.num_classes = num_classes
         self.validate_args = validate_args
+        self.map_quality = map_quality
         per_class = lambda dtype: torch.zeros(num_classes, dtype=dtype)  # noqa: E731
         per_curve = lambda dtype: torch.zeros(num_classes, NUM_THRESHOLDS, dtype=dtype)  # noqa: E731
         for name in ("pairs", "hits", "constant_maps", "tied_maxima", "empty_masks", "cnr_pairs"):
@@ -420,6 +431,7 @@ class GroundingMetrics(RecordsMetric):
             "rec_cnr": ((), torch.float64),
             "rec_predicted": ((NUM_THRESHOLDS,), torch.int32),
             "rec_inter": ((NUM_THRESHOLDS,), torch.int32),
+            **({f"rec_{name}": ((), torch.float64) for name in MAP_QUALITY_VALUES} if self.map_quality else {}),
         }
 
     def update(self, saliency: Tensor, masks: Tensor, has_mask: Tensor, index: Tensor | None = None,
@@ -444,6 +456,18 @@ class GroundingMetrics(RecordsMetric):
         self.rec_cnr.append(cnr[image, slot])
         self.rec_predicted.append(r["predicted"][image, slot].int())
         self.rec_inter.append(r["inter"][image, slot].int())
+        if self.map_quality:
+            if pair_class is not None:
+                raise ValueError("map_quality scores class pairs: a run's grounding, without pair_class")
+            others = None
+            if self.num_classes > 1:  # each pair's image's maps of the other classes
+                other = torch.arange(self.num_classes, device=slot.device).expand(len(slot), -1)
+                other = other[other != slot.unsqueeze(1)].view(len(slot), -1)
+                others = saliency[image.unsqueeze(1), other]
+            values = pair_values(saliency[image, slot], masks[image, slot], r["mass"][image, slot], others,
+                                 top_k(saliency[0, 0].numel()))
+            for name, value in values.items():
+                getattr(self, f"rec_{name}").append(value)
 
     def compute(self) -> MetricValues:
         out = summarise_curves(
@@ -458,7 +482,8 @@ class GroundingMetrics(RecordsMetric):
 
     def records(self) -> dict[str, Tensor]:
         """Per graded pair, in (image, slot) order: image index, slot (the class, or a phrase
-        dataset's query slot), class, ``|R|``, hit, CNR and the 101-point counts."""
+        dataset's query slot), class, ``|R|``, hit, CNR, the 101-point counts and, with
+        ``map_quality``, its values by name."""
         index, slot = dim_zero_cat(self.rec_index), dim_zero_cat(self.rec_slot)
         slots = int(slot.max()) + 1 if slot.numel() else 1
         order = torch.argsort(index * slots + slot, stable=True)
@@ -472,6 +497,8 @@ class GroundingMetrics(RecordsMetric):
             "cnr": dim_zero_cat(self.rec_cnr)[order],
             "predicted": dim_zero_cat(self.rec_predicted)[order].long(),
             "inter": inter,
+            **({name: dim_zero_cat(getattr(self, f"rec_{name}"))[order] for name in MAP_QUALITY_VALUES}
+               if self.map_quality else {}),
         }
 
 

@@ -28,14 +28,20 @@ def average_ranks(values: Tensor) -> Tensor:
     """float64 [N, n]: the ranks (1..n) of each row of ``values`` [N, n], equal values sharing the
     mean of their ranks (``scipy.stats.rankdata``'s ``average``)."""
     ordered, order = torch.sort(values, dim=-1, stable=True)
+    mean_rank = sorted_mean_ranks(ordered)
+    return torch.empty_like(mean_rank).scatter_(-1, order, mean_rank)
+
+
+def sorted_mean_ranks(ordered: Tensor) -> Tensor:
+    """float64 [N, n]: the rank of each place of rows sorted ascending [N, n], equal values sharing
+    the mean of their ranks."""
     starts = torch.ones_like(ordered, dtype=torch.bool)
     starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
     group = starts.cumsum(-1) - 1  # the tie group of each sorted position
-    position = torch.arange(1, values.shape[-1] + 1, dtype=torch.float64, device=values.device).expand_as(ordered)
+    position = torch.arange(1, ordered.shape[-1] + 1, dtype=torch.float64, device=ordered.device).expand_as(ordered)
     sums = torch.zeros_like(position).scatter_add_(-1, group, position)
     counts = torch.zeros_like(position).scatter_add_(-1, group, torch.ones_like(position))
-    mean_rank = sums.gather(-1, group) / counts.gather(-1, group)
-    return torch.empty_like(mean_rank).scatter_(-1, order, mean_rank)
+    return sums.gather(-1, group) / counts.gather(-1, group)
 
 
 def spearman(a: Tensor, b: Tensor) -> Tensor:

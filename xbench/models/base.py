@@ -50,7 +50,7 @@ from xbench.metrics.native import himl_native_saliency
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.explainers import NATIVE, CamTarget, Explainer, cam_maps, check_explainer, explainer_record
-from xbench.results.payload import build_results, log_keys
+from xbench.results.payload import build_results, log_keys, map_quality_sections
 
 
 #: Phrases encoded per call at the start of a phrase-grounding run (MS-CXR has about 1,100).
@@ -272,7 +272,7 @@ class XBenchModel(L.LightningModule, ABC):
         # the next dataset (xbench.suite_worker) must run as a fresh one would. Weights load once:
         # each model's build skips what it has already loaded.
         self.classes, self.dataset_name = classes, getattr(datamodule, "name", None)
-        self.grounding = GroundingMetrics(len(classes), validate_args=False)
+        self.grounding = GroundingMetrics(len(classes), validate_args=False, map_quality=True)
         self.classification = ClassificationMetrics(len(classes))
         self.region_counts = RegionCounts(len(classes))
         self.build(classes)
@@ -430,10 +430,13 @@ class XBenchModel(L.LightningModule, ABC):
             queries=queries,
         )
         self.results.update(self.extra_results())
-        self.results.update({name: section for name, (section, _) in self.checks.items()})
+        # Quantus' families on every graded pair, then the checks the run asked for (xbench.checks)
+        explained = {**map_quality_sections(grounding["records"], self.classes, datamodule.image_size**2),
+                     **self.checks}
+        self.results.update({name: section for name, (section, _) in explained.items()})
         self.records = {"grounding": grounding["records"], "classification": classification["records"],
                         "queries": {name: values["records"] for name, values in queries.items()},
-                        **{name: records for name, (_, records) in self.checks.items()}}
+                        **{name: records for name, (_, records) in explained.items()}}
         # Every process holds the same synced values, so no key needs a collective of its own (a
         # 21-class run logs over 600): rank_zero_only skips the reduction, sync_dist says it is meant.
         self.log_dict(log_keys(self.results), sync_dist=True, rank_zero_only=True)

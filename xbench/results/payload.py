@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xbench.metrics.faithfulness import class_means, macro_mean
 from xbench.metrics.grounding import THRESHOLDS
+from xbench.metrics.map_quality import DEFINITIONS, SECTIONS, top_k
 from xbench.metrics.names import chosen_keys, run_keys
 from xbench.metrics.phrases import phrase_intervals
 from xbench.results.folder import CHECK_TABLES, SCHEMA
@@ -139,6 +141,37 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "config": config if config is not None else _hyperparameters(model, datamodule),
         "versions": _versions(),
     }
+
+
+def map_quality_sections(records: dict[str, Tensor], classes: list[str], frame_pixels: int) -> dict[str, tuple[dict, dict]]:
+    """The families' ``metrics.json`` sections and per-pair records (``<section>.csv.gz``) from the
+    grounding metric's records (`GroundingMetrics` with ``map_quality``)."""
+    cls, index = records["class"], records["index"]
+    constant = records["predicted"][:, -1] == 0  # no top-bin pixel: a constant map
+    _, pairs = class_means(torch.ones_like(cls, dtype=torch.float64), cls, len(classes))
+    out = {}
+    for section, names in SECTIONS.items():
+        if section == "randomisation" and len(classes) < 2:
+            out[section] = ({"applicable": False, "reason": "the run has one class: there is no other class's map"},
+                            {})
+            continue
+        means = {name: class_means(records[name], cls, len(classes))[0] for name in names}
+        body = {
+            "applicable": True,
+            "images": int(torch.unique(index).numel()),
+            "pairs": int(cls.numel()),
+            "constant_maps": int(constant.sum()),
+            **({"top_k": top_k(frame_pixels), "frame_pixels": frame_pixels} if section == "localisation" else {}),
+            "undefined": {name: int(records[name].isnan().sum()) for name in names},
+            "definition": DEFINITIONS[section],
+            "macro": {name: json_number(macro_mean(means[name])) for name in names},
+            "per_class": {key: {"pairs": int(pairs[c]), "constant_maps": int(constant[cls == c].sum()),
+                                **{name: json_number(means[name][c]) for name in names}}
+                          for c, key in enumerate(classes)},
+        }
+        out[section] = (body, {"index": index, "class": cls, "constant_map": constant,
+                               **{name: records[name] for name in names}})
+    return out
 
 
 def _hyperparameters(model, datamodule) -> dict:
