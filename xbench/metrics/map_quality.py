@@ -1,0 +1,139 @@
+"""Quantus' localisation, complexity and random-logit families, on every graded pair of a run.
+
+Each graded (image, class) pair's normalised frame map -- the map Pointing Game, Dice and IoU grade
+-- taken as relevance ([`as_relevance`][xbench.geometry.maps.as_relevance]: a constant map is
+uniform), against its region ``R`` of ``|R|`` of the frame's ``n`` pixels:
+
+- **relevance mass accuracy** (Arras et al.): the map's mass inside ``R`` over its whole mass, from
+  the grounding pass's sums (`xbench.metrics.grounding.counts_and_moments`); Quantus'
+  ``AttributionLocalisation`` with its defaults is the same ratio (it adds 1e-9 to the denominator);
+- **relevance rank accuracy**: the share of the ``|R|`` most relevant pixels inside ``R``;
+- **top-k intersection** (Theiner et al.): the share of the ``k`` most relevant pixels inside ``R``,
+  ``k`` = `top_k` (Quantus' 1,000 pixels at 224 x 224, the same share of a larger frame);
+- **pixel AUC**: the AUROC of the map's values as a classifier of ``R``'s pixels, from mean ranks
+  (exact, ties counting one half; undefined when ``R`` covers the frame);
+- **sparseness** (Chalasani et al.): the Gini index of the map, Quantus' formula with its 1e-7 added
+  to every value;
+- **complexity** (Bhatt et al.): the entropy (nats) of the map's shares of its mass;
+- **random logit** (Sixt et al.): the SSIM (`xbench.metrics.sanity.ssim`, the sanity check's) of the
+  class's map with the map of another class of the run on the same image, averaged over the other
+  classes -- the expectation of Quantus' one random draw, without a seed; undefined in a one-class run.
+
+Equal values at a cut of the top ``|R|`` or top ``k`` share its remaining places: a tie straddling
+the cut adds ``places x (tied pixels inside R) / (tied pixels)`` hits, the mean over every order of
+the tied pixels. (Quantus breaks such ties by NumPy's unstable sort; the two agree wherever no tie
+straddles the cut.) One sort per pair serves ranks, cuts and the Gini index.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from xbench.geometry.maps import as_relevance
+from xbench.metrics.sanity import sorted_mean_ranks, ssim
+
+#: The families' values per pair, by their section of ``metrics.json``, in the tables' order.
+SECTIONS = {
+    "localisation": ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc"),
+    "complexity": ("sparseness", "complexity"),
+    "randomisation": ("random_logit",),
+}
+VALUES = tuple(name for names in SECTIONS.values() for name in names)
+#: Top-k's share of the frame: Quantus' default k = 1,000 pixels of a 224 x 224 input.
+TOP_K_SHARE = 1000 / 224**2
+#: What Quantus' Sparseness adds to every value before its Gini index.
+GINI_OFFSET = 1e-7
+DEFINITIONS = {
+    "localisation": (
+        "On each graded pair's normalised frame map (a constant map as uniform): relevance_mass = the map's sum inside "
+        "the region over its sum; relevance_rank (top_k_intersection) = the share of the |R| (k) most relevant pixels "
+        "inside the region, pixels tied at the cut sharing its places; pixel_auc = AUROC of the map's values for the "
+        "region's pixels, ties counting one half."),
+    "complexity": (
+        "On each graded pair's normalised frame map (a constant map as uniform): sparseness = Gini index of the "
+        "values plus 1e-7 (Quantus' Sparseness); complexity = entropy in nats of each pixel's share of the map's sum."),
+    "randomisation": (
+        "Random logit: SSIM (Gaussian window 11 px, sigma 1.5, data range 1) of each graded pair's normalised frame "
+        "map with the same image's map of each other class of the run, averaged over those classes."),
+}
+
+
+def top_k(pixels: int) -> int:
+    """Top-k intersection's ``k`` on a frame of ``pixels``: `TOP_K_SHARE` of it, at least one pixel."""
+    return max(1, round(pixels * TOP_K_SHARE))
+
+
+def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, others: Tensor | None, k: int) -> dict[str, Tensor]:
+    """The families' values [P] (float64) of P graded pairs.
+
+    Args:
+        maps: the pairs' normalised frame maps [P, H, W] in [0, 1] (a constant map all zeros).
+        regions: bool [P, H, W].
+        mass: float64 [P, 2], the normalised map's sum outside and inside the region (the grounding pass's).
+        others: the same images' normalised maps of every other class [P, C - 1, H, W], or ``None``
+            (a one-class run: random logit undefined).
+        k: top-k intersection's ``k`` (`top_k`).
+    """
+    count, pixels = maps.shape[0], maps[0].numel()
+    if count == 0:
+        return {name: maps.new_zeros(0, dtype=torch.float64) for name in VALUES}
+    relevance = as_relevance(maps).flatten(1)
+    constant = relevance.amin(-1) == 1
+    region = regions.flatten(1)
+    size = region.sum(-1)
+    ordered, order = torch.sort(relevance, dim=-1, stable=True)  # ascending
+    inside = region.gather(-1, order)
+    below = torch.nn.functional.pad(inside.long().cumsum(-1), (1, 0))  # [P, n + 1]: inside pixels before each place
+    inside_mass = torch.where(constant, size.double(), mass[:, 1])
+    total_mass = torch.where(constant, float(pixels), mass.sum(-1))
+    values = {
+        "relevance_mass": inside_mass / total_mass,
+        "relevance_rank": _top_share(ordered, below, size),
+        "top_k_intersection": _top_share(ordered, below, torch.full_like(size, min(k, pixels))),
+    }
+    rank_sum = (sorted_mean_ranks(ordered) * inside).sum(-1)
+    outside = pixels - size
+    values["pixel_auc"] = torch.where(
+        outside > 0, (rank_sum - size * (size + 1) / 2) / (size * outside).double(), torch.nan)
+    shifted = ordered.double() + GINI_OFFSET
+    weights = 2 * torch.arange(1, pixels + 1, dtype=torch.float64, device=maps.device) - pixels - 1
+    values["sparseness"] = (shifted * weights).sum(-1) / (pixels * shifted.sum(-1))
+    share = relevance.double() / relevance.double().sum(-1, keepdim=True)
+    values["complexity"] = -torch.xlogy(share, share).sum(-1)
+    values["random_logit"] = (random_logit(relevance.view_as(maps), as_relevance(others))
+                              if others is not None else torch.full((count,), torch.nan, dtype=torch.float64,
+                                                                     device=maps.device))
+    return values
+
+
+def _top_share(ordered: Tensor, below: Tensor, places: Tensor) -> Tensor:
+    """float64 [P]: the share of each pair's ``places`` most relevant pixels inside its region, pixels
+    tied at the cut sharing its remaining places. ``ordered``: values ascending [P, n]; ``below``:
+    inside-region pixels before each sorted place [P, n + 1]."""
+    pixels = ordered.shape[-1]
+    cut = ordered.gather(-1, (pixels - places).unsqueeze(-1))  # the places-th largest value
+    first = torch.searchsorted(ordered, cut, right=False)
+    past = torch.searchsorted(ordered, cut, right=True)
+    taken = lambda at: below.gather(-1, at).squeeze(-1)  # noqa: E731
+    above = pixels - past.squeeze(-1)
+    above_inside = below[:, -1] - taken(past)
+    tied = (past - first).squeeze(-1)
+    tied_inside = taken(past) - taken(first)
+    hits = above_inside + (places - above).double() * tied_inside / tied
+    return hits / places
+
+
+#: Map pairs per SSIM call of `random_logit`: bounds its float64 filter buffers (a few MB per 224 x 224 pair).
+SSIM_CHUNK = 64
+
+
+def random_logit(maps: Tensor, others: Tensor) -> Tensor:
+    """float64 [P]: the mean SSIM of each map [P, H, W] with its image's maps of the other classes
+    [P, C - 1, H, W] (relevance, in [0, 1])."""
+    count, classes = others.shape[:2]
+    first = maps.unsqueeze(1).expand_as(others).reshape(-1, *maps.shape[-2:])
+    second = others.reshape(-1, *maps.shape[-2:])
+    pairs = torch.cat([ssim(first[i:i + SSIM_CHUNK], second[i:i + SSIM_CHUNK])
+                       for i in range(0, len(first), SSIM_CHUNK)])
+    return pairs.view(count, classes).mean(-1)
