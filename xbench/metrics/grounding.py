@@ -462,7 +462,7 @@ class GroundingMetrics(RecordsMetric):
             others = None
             if self.num_classes > 1:  # each pair's image's maps of the other classes
                 other = torch.arange(self.num_classes, device=slot.device).expand(len(slot), -1)
-                other = other[other != slot.unsqueeze(1)].view(len(slot), -1)
+                other = other[other != slot.unsqueeze(1)].view(len(slot), self.num_classes - 1)
                 others = saliency[image.unsqueeze(1), other]
             values = pair_values(saliency[image, slot], masks[image, slot], r["mass"][image, slot], others,
                                  top_k(saliency[0, 0].numel()))

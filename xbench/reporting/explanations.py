@@ -8,7 +8,9 @@
   one pair's map as the layers are randomised from the output down, and the similarities of every
   pair's map to the original at each step (`cascade_figures`);
 - plausibility against faithfulness, one point per model and dataset
-  (`plausibility_vs_faithfulness`).
+  (`plausibility_vs_faithfulness`);
+- a table per Quantus family -- localisation, complexity, randomisation, robustness -- per model and
+  dataset with intervals (`family_tables`).
 
 The definitions: ``docs/explanations.md``.
 """
@@ -22,7 +24,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from xbench.analysis.tables import MACRO
-from xbench.metrics.names import long, short
+from xbench.metrics.names import long, metric, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import FONT_SIZE, MARKERS, Plot, _figure, _style, model_colours, overlay_rgb
 from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis
@@ -36,8 +38,43 @@ COLUMNS = {
     "Faithfulness": (("faithfulness", "deletion_auc"), ("faithfulness", "insertion_auc"), ("faithfulness", "road")),
     "Sanity (all randomised)": (("sanity", "spearman"), ("sanity", "ssim")),
 }
-#: Where a lower value is the better explanation: a deletion curve that falls fast, a map that changes.
-LOWER_BETTER = frozenset({"deletion_auc", "spearman", "spearman_abs", "ssim"})
+#: Where a lower value is the better explanation: a deletion curve that falls fast, a map that changes, a
+#: simple map, a map that stays under noise.
+LOWER_BETTER = frozenset({"deletion_auc", "spearman", "spearman_abs", "ssim", "complexity", "random_logit",
+                          "max_sensitivity", "local_lipschitz"})
+#: The report's table of each of Quantus' families: (title, columns as (section, key) by group, what
+#: the values are). A run is a row where the family's first section applies.
+FAMILIES = {
+    "localisation": (
+        "Localisation of each model's maps in the radiologist's region (macro mean over classes)",
+        {"Grounding": (("grounding", "pointing_game"), ("grounding", "dice@0.5")),
+         "Localisation": (("localisation", "relevance_mass"), ("localisation", "relevance_rank"),
+                          ("localisation", "top_k_intersection"), ("localisation", "pixel_auc"))},
+        "Every graded pair of the split, in percent. Mass: the map's sum inside the region over its sum (Quantus' "
+        "relevance mass accuracy and, at its defaults, attribution localisation); Rank: the share of the |R| most "
+        "relevant pixels inside the region; Top-k: the share of the k most relevant (Quantus' 1,000 of 224 × 224, "
+        "the same share of the frame); Pixel AUC: the AUROC of the map's values for the region's pixels (50: "
+        "chance). Higher is better."),
+    "complexity": (
+        "Complexity of each model's maps (macro mean over classes)",
+        {"Complexity": (("complexity", "sparseness"), ("complexity", "complexity"))},
+        "Every graded pair's map. Gini: sparseness, 0 (uniform) to 1 (one pixel), higher is sparser; Entropy: "
+        "complexity, the entropy in nats of each pixel's share of the map (at most ln n), lower is simpler."),
+    "randomisation": (
+        "Randomisation: does the map change with the class or the weights? (macro mean over classes)",
+        {"Random logit": (("randomisation", "random_logit"),),
+         "Cascade (all randomised)": (("sanity", "spearman"), ("sanity", "ssim"))},
+        "Random logit: SSIM of each graded pair's map with the same image's maps of the run's other classes "
+        "(every graded pair; none in a one-class run). Cascade: the sanity check's similarity to the original map "
+        "once every layer group is re-initialised (the images it checked). Lower is better: a map that explains "
+        "the class and the model changes with them."),
+    "robustness": (
+        "Robustness of each model's maps to input noise (macro mean over classes)",
+        {"Robustness": (("robustness", "max_sensitivity"), ("robustness", "local_lipschitz"))},
+        "The images the robustness check scored. Max-sens: the largest relative change of the map, ‖a − a′‖ / ‖a‖, "
+        "over noisy copies of the input (uniform noise); Lipschitz: the largest change of the map per unit of "
+        "input change, ‖a − a′‖ / ‖x − x′‖ (Gaussian noise). Lower is more robust."),
+}
 #: The cascade table's and figure's similarities, and the grounding of the randomised model.
 SIMILARITIES = ("spearman", "spearman_abs", "ssim")
 STEP_GROUNDING = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -77,7 +114,38 @@ def checked_runs(bench: Benchmark) -> list[tuple[str, str]]:
 
 
 def _column(group: str, key: str) -> Column:
-    return Column(short(key), group, percent=key in ("pointing_game", "dice@0.5"), lower_better=key in LOWER_BETTER)
+    return Column(short(key), group, percent=metric(key).unit == "percent", lower_better=key in LOWER_BETTER)
+
+
+def _macro_cells(results: dict, keys, dataset: str, model: str, analysis: ReportAnalysis | None) -> list[Cell]:
+    """A run's macro means of ``keys`` ((section, key)) with their bootstrap intervals."""
+    cells = []
+    for section, key in keys:
+        value = (results.get(section) or {}).get("macro", {}).get(key)
+        interval = analysis.interval(dataset, model, MACRO, key) if analysis and value is not None else None
+        cells.append(Cell(value, interval))
+    return cells
+
+
+def family_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
+    """A table per Quantus family (`FAMILIES`) with the runs where it applies, macro means with
+    bootstrap intervals."""
+    tables = []
+    for name, (title, groups, meaning) in FAMILIES.items():
+        first = next(iter(groups.values()))[0][0]
+        runs = [(model, dataset) for dataset in bench.datasets for model in bench.models_on(dataset)
+                if _applicable(bench.get(model, dataset), first)]
+        if not runs:
+            continue
+        columns = tuple(_column(group, key) for group, keys in groups.items() for _, key in keys)
+        rows = tuple(Row(bench.model_label(model), tuple(_macro_cells(bench.get(model, dataset).results,
+                                                                      [k for keys in groups.values() for k in keys],
+                                                                      dataset, model, analysis)),
+                         group=bench.dataset_label(dataset)) for model, dataset in runs)
+        caption = (meaning + " – : not scored (a check not asked for, or not applicable). Definitions: "
+                   "docs/explanations.md. " + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE)
+        tables.append(Table(f"explanations_{name}", title, caption, "Model", columns, rows))
+    return tables
 
 
 def explanation_table(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Table | None:
@@ -90,12 +158,7 @@ def explanation_table(bench: Benchmark, analysis: ReportAnalysis | None = None) 
     rows, scopes = [], set()
     for model, dataset in runs:
         results = bench.get(model, dataset).results
-        cells = []
-        for keys in COLUMNS.values():
-            for section, key in keys:
-                value = (results.get(section) or {}).get("macro", {}).get(key)
-                interval = analysis.interval(dataset, model, MACRO, key) if analysis and value is not None else None
-                cells.append(Cell(value, interval))
+        cells = _macro_cells(results, [k for keys in COLUMNS.values() for k in keys], dataset, model, analysis)
         for section in CHECKS:
             if _applicable(bench.get(model, dataset), section):
                 scopes.add(f"{section}: {results[section]['images']} images")
@@ -298,7 +361,7 @@ def plausibility_vs_faithfulness(bench: Benchmark, analysis: ReportAnalysis | No
 
 def explanation_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
     table = explanation_table(bench, analysis)
-    return ([table] if table is not None else []) + cascade_tables(bench)
+    return ([table] if table is not None else []) + family_tables(bench, analysis) + cascade_tables(bench)
 
 
 def explanation_figures(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Plot]:
