@@ -232,3 +232,9 @@ def test_one_class_run_has_no_random_logit():
     assert found["randomisation"] == ({"applicable": False,
                                        "reason": "the run has one class: there is no other class's map"}, {})
     assert found["localisation"][0]["applicable"] and found["complexity"][0]["macro"]["sparseness"] is not None
+
+
+def test_a_batch_without_graded_pairs_adds_no_row():
+    saliency = torch.rand(2, 3, 8, 8)
+    records = scored(normalise(saliency), torch.zeros(2, 3, 8, 8, dtype=torch.bool))
+    assert all(records[name].numel() == 0 for name in VALUES)

@@ -465,7 +465,7 @@ class GroundingMetrics(RecordsMetric):
                 other = other[other != slot.unsqueeze(1)].view(len(slot), self.num_classes - 1)
                 others = saliency[image.unsqueeze(1), other]
             values = pair_values(saliency[image, slot], masks[image, slot], r["mass"][image, slot], others,
-                                 top_k(saliency[0, 0].numel()))
+                                 top_k(saliency.shape[-2] * saliency.shape[-1]))
             for name, value in values.items():
                 getattr(self, f"rec_{name}").append(value)
 

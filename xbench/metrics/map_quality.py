@@ -75,7 +75,7 @@ def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, others: Tensor | No
             (a one-class run: random logit undefined).
         k: top-k intersection's ``k`` (`top_k`).
     """
-    count, pixels = maps.shape[0], maps[0].numel()
+    count, pixels = maps.shape[0], maps.shape[-2] * maps.shape[-1]
     if count == 0:
         return {name: maps.new_zeros(0, dtype=torch.float64) for name in VALUES}
     relevance = as_relevance(maps).flatten(1)
