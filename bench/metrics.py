@@ -16,6 +16,10 @@ single threshold on the same map (upsampling, their ``cam_to_segmentation`` and
 ``calculate_iou``, imported from ``--chexlocalize-repo``; without it, the same steps written
 plainly in torch and NumPy), and their ratio. ``--quick`` (B = 8, neither the loop nor the native
 comparison) takes seconds: the test suite runs it to print the update's cost in its log.
+
+Last, Quantus' localisation, complexity and random-logit families (``GroundingMetrics`` with
+``map_quality``, what every run's grounding does) on one graded pair per image, as a multi-label
+dataset has a few: the update with them against the same update without, per graded pair.
 """
 
 from __future__ import annotations
@@ -94,6 +98,22 @@ def native_comparison(repo: Path | None, repeats: int) -> None:
     print(f"native ratio                  : {t_xbench / t_theirs:9.2f}x   (target <= 1.5)")
 
 
+def map_quality_cost(s: torch.Tensor, m: torch.Tensor, index: torch.Tensor, classes: int, device: torch.device,
+                     repeats: int) -> None:
+    """The update with and without Quantus' families, one graded pair (class 0) per image."""
+    one_each = torch.zeros(s.shape[:2], dtype=torch.bool, device=device)
+    one_each[:, 0] = True
+    plain = GroundingMetrics(classes, validate_args=False).to(device)
+    families = GroundingMetrics(classes, validate_args=False, map_quality=True).to(device)
+    times = best_seconds_each({"plain": lambda: plain.update(s, m, one_each, index),
+                               "families": lambda: families.update(s, m, one_each, index)}, device, repeats)
+    extra = times["families"] - times["plain"]
+    print(f"Quantus' families, {s.shape[0]} graded pairs of {classes}-class maps (one per image):")
+    print(f"  update without     : {times['plain'] * 1e3:9.1f} ms")
+    print(f"  update with        : {times['families'] * 1e3:9.1f} ms   ({times['families'] / times['plain']:.2f}x)")
+    print(f"  per graded pair    : {extra / s.shape[0] * 1e3:9.2f} ms   (a sort, {classes - 1} SSIMs)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -148,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"101x threshold loop  : {t_loop * 1e3:9.1f} ms")
     print(f"update / single-tau  : {t_metric / t_single:9.2f}x   (target <= 1.0 on CPU, <= 1.5 on CUDA)")
     print(f"  with a window      : {parts['update, window'] / t_single:9.2f}x")
+    map_quality_cost(s, m, index, args.classes, device, args.repeats)
     if t_loop is None:
         print("loop / update        :   skipped   (--quick)")
         return

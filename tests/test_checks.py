@@ -29,6 +29,7 @@ from xbench.metrics.faithfulness import (
     removal_rank,
     road_inputs,
 )
+from xbench.metrics.map_quality import SECTIONS
 from xbench.metrics.sanity import spearman, ssim
 from xbench.models.base import LayerGroup, XBenchModel
 from xbench.test import main
@@ -366,7 +367,7 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     tables = analysis_tables(analyze([folder], settings=settings))
     intervals = tables["intervals"].set_index(["class", "metric"])
     for section, keys in (("faithfulness", ("deletion_auc", "insertion_auc", "road")),
-                          ("sanity", ("spearman", "spearman_abs", "ssim"))):
+                          ("sanity", ("spearman", "spearman_abs", "ssim")), *SECTIONS.items()):
         for key in keys:
             estimate, lower, upper = intervals.loc[("macro", key), ["estimate", "lower", "upper"]]
             assert estimate == pytest.approx(results[section]["macro"][key]) and lower <= upper, (section, key)
@@ -374,9 +375,14 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
                 if values[key] is not None:
                     assert intervals.loc[(cls, key), "estimate"] == pytest.approx(values[key])
     bench = Benchmark.from_folders([tmp_path / "results"])
-    table, cascade = explanation_tables(bench, ReportAnalysis(settings, tables))
+    table, *families, cascade = explanation_tables(bench, ReportAnalysis(settings, tables))
     (row,) = table.rows
     assert row.cells[2].value == results["faithfulness"]["macro"]["deletion_auc"] and row.cells[2].interval
+    assert [family.name for family in families] == [f"explanations_{name}" for name in
+                                                     ("localisation", "complexity", "randomisation")]
+    (row,) = families[0].rows  # Pointing Game, Dice, then the localisation values, each with its interval
+    assert row.cells[2].value == results["localisation"]["macro"]["relevance_mass"]
+    assert all(cell.interval for cell in row.cells)
     assert len(cascade.rows) == len(results["sanity"]["steps"])
     assert [plot.name for plot in explanation_figures(bench)] == ["plausibility_vs_faithfulness",
                                                                   "sanity_tinyconv_phantom"]

@@ -43,7 +43,7 @@ COLUMNS = {
 LOWER_BETTER = frozenset({"deletion_auc", "spearman", "spearman_abs", "ssim", "complexity", "random_logit",
                           "max_sensitivity", "local_lipschitz"})
 #: The report's table of each of Quantus' families: (title, columns as (section, key) by group, what
-#: the values are). A run is a row where the family's first section applies.
+#: the values are). A run is a row where the family's own section applies.
 FAMILIES = {
     "localisation": (
         "Localisation of each model's maps in the radiologist's region (macro mean over classes)",
@@ -132,9 +132,8 @@ def family_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> l
     bootstrap intervals."""
     tables = []
     for name, (title, groups, meaning) in FAMILIES.items():
-        first = next(iter(groups.values()))[0][0]
         runs = [(model, dataset) for dataset in bench.datasets for model in bench.models_on(dataset)
-                if _applicable(bench.get(model, dataset), first)]
+                if _applicable(bench.get(model, dataset), name)]
         if not runs:
             continue
         columns = tuple(_column(group, key) for group, keys in groups.items() for _, key in keys)
