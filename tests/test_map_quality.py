@@ -238,3 +238,12 @@ def test_a_batch_without_graded_pairs_adds_no_row():
     saliency = torch.rand(2, 3, 8, 8)
     records = scored(normalise(saliency), torch.zeros(2, 3, 8, 8, dtype=torch.bool))
     assert all(records[name].numel() == 0 for name in VALUES)
+
+
+def test_a_frame_smaller_than_the_ssim_window_has_no_random_logit():
+    generator = torch.Generator().manual_seed(9)
+    saliency = random_maps(generator, (2, 3, 10, 10))
+    records = scored(saliency, box_masks(generator, saliency.shape))
+    assert records["random_logit"].isnan().all() and not records["pixel_auc"].isnan().any()
+    body, _ = map_quality_sections(records, ["a", "b", "c"], 100)["randomisation"]
+    assert body["undefined"]["random_logit"] == body["pairs"] > 0 and body["macro"]["random_logit"] is None

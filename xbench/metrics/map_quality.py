@@ -17,7 +17,8 @@ uniform), against its region ``R`` of ``|R|`` of the frame's ``n`` pixels:
 - **complexity** (Bhatt et al.): the entropy (nats) of the map's shares of its mass;
 - **random logit** (Sixt et al.): the SSIM (`xbench.metrics.sanity.ssim`, the sanity check's) of the
   class's map with the map of another class of the run on the same image, averaged over the other
-  classes -- the expectation of Quantus' one random draw, without a seed; undefined in a one-class run.
+  classes -- the expectation of Quantus' one random draw, without a seed; undefined in a one-class run
+  and on a frame smaller than SSIM's window.
 
 Equal values at a cut of the top ``|R|`` or top ``k`` share its remaining places: a tie straddling
 the cut adds ``places x (tied pixels inside R) / (tied pixels)`` hits, the mean over every order of
@@ -124,14 +125,18 @@ def _top_share(ordered: Tensor, below: Tensor, places: Tensor) -> Tensor:
     return hits / places
 
 
+#: The side of SSIM's Gaussian window (`xbench.metrics.sanity.ssim`): a smaller frame has no random logit.
+SSIM_WINDOW = 11
 #: Map pairs per SSIM call of `random_logit`: bounds its float64 filter buffers (a few MB per 224 x 224 pair).
 SSIM_CHUNK = 64
 
 
 def random_logit(maps: Tensor, others: Tensor) -> Tensor:
     """float64 [P]: the mean SSIM of each map [P, H, W] with its image's maps of the other classes
-    [P, C - 1, H, W] (relevance, in [0, 1])."""
+    [P, C - 1, H, W] (relevance, in [0, 1]); undefined (NaN) on a frame smaller than SSIM's window."""
     count, classes = others.shape[:2]
+    if min(maps.shape[-2:]) < SSIM_WINDOW:
+        return torch.full((count,), torch.nan, dtype=torch.float64, device=maps.device)
     first = maps.unsqueeze(1).expand_as(others).reshape(-1, *maps.shape[-2:])
     second = others.reshape(-1, *maps.shape[-2:])
     pairs = torch.cat([ssim(first[i:i + SSIM_CHUNK], second[i:i + SSIM_CHUNK])
