@@ -156,7 +156,7 @@ def _check_notes(results: dict) -> list[str]:
                 f"Localisation: higher is better; top-k takes the {section['top_k']} most relevant of the frame's "
                 f"pixels; equal values at a cut share its places (docs/explanations.md); {section['constant_maps']} "
                 "constant maps taken as uniform.")
-    return notes    return notes
+    return notes
 
 
 def _phrase_notes(phrases: dict | None) -> list[str]:
