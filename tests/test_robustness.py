@@ -9,6 +9,7 @@ import itertools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -169,3 +170,45 @@ def test_nan_max_leaves_out_undefined_ratios():
     values = torch.tensor([[1.0, math.nan, math.nan], [3.0, 2.0, math.nan]], dtype=torch.float64)
     got = nan_max(values)
     assert got[:2].tolist() == [3.0, 2.0] and math.isnan(got[2])
+
+
+def test_robustness_through_the_cli_writes_its_table_and_the_analysis_reads_it(phantom_root, tmp_path):
+    """The tiny model through ``python -m xbench.test --robustness.*``: the options in the recorded
+    config, one table row per pair, the logger keys, the summary's table and note, and the analysis'
+    estimates equal to metrics.json; a model that reads more than its input is not scored, and says why."""
+    from conftest import CONFIGS, only_folder, run_args
+    from xbench.analysis.pipeline import analyze
+    from xbench.analysis.settings import Settings
+    from xbench.analysis.tables import analysis_tables
+    from xbench.results.payload import log_keys
+    from xbench.test import main
+
+    options = ["--robustness.images", "2", "--robustness.samples", "2", "--robustness.radius", "0.1",
+               "--robustness.std", "0.05", "--robustness.seed", "9"]
+    results = main(["--model", "test_checks.TinyConv", "--config", str(CONFIGS / "data" / "phantom.yaml"),
+                    "--data.root", str(phantom_root), "--data.image_size", str(SIZE), "--data.num_workers", "0",
+                    "--results.folder", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false",
+                    "--trainer.logger", "false", *options])
+    section = results["robustness"]
+    assert results["config"]["robustness"] == {"images": 2, "samples": 2, "radius": 0.1, "std": 0.05, "seed": 9}
+    assert (section["images"], section["samples"], section["radius"], section["std"], section["seed"]) == (
+        2, 2, 0.1, 0.05, 9)
+    folder = only_folder(tmp_path / "results")
+    table = pd.read_csv(folder / "robustness.csv.gz")
+    assert list(table.columns) == ["image_index", "image_id", "class", "constant_map", "max_sensitivity",
+                                   "local_lipschitz"]
+    assert len(table) == section["pairs"] and section["pairs"] >= 2
+    assert {"robustness/max_sensitivity/macro", "robustness/local_lipschitz/macro"} <= set(log_keys(results))
+    summary = (folder / "summary.md").read_text()
+    assert "Robustness on 2 images" in summary and "2 noisy copies of the input" in summary
+    intervals = analysis_tables(analyze([folder], settings=Settings(replicates=20)))["intervals"]
+    intervals = intervals.set_index(["class", "metric"])
+    for key in ("max_sensitivity", "local_lipschitz"):
+        assert intervals.loc[("macro", key), "estimate"] == pytest.approx(section["macro"][key])
+
+    with pytest.warns(UserWarning, match="robustness not scored: RandomSaliency makes its maps from more"):
+        baseline = main(run_args("random", "phantom", phantom_root, tmp_path / "random", "--trainer.logger", "false",
+                                 "--robustness.images", "2", image_size=SIZE))
+    assert baseline["robustness"] == {"applicable": False, "reason": "RandomSaliency makes its maps from more than "
+                                      "its input (it overrides infer)"}
+    assert not (only_folder(tmp_path / "random") / "robustness.csv.gz").exists()
