@@ -13,7 +13,7 @@ all ones: `as_relevance`), flattened, and float64 arithmetic:
 - **max-sensitivity** = max over s of ``||a - a_s|| / ||a||``, ``a_s`` the map of ``x + u_s``,
   ``u_s`` uniform in [-radius, radius) on every element of the input;
 - **local Lipschitz estimate** = max over s of ``||a - a_s|| / ||x - x_s||``, ``x_s = x + g_s``,
-  ``g_s`` Gaussian with mean 0 and standard deviation ``std`` on every element;
+  ``g_s`` Gaussian with mean 0 and standard deviation ``std`` on every element.
 
 Euclidean (Frobenius) norms; the maximum leaves out a NaN ratio (NaN if every one is). The noise is
 not clipped to the input's range, as Quantus' is not.
@@ -55,8 +55,8 @@ SECTION = "robustness"
 PAIR_VALUES = ("max_sensitivity", "local_lipschitz")
 #: The kinds of noise, as they enter each draw's seed.
 UNIFORM, GAUSSIAN = 0, 1
-#: The most samples an option takes: each costs two forwards per image (200, Quantus' default, is
-#: already a run's worth of forwards per image).
+#: The most samples the option takes: each costs two forwards per image, and 10,000 (50 times Quantus'
+#: 200, hours per image for a full-size model on a CPU) is a slip rather than a setting.
 MAX_SAMPLES = 10_000
 #: The largest radius or standard deviation: noise a thousand times an input's range (a model's
 #: normalised input spans a few units) drowns the image; beyond it the option is a slip, and a
