@@ -1,5 +1,6 @@
-"""What the sanity and faithfulness checks cost per checked image, as a multiple of the plain run's
-cost per image, each model at full size with random weights (``bench/throughput.py``'s builders).
+"""What the sanity, faithfulness and robustness checks cost per checked image, as a multiple of the
+plain run's cost per image, each model at full size with random weights (``bench/throughput.py``'s
+builders).
 
     python bench/explanations.py [--device cuda] [--models clip medklip ...] [--images 4] [--checked 2]
                                  [--threads N] [--native 512]
@@ -11,13 +12,16 @@ the checks look at ``--checked`` of them. Per model, side by side in one process
   it), per image, best of three -- a plain run's cost per image, less a few percent of harness
   (``bench/throughput.py``);
 - each **setting** (the sanity cascade; faithfulness with K deletion/insertion steps and P ROAD
-  percentiles): ``trainer.test`` with the check added, against the same run without it (after a
-  first run that loaded the weights); its cost per checked image is the extra wall time over the
-  checked images, and the ratio is that over the forward per image.
+  percentiles; robustness with S noisy copies of each kind): ``trainer.test`` with the check added,
+  against the same run without it (after a first run that loaded the weights); its cost per checked
+  image is the extra wall time over the checked images, and the ratio is that over the forward per
+  image.
 
 Each pair costs faithfulness 2 (K + 1) + 2 P forwards and 2 P noisy linear imputations (a sparse
 solve over the input's pixels, on the CPU); each image costs the sanity check one forward per cascade
-step (``len(cascade_steps)``, printed) and a text re-encoding for each step of a text group.
+step (``len(cascade_steps)``, printed) and a text re-encoding for each step of a text group; each
+image costs robustness 2 S + 1 forwards with maps (S uniform and S Gaussian copies, and the input),
+linear in S: the default S = 200 costs 20 times S = 10.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import torch
 from throughput import BUILDERS
 from timing import synchronize
 from xbench.checks.faithfulness import Faithfulness
+from xbench.checks.robustness import Robustness
 from xbench.checks.sanity import Sanity, cascade_steps
 from xbench.data.phantom import Phantom, generate_phantom
 from xbench.findings import PAPER_CLASSES
@@ -49,7 +54,11 @@ SETTINGS = {
     "faithfulness K=20, P=9 (defaults)": lambda n: Faithfulness(images=n),
     "faithfulness K=10, P=9": lambda n: Faithfulness(images=n, steps=10),
     "faithfulness K=10, P=3": lambda n: Faithfulness(images=n, steps=10, road_percentiles=[10, 50, 90]),
+    "robustness S=10": lambda n: Robustness(images=n, samples=10),
+    "robustness S=200 (defaults)": lambda n: Robustness(images=n),
 }
+#: The sections the settings write, for their pair counts.
+SECTIONS = ("sanity", "faithfulness", "robustness")
 
 
 def timed_run(model, datamodule, device: torch.device, callbacks: list) -> float:
@@ -118,7 +127,7 @@ def main() -> None:
                 for label in args.settings:
                     check = SETTINGS[label](args.checked)
                     extra = (timed_run(model, datamodule, device, [check]) - run) / args.checked
-                    pairs = (model.results.get("faithfulness") or model.results.get("sanity") or {}).get("pairs")
+                    pairs = next((model.results[s]["pairs"] for s in SECTIONS if s in model.results), None)
                     print(f"    {label:<36} {extra:8.2f} s per checked image = {extra / plain:6.0f} x forward"
                           f"   ({pairs} pairs)", flush=True)
             shutil.rmtree(scratch / "weights", ignore_errors=True)

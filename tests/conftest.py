@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import socket
 import tempfile
@@ -228,15 +229,16 @@ def model_cli_dataset(data: str, folder: Path, phantom_root: Path) -> tuple[Path
     raise ValueError(f"no CLI fixture for {data!r}; one of {CLI_DATASETS}")
 
 
-#: The checks of ``xbench.checks`` at their smallest settings (each costs a forward per cascade step and 8
-#: inputs per pair): the cascade on one image, deletion and insertion in two steps and ROAD at one
-#: percentile (the 90th: a tenth of the input imputed, the cheapest solve). Every model with a network
+#: The checks of ``xbench.checks`` at their smallest settings (each costs a forward per cascade step, 8
+#: inputs per pair and 2 noisy inputs per image): the cascade on one image, deletion and insertion in two
+#: steps, ROAD at one percentile (the 90th: a tenth of the input imputed, the cheapest solve) and one
+#: noisy copy of each kind for robustness. Every model with a network
 #: runs them in one CLI test with its CAM explainer (:func:`explainer_args`); on native maps of MS-CXR's
 #: query slots, the cheapest model of each query mode runs them (BiomedCLIP and CARZero, tiny: a phrase's
 #: own map; MedKLIP: its finding's map), since the checks call the same ``model.explain`` whatever the
 #: model (a full-size model's checks on MS-CXR took 10-30 s each).
 CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfulness.steps", "2",
-              "--faithfulness.road_percentiles", "[90]")
+              "--faithfulness.road_percentiles", "[90]", "--robustness.images", "1", "--robustness.samples", "1")
 
 #: The CAM explainer a model runs with :data:`CHECK_ARGS` in its phantom CLI test (:func:`explainer_args`;
 #: BioViL-T's one CLI test, on ChestX-Det10). Every method of ``CAM_METHODS`` goes through
@@ -255,8 +257,9 @@ def explainer_args(model: str) -> tuple[str, ...]:
 
 def check_explanation_sections(results: dict, folder: Path) -> None:
     """A run with :data:`CHECK_ARGS` scored one image's graded pairs for sanity (every cascade step,
-    similarities in range, the original map equal to itself) and faithfulness (curves of 3 points,
-    one ROAD percentile), with the per-pair tables beside ``metrics.json``."""
+    similarities in range, the original map equal to itself), faithfulness (curves of 3 points,
+    one ROAD percentile) and robustness (one noisy copy of each kind: finite, non-negative values,
+    a constant map's too), with the per-pair tables beside ``metrics.json``."""
     import pandas as pd
 
     sanity, faithfulness = results["sanity"], results["faithfulness"]
@@ -274,6 +277,14 @@ def check_explanation_sections(results: dict, folder: Path) -> None:
     assert len(steps) == sanity["pairs"] * len(sanity["steps"])
     with np.load(folder / "sanity_maps.npz") as saved:
         assert saved["maps"].shape[0] == len(sanity["steps"]) and saved["maps"].dtype == np.uint8
+    robustness = results["robustness"]
+    assert robustness["applicable"] and robustness["images"] == 1 and robustness["pairs"] == sanity["pairs"]
+    assert robustness["samples"] == 1
+    for values in [robustness["macro"], *(v for v in robustness["per_class"].values() if v["pairs"])]:
+        assert all(math.isfinite(values[k]) and values[k] >= 0 for k in ("max_sensitivity", "local_lipschitz"))
+    assert all(v["max_sensitivity"] is None for v in robustness["per_class"].values() if not v["pairs"])
+    pairs = pd.read_csv(folder / "robustness.csv.gz")
+    assert len(pairs) == robustness["pairs"] and int(pairs["constant_map"].sum()) == robustness["constant_maps"]
 
 
 def check_layer_groups(model, groups=None) -> list:

@@ -2234,3 +2234,45 @@ def test_code_named_in_a_folders_files_is_never_run(hf_folders, tmp_path):
     model.build(["nodule"])
     assert not marker.exists()
     assert type(model.model).__name__ == "CLIPModel" and type(model.tokenizer).__name__ == "CLIPTokenizer"
+
+
+ROBUSTNESS_NOISE = "must be a number above 0 and at most 1000; got"
+
+
+@pytest.mark.parametrize(("extra", "status", "named"), [
+    (("--robustness.samples",), 2, "argument --robustness.samples: expected one argument"),
+    (("--robustness.samples", "0"), 1, "--robustness.samples must be a whole number from 1 to 10000; got 0"),
+    (("--robustness.samples", "-2"), 1, "--robustness.samples must be a whole number from 1 to 10000; got -2"),
+    (("--robustness.samples", "10001"), 1, "--robustness.samples must be a whole number from 1 to 10000; got 10001"),
+    (("--robustness.samples", "1.5"), 2, "option 'robustness.samples': Expected a <class 'int'>. Got value: 1.5"),
+    (("--robustness.samples", "abc"), 2, "option 'robustness.samples': Expected a <class 'int'>. Got value: abc"),
+    (("--robustness.samples", "true"), 2, "option 'robustness.samples': Expected a <class 'int'>. Got value: True"),
+    (("--robustness.radius", "0"), 1, f"--robustness.radius {ROBUSTNESS_NOISE} 0.0"),
+    (("--robustness.radius", "-0.1"), 1, f"--robustness.radius {ROBUSTNESS_NOISE} -0.1"),
+    (("--robustness.radius", ".nan"), 1, f"--robustness.radius {ROBUSTNESS_NOISE} nan"),
+    (("--robustness.radius", ".inf"), 1, f"--robustness.radius {ROBUSTNESS_NOISE} inf"),
+    (("--robustness.radius", "1e4"), 1, f"--robustness.radius {ROBUSTNESS_NOISE} 10000.0"),
+    (("--robustness.radius", "nan"), 2, "option 'robustness.radius': Expected a <class 'float'>. Got value: nan"),
+    (("--robustness.radius", "abc"), 2, "option 'robustness.radius': Expected a <class 'float'>. Got value: abc"),
+    (("--robustness.radius", "true"), 2, "option 'robustness.radius': Expected a <class 'float'>. Got value: True"),
+    (("--robustness.std", "0"), 1, f"--robustness.std {ROBUSTNESS_NOISE} 0.0"),
+    (("--robustness.std", "-1"), 1, f"--robustness.std {ROBUSTNESS_NOISE} -1.0"),
+    (("--robustness.std", ".nan"), 1, f"--robustness.std {ROBUSTNESS_NOISE} nan"),
+    (("--robustness.std", ".inf"), 1, f"--robustness.std {ROBUSTNESS_NOISE} inf"),
+    (("--robustness.std", "1001"), 1, f"--robustness.std {ROBUSTNESS_NOISE} 1001.0"),
+    (("--robustness.std=-inf",), 2, "option 'robustness.std': Expected a <class 'float'>. Got value: -inf"),
+    (("--robustness.std", "abc"), 2, "option 'robustness.std': Expected a <class 'float'>. Got value: abc"),
+    (("--robustness.seed", "-1"), 1,
+     "--robustness.seed must be a whole number from 0 to 4294967295 (the range of --seed_everything); got -1"),
+    (("--robustness.seed", "4294967296"), 1, "--robustness.seed must be a whole number from 0 to 4294967295"),
+    (("--robustness.images", "-1"), 1, "--robustness.images must be 0 (off) or a number of images; got -1"),
+    (("--robustness.images", "1.0"), 2, "option 'robustness.images': Expected a <class 'int'>. Got value: 1.0"),
+])
+def test_a_robustness_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_path, capsys, extra, status, named):
+    """Each of ``--robustness.*`` refused before the first batch, in one line with the range and the value:
+    a count out of range, noise of no spread, NaN, infinite or drowning the image, a seed beyond
+    ``--seed_everything``'s range (exit 1); a string or a bool where a number belongs, or no value
+    (the parser's usage error, exit 2)."""
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", *extra), capsys)
+    assert_one_line(code, err, status, named)
+    assert left_behind(tmp_path / "results") == []

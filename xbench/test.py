@@ -5,8 +5,9 @@ of ``XBenchModel`` or ``XBenchDataModule`` works the same way); any key can be o
 command line, e.g. ``--data.root /data/ChestX-Det10 --trainer.devices 2``. The run writes a
 results folder (``--results.folder``, ``--results.overlay_pairs``: the ``ResultsWriter`` callback's
 options), logs to Weights & Biases offline (``--trainer.logger false`` turns it off; see
-``xbench.reporting.wandb``) and prints the summary table. ``--sanity.images N`` and
-``--faithfulness.images N`` add the checks of ``xbench.checks`` on N images (off by default).
+``xbench.reporting.wandb``) and prints the summary table. ``--sanity.images N``,
+``--faithfulness.images N`` and ``--robustness.images N`` add the checks of ``xbench.checks`` on N
+images (off by default).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from xbench.catalog import load_all
 from xbench.checks.faithfulness import Faithfulness
+from xbench.checks.robustness import Robustness
 from xbench.checks.sanity import Sanity
 from xbench.cli import run
 from xbench.data.base import XBenchDataModule
@@ -109,8 +111,8 @@ class LoadedModel:
 
 class XBenchCLI(LightningCLI):
     """LightningCLI with the checks' and the output callback's options (``--sanity.*``,
-    ``--faithfulness.*``, ``--results.*``), which takes the model from ``loaded`` when the run's
-    settings are the ones it was made with, instead of instantiating another."""
+    ``--faithfulness.*``, ``--robustness.*``, ``--results.*``), which takes the model from ``loaded``
+    when the run's settings are the ones it was made with, instead of instantiating another."""
 
     def __init__(self, *args, loaded: LoadedModel | None = None, **kwargs) -> None:
         self.loaded = loaded
@@ -120,6 +122,7 @@ class XBenchCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(Sanity, "sanity")
         parser.add_lightning_class_args(Faithfulness, "faithfulness")
+        parser.add_lightning_class_args(Robustness, "robustness")
         parser.add_lightning_class_args(ResultsWriter, "results")
 
     def before_instantiate_classes(self) -> None:

@@ -1,5 +1,5 @@
-"""What the sanity and faithfulness checks share: which images they look at, whether a model can be
-checked, and running the model on inputs of the checks' own making."""
+"""What the run-level checks (sanity, faithfulness, robustness) share: which images they look at, whether a
+model can be checked, and running the model on inputs of the checks' own making."""
 
 from __future__ import annotations
 

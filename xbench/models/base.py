@@ -169,7 +169,7 @@ class XBenchModel(L.LightningModule, ABC):
         #: (``grounding``, ``classification``, a phrase run's ``queries`` by view) behind its tables.
         self.results: dict | None = None
         self.records: dict | None = None
-        #: What run-level checks (the sanity and faithfulness callbacks, `xbench.checks`) computed
+        #: What run-level checks (the sanity, faithfulness and robustness callbacks, `xbench.checks`) computed
         #: in this epoch, by section name: (the ``metrics.json`` section, its per-pair records). They
         #: fill it in their ``on_test_epoch_end``, which Lightning calls before the model's own; the
         #: model's results then carry each section, and its records go beside the run's.
