@@ -247,3 +247,17 @@ def test_a_frame_smaller_than_the_ssim_window_has_no_random_logit():
     assert records["random_logit"].isnan().all() and not records["pixel_auc"].isnan().any()
     body, _ = map_quality_sections(records, ["a", "b", "c"], 100)["randomisation"]
     assert body["undefined"]["random_logit"] == body["pairs"] > 0 and body["macro"]["random_logit"] is None
+
+
+@pytest.mark.parametrize("shape", [(11, 11), (40, 57), (224, 224)])
+def test_ssim_equals_torchmetrics(shape):
+    """XBench's SSIM (the window as two matrix products) is torchmetrics' SSIM: Gaussian window of 11
+    pixels, sigma 1.5, data range 1, the border mirrored, the mean over every pixel."""
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    generator = torch.Generator().manual_seed(shape[1])
+    a = torch.rand(3, *shape, generator=generator, dtype=torch.float64)
+    b = torch.cat([a[:1], torch.rand(2, *shape, generator=generator, dtype=torch.float64)])
+    b[2] = (a[2] + b[2]) / 2
+    theirs = structural_similarity_index_measure(a.unsqueeze(1), b.unsqueeze(1), data_range=1.0, reduction="none")
+    torch.testing.assert_close(ssim(a, b), theirs, rtol=1e-12, atol=1e-12)

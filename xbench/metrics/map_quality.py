@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from xbench.geometry.maps import as_relevance
-from xbench.metrics.sanity import sorted_mean_ranks, ssim
+from xbench.metrics.sanity import SSIM_TAPS, sorted_mean_ranks, ssim_from_moments, windowed
 
 #: The families' values per pair, by their section of ``metrics.json``, in the tables' order.
 SECTIONS = {
@@ -126,19 +126,22 @@ def _top_share(ordered: Tensor, below: Tensor, places: Tensor) -> Tensor:
 
 
 #: The side of SSIM's Gaussian window (`xbench.metrics.sanity.ssim`): a smaller frame has no random logit.
-SSIM_WINDOW = 11
-#: Map pairs per SSIM call of `random_logit`: bounds its float64 filter buffers (a few MB per 224 x 224 pair).
-SSIM_CHUNK = 64
+SSIM_WINDOW = SSIM_TAPS
+#: Other classes' maps per step of `random_logit`: bounds its float64 buffers (0.4 MB per 224 x 224 map).
+OTHERS_CHUNK = 16
 
 
 def random_logit(maps: Tensor, others: Tensor) -> Tensor:
     """float64 [P]: the mean SSIM of each map [P, H, W] with its image's maps of the other classes
-    [P, C - 1, H, W] (relevance, in [0, 1]); undefined (NaN) on a frame smaller than SSIM's window."""
+    [P, C - 1, H, W] (relevance, in [0, 1]); undefined (NaN) on a frame smaller than SSIM's window.
+    Each map's own windowed means are taken once, not once per other class."""
     count, classes = others.shape[:2]
     if min(maps.shape[-2:]) < SSIM_WINDOW:
         return torch.full((count,), torch.nan, dtype=torch.float64, device=maps.device)
-    first = maps.unsqueeze(1).expand_as(others).reshape(-1, *maps.shape[-2:])
-    second = others.reshape(-1, *maps.shape[-2:])
-    pairs = torch.cat([ssim(first[i:i + SSIM_CHUNK], second[i:i + SSIM_CHUNK])
-                       for i in range(0, len(first), SSIM_CHUNK)])
-    return pairs.view(count, classes).mean(-1)
+    own = maps.double().unsqueeze(1)
+    mean, square = windowed(own), windowed(own * own)
+    parts = []
+    for start in range(0, classes, OTHERS_CHUNK):
+        other = others[:, start:start + OTHERS_CHUNK].double()
+        parts.append(ssim_from_moments(mean, windowed(other), square, windowed(other * other), windowed(own * other)))
+    return torch.cat(parts, 1).mean(-1)

@@ -7,14 +7,18 @@ some of its layers were re-initialised.
   of the ranks, equal values sharing their mean rank; undefined (NaN) where either map is constant.
   Taken plain and of the absolute values, as Adebayo et al. report both (a signed map may flip).
 - `ssim`: the structural similarity of the two min-max normalised frame maps (data range 1,
-  torchmetrics' Gaussian window: 11 pixels, sigma 1.5), what the metrics see.
+  torchmetrics' definition: a Gaussian window of 11 pixels, sigma 1.5, the border mirrored, the mean
+  over every pixel), what the metrics see. The window is applied as two matrix products (one per
+  axis, the mirrored border folded into the matrix): on a CPU about ten times torchmetrics' speed
+  in float64, whose convolution dominates a random-logit run otherwise (`xbench.metrics.map_quality`).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
-from torchmetrics.functional.image import structural_similarity_index_measure
 from torchmetrics.utilities import dim_zero_cat
 
 from xbench.metrics.common import MetricValues, RecordsMetric
@@ -54,10 +58,48 @@ def spearman(a: Tensor, b: Tensor) -> Tensor:
     return torch.where(spread > 0, (ranks_a * ranks_b).sum(-1) / spread, torch.nan)
 
 
+#: SSIM's Gaussian window (taps, sigma) and its constants for data range 1: (0.01, 0.03) squared.
+SSIM_TAPS, SSIM_SIGMA = 11, 1.5
+_C1, _C2 = 0.01**2, 0.03**2
+
+
+@functools.lru_cache(maxsize=8)
+def _window_matrix(size: int) -> Tensor:
+    """float64 [size, size]: the Gaussian window along one axis of ``size`` pixels as a matrix, the
+    border mirrored (torch's reflect padding: pixel -k is pixel k)."""
+    half = SSIM_TAPS // 2
+    if size <= half:
+        raise ValueError(f"SSIM needs maps of at least {half + 1} pixels a side (its window mirrors {half}); got {size}")
+    offsets = torch.arange(-half, half + 1, dtype=torch.float64)
+    taps = torch.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
+    rows = torch.arange(size).unsqueeze(1).expand(size, SSIM_TAPS)
+    columns = (rows + offsets.long()).abs()
+    columns = torch.where(columns > size - 1, 2 * (size - 1) - columns, columns)
+    return torch.zeros(size, size, dtype=torch.float64).index_put_((rows, columns), (taps / taps.sum()).expand(size, -1),
+                                                                   accumulate=True)
+
+
+def windowed(maps: Tensor) -> Tensor:
+    """float64 [..., H, W]: each map's local means under SSIM's Gaussian window."""
+    maps = maps.double()
+    height, width = maps.shape[-2:]
+    return _window_matrix(height).to(maps.device) @ maps @ _window_matrix(width).to(maps.device).T
+
+
+def ssim_from_moments(mean_a: Tensor, mean_b: Tensor, square_a: Tensor, square_b: Tensor, product: Tensor) -> Tensor:
+    """float64 [...]: SSIM, the mean over the last two dims of the index from windowed means of
+    a, b, a², b² and ab (`windowed`)."""
+    variance_a, variance_b = square_a - mean_a**2, square_b - mean_b**2
+    covariance = product - mean_a * mean_b
+    index = ((2 * mean_a * mean_b + _C1) * (2 * covariance + _C2)
+             / ((mean_a**2 + mean_b**2 + _C1) * (variance_a + variance_b + _C2)))
+    return index.flatten(-2).mean(-1)
+
+
 def ssim(a: Tensor, b: Tensor) -> Tensor:
     """float64 [N]: the structural similarity of normalised maps ``a`` and ``b`` [N, H, W] in [0, 1]."""
-    return structural_similarity_index_measure(a.double().unsqueeze(1), b.double().unsqueeze(1), data_range=1.0,
-                                               reduction="none")
+    a, b = a.double(), b.double()
+    return ssim_from_moments(windowed(a), windowed(b), windowed(a * a), windowed(b * b), windowed(a * b))
 
 
 def similarities(original: Tensor, randomised: Tensor, original_saliency: Tensor,
