@@ -16,7 +16,7 @@ from scipy.ndimage import gaussian_filter
 
 from xbench.geometry.maps import normalise
 from xbench.metrics.grounding import GroundingMetrics
-from xbench.metrics.map_quality import SECTIONS, TOP_K_SHARE, VALUES, top_k
+from xbench.metrics.map_quality import SECTIONS, TOP_K_SHARE, VALUES, other_class, top_k
 from xbench.metrics.sanity import ssim
 from xbench.results.payload import map_quality_sections
 
@@ -183,9 +183,9 @@ def mirror_ssim(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.parametrize("classes", [2, 4])
 def test_random_logit_equals_quantus(classes):
     """Quantus' RandomLogit, given the run's maps as its explanations and the SSIM written from its
-    definition (its default compares the maps flattened to one row): for each draw of another class
-    its value is XBench's SSIM with that class's map, and XBench's value is the mean over the other
-    classes -- with two classes, the one draw Quantus can make."""
+    definition (its default compares the maps flattened to one row): for each class it draws, its
+    value is XBench's SSIM with that class's map; XBench's own draw (seeded by image and class) scores
+    each pair the same way, and with two classes -- one possible draw -- equals Quantus' value."""
     generator = torch.Generator().manual_seed(classes)
     saliency = random_maps(generator, (3, classes, 24, 24))
     saliency[1, 0] = 0.0  # a constant map: uniform relevance
@@ -202,25 +202,41 @@ def test_random_logit_equals_quantus(classes):
     def similarity(a, b, batched=True, **kwargs):
         return [mirror_ssim(x.reshape(24, 24), y.reshape(24, 24)) for x, y in zip(a, b)]
 
-    per_pair = records["random_logit"].numpy()
+    inputs = np.broadcast_to(np.arange(3, dtype=np.float64)[:, None, None, None], (3, 1, 24, 24)).copy()
+    theirs = {}
     for seed in range(4):
         for c in range(classes):
             metric = quantus.RandomLogit(num_classes=classes, seed=seed, similarity_func=similarity, normalise=False,
                                          disable_warnings=True)
-            inputs = np.broadcast_to(np.arange(3, dtype=np.float64)[:, None, None, None], (3, 1, 24, 24)).copy()
             asked.clear()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                theirs = metric(model=torch.nn.Identity(), x_batch=inputs, y_batch=np.full(3, c),
+                values = metric(model=torch.nn.Identity(), x_batch=inputs, y_batch=np.full(3, c),
                                 a_batch=relevance[:, c, None].numpy(), explain_func=explain, channel_first=True)
             other = asked[-1]
             assert (other != c).all()
             ours = ssim(relevance[:, c], relevance[torch.arange(3), torch.from_numpy(other)]).numpy()
-            np.testing.assert_allclose(ours, theirs, rtol=1e-7, atol=1e-9)
-    for row, (image, c) in enumerate(zip(records["index"].tolist(), records["class"].tolist())):
-        others = [o for o in range(classes) if o != c]
-        expected = np.mean([mirror_ssim(relevance[image, c].numpy(), relevance[image, o].numpy()) for o in others])
-        assert per_pair[row] == pytest.approx(expected, rel=1e-7, abs=1e-9)
+            np.testing.assert_allclose(ours, values, rtol=1e-7, atol=1e-9)
+            theirs.update({(image, c, int(o)): v for image, (o, v) in enumerate(zip(other, values))})
+    drawn = other_class(records["index"], records["class"], classes)
+    for row, (image, c, o) in enumerate(zip(records["index"].tolist(), records["class"].tolist(), drawn.tolist())):
+        expected = mirror_ssim(relevance[image, c].numpy(), relevance[image, o].numpy())
+        assert records["random_logit"][row].item() == pytest.approx(expected, rel=1e-7, abs=1e-9)
+        if classes == 2:
+            assert records["random_logit"][row].item() == pytest.approx(theirs[(image, c, o)], rel=1e-7, abs=1e-9)
+
+
+def test_the_other_class_is_drawn_uniformly_and_per_pair():
+    """The draw never takes the pair's own class, takes each other class about equally often, and
+    depends only on the image's index and the class (so on no batch, and on no model)."""
+    index = torch.arange(3000).repeat_interleave(5)
+    cls = torch.arange(5).repeat(3000)
+    drawn = other_class(index, cls, 5)
+    assert not (drawn == cls).any()
+    counts = torch.bincount(drawn[cls == 2], minlength=5)
+    # 3000 draws over 4 classes: each count is Binomial(3000, 1/4), sd 23.7; 6 sd either side
+    assert counts[2] == 0 and ((counts[[0, 1, 3, 4]] - 750).abs() < 6 * 23.72).all(), counts
+    assert torch.equal(other_class(index[7:9], cls[7:9], 5), drawn[7:9])
 
 
 def test_one_class_run_has_no_random_logit():

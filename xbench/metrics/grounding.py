@@ -30,7 +30,7 @@ from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
 from xbench.metrics.map_quality import VALUES as MAP_QUALITY_VALUES
-from xbench.metrics.map_quality import pair_values, top_k
+from xbench.metrics.map_quality import other_class, pair_values, top_k
 from xbench.metrics.common import MetricValues, RecordsMetric
 from xbench.metrics.names import run_keys
 
@@ -459,12 +459,12 @@ class GroundingMetrics(RecordsMetric):
         if self.map_quality:
             if pair_class is not None:
                 raise ValueError("map_quality scores class pairs: a run's grounding, without pair_class")
-            others = None
-            if self.num_classes > 1:  # each pair's image's maps of the other classes
-                other = torch.arange(self.num_classes, device=slot.device).expand(len(slot), -1)
-                other = other[other != slot.unsqueeze(1)].view(len(slot), self.num_classes - 1)
-                others = saliency[image.unsqueeze(1), other]
-            values = pair_values(saliency[image, slot], masks[image, slot], r["mass"][image, slot], others,
+            if index is None:
+                raise ValueError("map_quality needs each image's index: the random logit's draw is seeded by it")
+            other = None
+            if self.num_classes > 1:  # each pair's image's map of the class its random logit draws
+                other = saliency[image, other_class(index[image], slot, self.num_classes)]
+            values = pair_values(saliency[image, slot], masks[image, slot], r["mass"][image, slot], other,
                                  top_k(saliency.shape[-2] * saliency.shape[-1]))
             for name, value in values.items():
                 getattr(self, f"rec_{name}").append(value)

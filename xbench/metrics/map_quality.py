@@ -16,9 +16,10 @@ uniform), against its region ``R`` of ``|R|`` of the frame's ``n`` pixels:
   to every value;
 - **complexity** (Bhatt et al.): the entropy (nats) of the map's shares of its mass;
 - **random logit** (Sixt et al.): the SSIM (`xbench.metrics.sanity.ssim`, the sanity check's) of the
-  class's map with the map of another class of the run on the same image, averaged over the other
-  classes -- the expectation of Quantus' one random draw, without a seed; undefined in a one-class run
-  and on a frame smaller than SSIM's window.
+  class's map with the same image's map of another class of the run, drawn as Quantus draws it --
+  uniformly among the other classes -- from a generator seeded by the image's index and the class
+  (`other_class`): the same draw for every model, whatever the batch; undefined in a one-class run and
+  on a frame smaller than SSIM's window.
 
 Equal values at a cut of the top ``|R|`` or top ``k`` share its remaining places: a tie straddling
 the cut adds ``places x (tied pixels inside R) / (tied pixels)`` hits, the mean over every order of
@@ -32,7 +33,8 @@ import torch
 from torch import Tensor
 
 from xbench.geometry.maps import as_relevance
-from xbench.metrics.sanity import SSIM_TAPS, sorted_mean_ranks, ssim_from_moments, windowed
+from xbench.metrics.sanity import SSIM_TAPS, sorted_mean_ranks, ssim
+from xbench.seeds import sample_seed
 
 #: The families' values per pair, by their section of ``metrics.json``, in the tables' order.
 SECTIONS = {
@@ -56,7 +58,8 @@ DEFINITIONS = {
         "values plus 1e-7 (Quantus' Sparseness); complexity = entropy in nats of each pixel's share of the map's sum."),
     "randomisation": (
         "Random logit: SSIM (Gaussian window 11 px, sigma 1.5, data range 1) of each graded pair's normalised frame "
-        "map with the same image's map of each other class of the run, averaged over those classes."),
+        "map with the same image's map of another class of the run, drawn uniformly from a generator seeded by the "
+        "image's index and the class (the same draw for every model)."),
 }
 
 
@@ -65,15 +68,15 @@ def top_k(pixels: int) -> int:
     return max(1, round(pixels * TOP_K_SHARE))
 
 
-def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, others: Tensor | None, k: int) -> dict[str, Tensor]:
+def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, other: Tensor | None, k: int) -> dict[str, Tensor]:
     """The families' values [P] (float64) of P graded pairs.
 
     Args:
         maps: the pairs' normalised frame maps [P, H, W] in [0, 1] (a constant map all zeros).
         regions: bool [P, H, W].
         mass: float64 [P, 2], the normalised map's sum outside and inside the region (the grounding pass's).
-        others: the same images' normalised maps of every other class [P, C - 1, H, W], or ``None``
-            (a one-class run: random logit undefined).
+        other: the same images' normalised maps of the drawn other class (`other_class`) [P, H, W], or
+            ``None`` (a one-class run: random logit undefined).
         k: top-k intersection's ``k`` (`top_k`).
     """
     count, pixels = maps.shape[0], maps.shape[-2] * maps.shape[-1]
@@ -102,8 +105,8 @@ def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, others: Tensor | No
     values["sparseness"] = (shifted * weights).sum(-1) / (pixels * shifted.sum(-1))
     share = relevance.double() / relevance.double().sum(-1, keepdim=True)
     values["complexity"] = -torch.xlogy(share, share).sum(-1)
-    values["random_logit"] = (random_logit(relevance.view_as(maps), as_relevance(others))
-                              if others is not None else torch.full((count,), torch.nan, dtype=torch.float64,
+    values["random_logit"] = (random_logit(relevance.view_as(maps), as_relevance(other))
+                              if other is not None else torch.full((count,), torch.nan, dtype=torch.float64,
                                                                      device=maps.device))
     return values
 
@@ -125,23 +128,18 @@ def _top_share(ordered: Tensor, below: Tensor, places: Tensor) -> Tensor:
     return hits / places
 
 
-#: The side of SSIM's Gaussian window (`xbench.metrics.sanity.ssim`): a smaller frame has no random logit.
-SSIM_WINDOW = SSIM_TAPS
-#: Other classes' maps per step of `random_logit`: bounds its float64 buffers (0.4 MB per 224 x 224 map).
-OTHERS_CHUNK = 16
+def other_class(index: Tensor, cls: Tensor, num_classes: int) -> Tensor:
+    """int64 [P]: the other class each pair's random logit compares with, uniform among the run's
+    ``num_classes - 1`` other classes, from a generator seeded by ``sample_seed(image index, class)``."""
+    draws = [int(torch.randint(num_classes - 1, (), generator=torch.Generator().manual_seed(sample_seed(i, c))))
+             for i, c in zip(index.tolist(), cls.tolist())]
+    drawn = torch.tensor(draws, dtype=torch.int64, device=cls.device)
+    return drawn + (drawn >= cls).long()  # skip the pair's own class
 
 
-def random_logit(maps: Tensor, others: Tensor) -> Tensor:
-    """float64 [P]: the mean SSIM of each map [P, H, W] with its image's maps of the other classes
-    [P, C - 1, H, W] (relevance, in [0, 1]); undefined (NaN) on a frame smaller than SSIM's window.
-    Each map's own windowed means are taken once, not once per other class."""
-    count, classes = others.shape[:2]
-    if min(maps.shape[-2:]) < SSIM_WINDOW:
-        return torch.full((count,), torch.nan, dtype=torch.float64, device=maps.device)
-    own = maps.double().unsqueeze(1)
-    mean, square = windowed(own), windowed(own * own)
-    parts = []
-    for start in range(0, classes, OTHERS_CHUNK):
-        other = others[:, start:start + OTHERS_CHUNK].double()
-        parts.append(ssim_from_moments(mean, windowed(other), square, windowed(other * other), windowed(own * other)))
-    return torch.cat(parts, 1).mean(-1)
+def random_logit(maps: Tensor, other: Tensor) -> Tensor:
+    """float64 [P]: the SSIM of each map [P, H, W] with its image's map of the drawn other class
+    [P, H, W] (relevance, in [0, 1]); undefined (NaN) on a frame smaller than SSIM's window."""
+    if min(maps.shape[-2:]) < SSIM_TAPS:
+        return torch.full((maps.shape[0],), torch.nan, dtype=torch.float64, device=maps.device)
+    return ssim(maps, other)

@@ -9,8 +9,8 @@ some of its layers were re-initialised.
 - `ssim`: the structural similarity of the two min-max normalised frame maps (data range 1,
   torchmetrics' definition: a Gaussian window of 11 pixels, sigma 1.5, the border mirrored, the mean
   over every pixel), what the metrics see. The window is applied as two matrix products (one per
-  axis, the mirrored border folded into the matrix): on a CPU about ten times torchmetrics' speed
-  in float64, whose convolution dominates a random-logit run otherwise (`xbench.metrics.map_quality`).
+  axis, the mirrored border folded into the matrix): on a CPU about ten times torchmetrics' float64
+  convolution, which every run's random logit would otherwise pay (`xbench.metrics.map_quality`).
 """
 
 from __future__ import annotations
@@ -86,20 +86,15 @@ def windowed(maps: Tensor) -> Tensor:
     return _window_matrix(height).to(maps.device) @ maps @ _window_matrix(width).to(maps.device).T
 
 
-def ssim_from_moments(mean_a: Tensor, mean_b: Tensor, square_a: Tensor, square_b: Tensor, product: Tensor) -> Tensor:
-    """float64 [...]: SSIM, the mean over the last two dims of the index from windowed means of
-    a, b, a², b² and ab (`windowed`)."""
-    variance_a, variance_b = square_a - mean_a**2, square_b - mean_b**2
-    covariance = product - mean_a * mean_b
-    index = ((2 * mean_a * mean_b + _C1) * (2 * covariance + _C2)
-             / ((mean_a**2 + mean_b**2 + _C1) * (variance_a + variance_b + _C2)))
-    return index.flatten(-2).mean(-1)
-
-
 def ssim(a: Tensor, b: Tensor) -> Tensor:
     """float64 [N]: the structural similarity of normalised maps ``a`` and ``b`` [N, H, W] in [0, 1]."""
     a, b = a.double(), b.double()
-    return ssim_from_moments(windowed(a), windowed(b), windowed(a * a), windowed(b * b), windowed(a * b))
+    mean_a, mean_b = windowed(a), windowed(b)
+    variance_a, variance_b = windowed(a * a) - mean_a**2, windowed(b * b) - mean_b**2
+    covariance = windowed(a * b) - mean_a * mean_b
+    index = ((2 * mean_a * mean_b + _C1) * (2 * covariance + _C2)
+             / ((mean_a**2 + mean_b**2 + _C1) * (variance_a + variance_b + _C2)))
+    return index.flatten(-2).mean(-1)
 
 
 def similarities(original: Tensor, randomised: Tensor, original_saliency: Tensor,

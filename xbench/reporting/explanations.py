@@ -64,10 +64,10 @@ FAMILIES = {
         "Randomisation: does the map change with the class or the weights? (macro mean over classes)",
         {"Random logit": (("randomisation", "random_logit"),),
          "Cascade (all randomised)": (("sanity", "spearman"), ("sanity", "ssim"))},
-        "Random logit: SSIM of each graded pair's map with the same image's maps of the run's other classes "
-        "(every graded pair; none in a one-class run). Cascade: the sanity check's similarity to the original map "
-        "once every layer group is re-initialised (the images it checked). Lower is better: a map that explains "
-        "the class and the model changes with them."),
+        "Random logit: SSIM of each graded pair's map with the same image's map of another class of the run, "
+        "drawn per image and class (every graded pair; none in a one-class run). Cascade: the sanity check's "
+        "similarity to the original map once every layer group is re-initialised (the images it checked). Lower "
+        "is better: a map that explains the class and the model changes with them."),
     "robustness": (
         "Robustness of each model's maps to input noise (macro mean over classes)",
         {"Robustness": (("robustness", "max_sensitivity"), ("robustness", "local_lipschitz"))},
