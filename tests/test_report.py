@@ -394,8 +394,9 @@ def write_sanity_run(root: Path, *, absolute_scale: float = 1.0) -> Path:
               "grounding": {"pointing_game": 0.5, "dice@0.5": 0.25, "iou@0.5": 0.125}}
              for k, name in enumerate(layers)]
     payload = json.loads((folder / "metrics.json").read_text())
-    payload["sanity"] = {"applicable": True, "images": 1, "pairs": 1, "seed": 0, "steps": steps,
-                         "macro": {key: steps[-1][key] for key in ("spearman", "spearman_abs", "ssim")}}
+    last = {key: steps[-1][key] for key in ("spearman", "spearman_abs", "ssim")}
+    payload["sanity"] = {"applicable": True, "images": 1, "pairs": 1, "seed": 0, "steps": steps, "macro": last,
+                         "per_class": {"pneumonia": {"pairs": 1, **last}}}
     (folder / "metrics.json").write_text(json.dumps(payload))
     rng = np.random.default_rng(0)
     np.savez_compressed(folder / "sanity_maps.npz", image_id=np.array("img1"), finding=np.array("pneumonia"),

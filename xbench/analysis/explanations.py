@@ -41,7 +41,8 @@ def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids
     faithfulness's pairs, and sanity's pairs after its last cascade step (every group randomised)."""
     found = {}
     for section, file in CHECK_TABLES.items():
-        if not (metrics.get(section) or {}).get("applicable"):
+        body = metrics.get(section)  # a dict where present (read_results checks it)
+        if not (body or {}).get("applicable"):
             continue
         path = Path(folder) / file
         if not path.is_file():
@@ -51,6 +52,9 @@ def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids
         if section == "sanity":
             last = metrics[section]["steps"][-1]["step"]
             table = table[table["step"] == last]
+        if len(table) != body.get("pairs"):
+            raise ValueError(f"{path} holds {len(table)} pairs, but metrics.json's {section} section counts "
+                             f"{body.get('pairs')!r}; {DAMAGED}")
         found[section] = _checked_pairs(path, table, CHECK_METRICS[section], classes, image_ids)
     return found
 
@@ -73,6 +77,11 @@ def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], clas
     values = {}
     for name in names:
         column = pd.to_numeric(table[name], errors="coerce").to_numpy(dtype=np.float64)
+        text = np.isnan(column) & table[name].notna().to_numpy()  # read as NaN only where the file is blank or nan
+        if text.any():
+            first = np.flatnonzero(text)[0]
+            raise ValueError(f"{path}, data row {table.index[first] + 2}: {name} is {table[name].iloc[first]!r}, "
+                             f"not a number; {DAMAGED}")
         if np.isinf(column).any():
             raise ValueError(f"{path}: {name} holds an infinite value; {DAMAGED}")
         values[name] = torch.tensor(column)

@@ -75,6 +75,14 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
             raise ValueError(f"{path}: {key!r} is missing or not a {kind.__name__}{held}; {DAMAGED}")
         if "per_class" in inner and any(not isinstance(value["per_class"].get(c), dict) for c in payload["classes"]):
             raise ValueError(f"{path}: {key}.per_class lacks some of the classes {payload['classes']}; {DAMAGED}")
+    for key in CHECK_TABLES:  # optional: where present, what the analysis, the report and W&B read
+        value = payload.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict) or not isinstance(value.get("applicable"), bool) or (
+                value["applicable"] and not all(isinstance(value.get(part), dict) for part in ("macro", "per_class"))):
+            raise ValueError(f"{path}: {key!r} is not an explanation section (a dict with 'applicable' and, where it "
+                             f"applies, 'macro' and 'per_class'); {DAMAGED}")
     return payload
 
 
