@@ -307,10 +307,36 @@ def check_layer_groups(model, groups=None) -> list:
     return steps
 
 
+def check_map_quality_sections(results: dict, folder: Path) -> None:
+    """Every run scores Quantus' localisation, complexity and (with two classes or more) random-logit
+    values on each graded pair: the sections count the grounding's pairs, the values lie in their
+    ranges, and each table holds a row per pair."""
+    import pandas as pd
+
+    from xbench.metrics.map_quality import SECTIONS
+
+    pairs = sum(v["pairs"] for v in results["grounding"]["per_class"].values())
+    ranges = {"relevance_mass": (0, 1), "relevance_rank": (0, 1), "top_k_intersection": (0, 1), "pixel_auc": (0, 1),
+              "sparseness": (0, 1), "complexity": (0, math.log(results["data"]["image_size"] ** 2) + 1e-9),
+              "random_logit": (-1, 1)}
+    for section, names in SECTIONS.items():
+        body = results[section]
+        if section == "randomisation" and len(results["classes"]) == 1:
+            assert not body["applicable"] and not (folder / f"{section}.csv.gz").exists()
+            continue
+        assert body["applicable"] and body["pairs"] == pairs > 0, (section, body)
+        for values in [body["macro"], *body["per_class"].values()]:
+            for name in names:
+                low, high = ranges[name]
+                assert values[name] is None or low - 1e-9 <= values[name] <= high + 1e-9, (section, name, values)
+        assert len(pd.read_csv(folder / f"{section}.csv.gz")) == pairs
+
+
 def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extra: str,
                   query_mode: str = "phrase") -> dict:
     """``python -m xbench.test`` with ``model`` on ``data``'s :func:`model_cli_dataset` under ``folder``:
-    every image evaluated, Pointing Game and AUROC in range, the checks' sections where ``extra`` holds
+    every image evaluated, Pointing Game and AUROC in range, Quantus' families on every graded pair
+    (:func:`check_map_quality_sections`), the checks' sections where ``extra`` holds
     :data:`CHECK_ARGS` (:func:`check_explanation_sections`), and on MS-CXR the phrases grounded as
     ``query_mode`` says (:func:`check_phrase_results`). The metrics.json payload."""
     root, data_extra, images = model_cli_dataset(data, folder, phantom_root)
@@ -322,6 +348,7 @@ def run_model_cli(model: str, data: str, folder: Path, phantom_root: Path, *extr
     graded = [v for v in results["grounding"]["per_class"].values() if v["pairs"]]
     assert graded and all(0 <= v["pointing_game"] <= 1 for v in graded)
     assert all(v["auroc"] is None or 0 <= v["auroc"] <= 1 for v in results["classification"]["per_class"].values())
+    check_map_quality_sections(results, only_folder(folder / "results"))
     if CHECK_ARGS[0] in extra:
         check_explanation_sections(results, only_folder(folder / "results"))
     if data == "ms_cxr":

@@ -351,7 +351,8 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
                     "--data.root", str(phantom_root), "--data.image_size", str(SIZE), "--data.num_workers", "0",
                     "--results.folder", str(tmp_path / "results"), "--trainer.enable_progress_bar", "false",
                     "--sanity.images", "2", "--faithfulness.images", "2", "--faithfulness.steps", "3",
-                    "--faithfulness.road_percentiles", "[40, 90]"])
+                    "--faithfulness.road_percentiles", "[40, 90]", "--robustness.images", "2",
+                    "--robustness.samples", "2"])
     folder = only_folder(tmp_path / "results")
     assert results["config"]["faithfulness"] == {"images": 2, "steps": 3, "road_percentiles": [40, 90], "seed": 0}
     assert results["config"]["sanity"] == {"images": 2, "seed": 0}
@@ -360,14 +361,17 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     assert {"deletion_003", "road_morf", "road_morf_curve_001"} <= set(table.columns)
     assert len(table) == results["faithfulness"]["pairs"]
     keys = log_keys(results)
-    assert {"faithfulness/deletion_auc/macro", "sanity/ssim/macro", "sanity/step_3/pointing_game"} <= set(keys)
+    assert {"faithfulness/deletion_auc/macro", "sanity/ssim/macro", "sanity/step_3/pointing_game",
+            "robustness/local_lipschitz/macro", "localisation/pixel_auc/macro", "complexity/sparseness/macro",
+            "randomisation/random_logit/macro"} <= set(keys)
     assert "Faithfulness on 2 images" in (folder / "summary.md").read_text()
 
     settings = Settings(replicates=20)
     tables = analysis_tables(analyze([folder], settings=settings))
     intervals = tables["intervals"].set_index(["class", "metric"])
     for section, keys in (("faithfulness", ("deletion_auc", "insertion_auc", "road")),
-                          ("sanity", ("spearman", "spearman_abs", "ssim")), *SECTIONS.items()):
+                          ("sanity", ("spearman", "spearman_abs", "ssim")),
+                          ("robustness", ("max_sensitivity", "local_lipschitz")), *SECTIONS.items()):
         for key in keys:
             estimate, lower, upper = intervals.loc[("macro", key), ["estimate", "lower", "upper"]]
             assert estimate == pytest.approx(results[section]["macro"][key]) and lower <= upper, (section, key)
@@ -379,10 +383,12 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     (row,) = table.rows
     assert row.cells[2].value == results["faithfulness"]["macro"]["deletion_auc"] and row.cells[2].interval
     assert [family.name for family in families] == [f"explanations_{name}" for name in
-                                                     ("localisation", "complexity", "randomisation")]
+                                                     ("localisation", "complexity", "randomisation", "robustness")]
     (row,) = families[0].rows  # Pointing Game, Dice, then the localisation values, each with its interval
     assert row.cells[2].value == results["localisation"]["macro"]["relevance_mass"]
-    assert all(cell.interval for cell in row.cells)
+    for family in families:
+        (row,) = family.rows
+        assert all(cell.interval for cell in row.cells), family.name
     assert len(cascade.rows) == len(results["sanity"]["steps"])
     assert [plot.name for plot in explanation_figures(bench)] == ["plausibility_vs_faithfulness",
                                                                   "sanity_tinyconv_phantom"]
