@@ -146,4 +146,3 @@ def as_relevance(saliency: Tensor) -> Tensor:
     mass, ranks and entropy are those of a map that points nowhere, not 0 / 0."""
     constant = saliency.flatten(-2).amax(-1) == 0
     return torch.where(constant[..., None, None], torch.ones_like(saliency), saliency)
-

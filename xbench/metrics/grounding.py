@@ -29,9 +29,9 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
+from xbench.metrics.common import MetricValues, RecordsMetric
 from xbench.metrics.map_quality import VALUES as MAP_QUALITY_VALUES
 from xbench.metrics.map_quality import other_class, pair_values, top_k
-from xbench.metrics.common import MetricValues, RecordsMetric
 from xbench.metrics.names import run_keys
 
 NUM_THRESHOLDS = 101

@@ -69,14 +69,15 @@ def _window_matrix(size: int) -> Tensor:
     border mirrored (torch's reflect padding: pixel -k is pixel k)."""
     half = SSIM_TAPS // 2
     if size <= half:
-        raise ValueError(f"SSIM needs maps of at least {half + 1} pixels a side (its window mirrors {half}); got {size}")
+        raise ValueError(f"SSIM needs maps of at least {half + 1} pixels a side (its window mirrors {half}); "
+                         f"got {size}")
     offsets = torch.arange(-half, half + 1, dtype=torch.float64)
     taps = torch.exp(-0.5 * (offsets / SSIM_SIGMA) ** 2)
     rows = torch.arange(size).unsqueeze(1).expand(size, SSIM_TAPS)
     columns = (rows + offsets.long()).abs()
     columns = torch.where(columns > size - 1, 2 * (size - 1) - columns, columns)
-    return torch.zeros(size, size, dtype=torch.float64).index_put_((rows, columns), (taps / taps.sum()).expand(size, -1),
-                                                                   accumulate=True)
+    weights = (taps / taps.sum()).expand(size, -1)
+    return torch.zeros(size, size, dtype=torch.float64).index_put_((rows, columns), weights, accumulate=True)
 
 
 def windowed(maps: Tensor) -> Tensor:

@@ -71,9 +71,9 @@ FAMILIES = {
     "robustness": (
         "Robustness of each model's maps to input noise (macro mean over classes)",
         {"Robustness": (("robustness", "max_sensitivity"), ("robustness", "local_lipschitz"))},
-        "The images the robustness check scored. Max-sens: the largest relative change of the map, ‖a − a′‖ / ‖a‖, "
-        "over noisy copies of the input (uniform noise); Lipschitz: the largest change of the map per unit of "
-        "input change, ‖a − a′‖ / ‖x − x′‖ (Gaussian noise). Lower is more robust."),
+        "The images the robustness check scored. Max-sens: the largest relative change of the map, "
+        "‖a − a′‖ / ‖a‖, over noisy copies of the input (uniform noise); Lipschitz: the largest change of the map "
+        "per unit of input change, ‖a − a′‖ / ‖x − x′‖ (Gaussian noise). Lower is more robust."),
 }
 #: The cascade table's and figure's similarities, and the grounding of the randomised model.
 SIMILARITIES = ("spearman", "spearman_abs", "ssim")

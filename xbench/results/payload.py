@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from xbench.metrics.faithfulness import class_means, macro_mean
 from xbench.metrics.grounding import THRESHOLDS
@@ -143,7 +144,8 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
     }
 
 
-def map_quality_sections(records: dict[str, Tensor], classes: list[str], frame_pixels: int) -> dict[str, tuple[dict, dict]]:
+def map_quality_sections(records: dict[str, Tensor], classes: list[str], frame_pixels: int
+                         ) -> dict[str, tuple[dict, dict]]:
     """The families' ``metrics.json`` sections and per-pair records (``<section>.csv.gz``) from the
     grounding metric's records (`GroundingMetrics` with ``map_quality``)."""
     cls, index = records["class"], records["index"]
