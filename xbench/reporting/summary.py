@@ -27,7 +27,7 @@ SUMMARY_CHECKS = {
     "localisation": ("Localisation of the map in the region, graded pairs of {images} images (percent)",
                      ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc")),
     "complexity": ("Complexity of the map, graded pairs of {images} images", ("sparseness", "complexity")),
-    "randomisation": ("Random logit, graded pairs of {images} images: SSIM with the other classes' maps",
+    "randomisation": ("Random logit, graded pairs of {images} images: SSIM with another class's map",
                       ("random_logit",)),
 }
 
