@@ -1145,6 +1145,49 @@ def _edit_pairs(folder, change):
     (folder / "pairs.csv.gz").write_bytes(gzip.compress(change(gzip.decompress((folder / "pairs.csv.gz").read_bytes()))))
 
 
+def _edit_table(folder, file, change):
+    import gzip
+
+    path = folder / file
+    path.write_bytes(gzip.compress(change(gzip.decompress(path.read_bytes()).decode()).encode()))
+
+
+def _lines(change):
+    """A change to a table's text as a list of lines (header first)."""
+    return lambda text: "\n".join(change(text.rstrip("\n").split("\n"))) + "\n"
+
+
+#: Quantus' families' tables (every run writes them) and their sections: a damaged one is named with
+#: its row where it has one, never read as undefined values or fewer pairs (issue 44).
+EXPLANATION_DAMAGE = {
+    "a table missing": ("localisation.csv.gz", lambda f: (f / "localisation.csv.gz").unlink(),
+                        "is missing, but metrics.json holds a localisation section"),
+    "a table truncated": ("complexity.csv.gz",
+                          lambda f: (f / "complexity.csv.gz").write_bytes((f / "complexity.csv.gz").read_bytes()[:60]),
+                          "cannot be read"),
+    "a value as text": ("randomisation.csv.gz", lambda f: _edit_table(f, "randomisation.csv.gz", _lines(
+        lambda rows: [rows[0], *(",".join([*r.split(",")[:-1], "high"]) for r in rows[1:2]), *rows[2:]])),
+        "data row 2: random_logit is 'high', not a number"),
+    "a value infinite": ("complexity.csv.gz", lambda f: _edit_table(f, "complexity.csv.gz", _lines(
+        lambda rows: [rows[0], ",".join([*rows[1].split(",")[:-1], "inf"]), *rows[2:]])),
+        "complexity holds an infinite value"),
+    "a column missing": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
+        lambda rows: [",".join(r.split(",")[:-1]) for r in rows])), "columns missing: pixel_auc"),
+    "a row dropped": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
+        lambda rows: rows[:-1])), "pairs, but metrics.json's localisation section counts"),
+    "a row twice": ("complexity.csv.gz", lambda f: _edit_table(f, "complexity.csv.gz", _lines(
+        lambda rows: [*rows[:-1], rows[1]])), "an (image, class) pair appears twice"),
+    "an unknown class": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
+        lambda rows: [rows[0], ",".join([*rows[1].split(",")[:2], "dragon", *rows[1].split(",")[3:]]), *rows[2:]])),
+        "data row(s) 2: image_id or class not among the run's images and classes"),
+    "a section not a dict": ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "complexity": [1, 2]}),
+                             "'complexity' is not an explanation section"),
+    "a section without its means": ("metrics.json", lambda f: _edit_json(
+        f, lambda p: {**p, "localisation": {**p["localisation"], "macro": None}}),
+        "'localisation' is not an explanation section"),
+}
+
+
 DAMAGE = {
     "metrics.json a list": ("metrics.json", lambda f: (f / "metrics.json").write_text("[1, 2]"),
                             "holds a JSON list, not a run's results"),
@@ -1165,6 +1208,7 @@ DAMAGE = {
                          "logit is not a finite number"),
     "pairs graded text": ("pairs.csv.gz", lambda f: _edit_pairs(f, lambda t: t.replace(b",True,", b",yes,", 1)),
                           "the graded column must hold True or False only"),
+    **EXPLANATION_DAMAGE,
 }
 
 
@@ -2276,65 +2320,3 @@ def test_a_robustness_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_
     code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", *extra), capsys)
     assert_one_line(code, err, status, named)
     assert left_behind(tmp_path / "results") == []
-
-
-# -- the explanation sections' per-pair tables, read back by the analysis (issue 44) -----------------
-
-def _edit_table(folder, file, change):
-    import gzip
-
-    path = folder / file
-    path.write_bytes(gzip.compress(change(gzip.decompress(path.read_bytes()).decode()).encode()))
-
-
-def _lines(change):
-    """A change to a table's text as a list of lines (header first)."""
-    return lambda text: "\n".join(change(text.rstrip("\n").split("\n"))) + "\n"
-
-
-EXPLANATION_DAMAGE = {
-    "a table missing": ("localisation.csv.gz", lambda f: (f / "localisation.csv.gz").unlink(),
-                        "is missing, but metrics.json holds a localisation section"),
-    "a table truncated": ("complexity.csv.gz",
-                          lambda f: (f / "complexity.csv.gz").write_bytes((f / "complexity.csv.gz").read_bytes()[:60]),
-                          "cannot be read"),
-    "a value as text": ("randomisation.csv.gz", lambda f: _edit_table(f, "randomisation.csv.gz", _lines(
-        lambda rows: [rows[0], *(",".join([*r.split(",")[:-1], "high"]) for r in rows[1:2]), *rows[2:]])),
-        "data row 2: random_logit is 'high', not a number"),
-    "a value infinite": ("complexity.csv.gz", lambda f: _edit_table(f, "complexity.csv.gz", _lines(
-        lambda rows: [rows[0], ",".join([*rows[1].split(",")[:-1], "inf"]), *rows[2:]])),
-        "complexity holds an infinite value"),
-    "a column missing": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
-        lambda rows: [",".join(r.split(",")[:-1]) for r in rows])), "columns missing: pixel_auc"),
-    "a row dropped": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
-        lambda rows: rows[:-1])), "pairs, but metrics.json's localisation section counts"),
-    "a row twice": ("complexity.csv.gz", lambda f: _edit_table(f, "complexity.csv.gz", _lines(
-        lambda rows: [*rows[:-1], rows[1]])), "an (image, class) pair appears twice"),
-    "an unknown class": ("localisation.csv.gz", lambda f: _edit_table(f, "localisation.csv.gz", _lines(
-        lambda rows: [rows[0], ",".join([*rows[1].split(",")[:2], "dragon", *rows[1].split(",")[3:]]), *rows[2:]])),
-        "data row(s) 2: image_id or class not among the run's images and classes"),
-    "a section not a dict": ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "complexity": [1, 2]}),
-                             "'complexity' is not an explanation section"),
-    "a section without its means": ("metrics.json", lambda f: _edit_json(
-        f, lambda p: {**p, "localisation": {**p["localisation"], "macro": None}}),
-        "'localisation' is not an explanation section"),
-}
-
-
-@pytest.mark.parametrize("case", EXPLANATION_DAMAGE)
-def test_a_damaged_explanation_table_is_named_by_the_analysis(finished_runs, tmp_path, capsys, case):
-    """Quantus' families' tables (every run writes them) and the checks': a damaged one is named
-    with its line where it has one, never read as undefined values or fewer pairs."""
-    import shutil
-
-    from xbench.analyze import main as analyze_main
-
-    file_name, damage, named = EXPLANATION_DAMAGE[case]
-    copy = tmp_path / "results"
-    shutil.copytree(finished_runs, copy)
-    (folder,) = copy.glob("oracle__*")
-    damage(folder)
-    code, err = run_command(analyze_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
-                            "xbench-analyze", capsys)
-    assert_one_line(code, err, 1, str(folder / file_name), named)
-    assert left_behind(tmp_path / "out") == []

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import warnings
+
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
 from xbench.data.base import Sample
@@ -80,3 +83,52 @@ def run_model(trainer: L.Trainer, model: XBenchModel, inputs: Tensor, chunk: int
 def chosen_rows(batch: dict, chosen: set[str]) -> list[int]:
     """The rows of ``batch`` whose image is among ``chosen``."""
     return [row for row, image_id in enumerate(batch["image_id"]) if image_id in chosen]
+
+
+class PairCheck(Callback):
+    """A check that scores the graded pairs of ``images`` chosen images batch by batch (faithfulness,
+    robustness): the choice, the batch hook, and the section of a model it cannot re-run. A subclass
+    names its ``section``, makes its ``new_records`` metric, scores a batch's rows (``score_rows``)
+    and turns the records into its ``metrics.json`` section and per-pair records (``section_of``)."""
+
+    section: str
+
+    def __init__(self, images: int, seed: int) -> None:
+        check_images_and_seed(self.section, images, seed)
+        self.images, self.seed = images, seed
+        self.chosen: set[str] = set()
+        self.reason: str | None = None
+        self.records = None
+
+    def new_records(self):
+        raise NotImplementedError
+
+    def score_rows(self, trainer: L.Trainer, model: XBenchModel, batch: dict, rows: list[int]) -> None:
+        raise NotImplementedError
+
+    def section_of(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
+        if not self.images:
+            return
+        self.reason = reads_only_its_input(pl_module)
+        self.chosen = set() if self.reason else choose_images(trainer.datamodule.samples, pl_module.classes,
+                                                              self.images)
+        self.records = self.new_records().to(pl_module.device)
+
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: XBenchModel, outputs: dict, batch: dict,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        rows = chosen_rows(batch, self.chosen) if self.images else []
+        if rows:
+            self.score_rows(trainer, pl_module, batch, rows)
+
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
+        if not self.images:
+            return
+        records, self.records = self.records, None
+        if self.reason:
+            warnings.warn(f"{self.section} not scored: {self.reason}", stacklevel=1)
+            pl_module.checks[self.section] = ({"applicable": False, "reason": self.reason}, {})
+            return
+        pl_module.checks[self.section] = self.section_of(records.compute(), pl_module.classes)

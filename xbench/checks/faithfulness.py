@@ -13,22 +13,11 @@ and the mean curves; ``faithfulness.csv.gz`` one row per pair, which the analysi
 
 from __future__ import annotations
 
-import warnings
-
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-from xbench.checks.common import (
-    check_images_and_seed,
-    choose_images,
-    chosen_rows,
-    input_of,
-    input_side,
-    reads_only_its_input,
-    run_model,
-)
+from xbench.checks.common import PairCheck, input_of, input_side, run_model
 from xbench.geometry.maps import near_constant
 from xbench.metrics.faithfulness import (
     PAIR_VALUES,
@@ -59,7 +48,7 @@ DEFINITION = (
 )
 
 
-class Faithfulness(Callback):
+class Faithfulness(PairCheck):
     """Deletion and insertion AUC and ROAD of the model's maps on a subset of images.
 
     Args:
@@ -72,9 +61,11 @@ class Faithfulness(Callback):
         seed: the seed of ROAD's imputation noise (with each image's index and class), 0 to 2**32 - 1.
     """
 
+    section = SECTION
+
     def __init__(self, images: int = 0, steps: int = 20, road_percentiles: list[int] = list(ROAD_PERCENTILES),
                  seed: int = 0) -> None:
-        check_images_and_seed(SECTION, images, seed)
+        super().__init__(images, seed)
         if type(steps) is not int or steps < 1:
             raise ValueError(f"--faithfulness.steps must be a whole number of at least 1; got {steps!r}")
         percentiles = list(road_percentiles)
@@ -82,28 +73,17 @@ class Faithfulness(Callback):
                 or len(set(percentiles)) < len(percentiles)):
             raise ValueError(f"--faithfulness.road_percentiles must be distinct whole percentiles from 1 to 99, at "
                              f"least one; got {road_percentiles!r}")
-        self.images, self.steps, self.seed, self.road_percentiles = images, steps, seed, percentiles
-        self.chosen: set[str] = set()
-        self.reason: str | None = None
-        self.records: FaithfulnessRecords | None = None
+        self.steps, self.road_percentiles = steps, percentiles
+
+    def new_records(self) -> FaithfulnessRecords:
+        return FaithfulnessRecords(self.steps, len(self.road_percentiles))
 
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
-        if not self.images:
-            return
         pixels = input_side(pl_module, trainer.datamodule) ** 2
-        if self.steps > pixels:
+        if self.images and self.steps > pixels:
             raise ValueError(f"--faithfulness.steps must be 1 to {pixels}, the pixels of the model's input (each "
                              f"step removes at least one); got {self.steps}")
-        self.reason = reads_only_its_input(pl_module)
-        self.chosen = set() if self.reason else choose_images(trainer.datamodule.samples, pl_module.classes,
-                                                              self.images)
-        self.records = FaithfulnessRecords(self.steps, len(self.road_percentiles)).to(pl_module.device)
-
-    def on_test_batch_end(self, trainer: L.Trainer, pl_module: XBenchModel, outputs: dict, batch: dict,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
-        rows = chosen_rows(batch, self.chosen) if self.images else []
-        if rows:
-            self.score_rows(trainer, pl_module, batch, rows)
+        super().on_test_epoch_start(trainer, pl_module)
 
     def score_rows(self, trainer: L.Trainer, model: XBenchModel, batch: dict, rows: list[int]) -> None:
         """Score every graded pair of the batch's ``rows``."""
@@ -135,17 +115,7 @@ class Faithfulness(Callback):
         curves = scores[:, c].double().split([self.steps + 1, self.steps + 1, len(morf), len(lerf)])
         return curves[0], curves[1], curves[2] - logit.double(), curves[3] - logit.double()
 
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
-        if not self.images:
-            return
-        records, self.records = self.records, None
-        if self.reason:
-            warnings.warn(f"faithfulness not scored: {self.reason}", stacklevel=1)
-            pl_module.checks[SECTION] = ({"applicable": False, "reason": self.reason}, {})
-            return
-        pl_module.checks[SECTION] = self.section(records.compute(), pl_module.classes)
-
-    def section(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
+    def section_of(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
         """The ``metrics.json`` section and the per-pair records (``faithfulness.csv.gz``)."""
         values = pair_values(records["deletion"], records["insertion"], records["road_morf"], records["road_lerf"])
         cls = records["class"]

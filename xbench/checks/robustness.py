@@ -27,22 +27,13 @@ means; ``robustness.csv.gz`` one row per pair, which the analysis resamples.
 from __future__ import annotations
 
 import math
-import warnings
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torchmetrics.utilities import dim_zero_cat
 
-from xbench.checks.common import (
-    check_images_and_seed,
-    choose_images,
-    chosen_rows,
-    input_of,
-    reads_only_its_input,
-    run_model,
-)
+from xbench.checks.common import PairCheck, input_of, run_model
 from xbench.geometry.maps import as_relevance, near_constant
 from xbench.metrics.common import MetricValues, RecordsMetric
 from xbench.metrics.faithfulness import class_means, macro_mean, pair_order
@@ -140,7 +131,7 @@ def _check_noise(name: str, value: float) -> None:
         raise ValueError(f"--robustness.{name} must be a number above 0 and at most {MAX_NOISE:g}; got {value!r}")
 
 
-class Robustness(Callback):
+class Robustness(PairCheck):
     """Max-sensitivity and the local Lipschitz estimate of the model's maps on a subset of images.
 
     The defaults are Quantus': ``MaxSensitivity(nr_samples=200, lower_bound=0.2)`` and
@@ -157,31 +148,19 @@ class Robustness(Callback):
         seed: the seed of the noise (with each image's index, the kind and the sample), 0 to 2**32 - 1.
     """
 
+    section = SECTION
+
     def __init__(self, images: int = 0, samples: int = 200, radius: float = 0.2, std: float = 0.1,
                  seed: int = 0) -> None:
-        check_images_and_seed(SECTION, images, seed)
+        super().__init__(images, seed)
         if type(samples) is not int or not 1 <= samples <= MAX_SAMPLES:
             raise ValueError(f"--robustness.samples must be a whole number from 1 to {MAX_SAMPLES}; got {samples!r}")
         _check_noise("radius", radius)
         _check_noise("std", std)
-        self.images, self.samples, self.radius, self.std, self.seed = images, samples, float(radius), float(std), seed
-        self.chosen: set[str] = set()
-        self.reason: str | None = None
-        self.records: RobustnessRecords | None = None
+        self.samples, self.radius, self.std = samples, float(radius), float(std)
 
-    def on_test_epoch_start(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
-        if not self.images:
-            return
-        self.reason = reads_only_its_input(pl_module)
-        self.chosen = set() if self.reason else choose_images(trainer.datamodule.samples, pl_module.classes,
-                                                              self.images)
-        self.records = RobustnessRecords().to(pl_module.device)
-
-    def on_test_batch_end(self, trainer: L.Trainer, pl_module: XBenchModel, outputs: dict, batch: dict,
-                          batch_idx: int, dataloader_idx: int = 0) -> None:
-        rows = chosen_rows(batch, self.chosen) if self.images else []
-        if rows:
-            self.score_rows(trainer, pl_module, batch, rows)
+    def new_records(self) -> RobustnessRecords:
+        return RobustnessRecords()
 
     def score_rows(self, trainer: L.Trainer, model: XBenchModel, batch: dict, rows: list[int]) -> None:
         """Score every graded pair of the batch's ``rows``."""
@@ -221,17 +200,7 @@ class Robustness(Callback):
                 kinds[:, None] == UNIFORM, original.norm(dim=-1)[None], moved[:, None])
         return nan_max(ratios[UNIFORM]), nan_max(ratios[GAUSSIAN])
 
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: XBenchModel) -> None:
-        if not self.images:
-            return
-        records, self.records = self.records, None
-        if self.reason:
-            warnings.warn(f"robustness not scored: {self.reason}", stacklevel=1)
-            pl_module.checks[SECTION] = ({"applicable": False, "reason": self.reason}, {})
-            return
-        pl_module.checks[SECTION] = self.section(records.compute(), pl_module.classes)
-
-    def section(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
+    def section_of(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
         """The ``metrics.json`` section and the per-pair records (``robustness.csv.gz``)."""
         cls, constant = records["class"], records["constant"]
         means = {name: class_means(records[name], cls, len(classes))[0] for name in PAIR_VALUES}
