@@ -20,7 +20,6 @@ from torch import Tensor
 from xbench.checks.common import PairCheck, input_of, input_side, run_model
 from xbench.geometry.maps import near_constant
 from xbench.metrics.faithfulness import (
-    PAIR_VALUES,
     ROAD_PERCENTILES,
     FaithfulnessRecords,
     blurred,
@@ -33,7 +32,7 @@ from xbench.metrics.faithfulness import (
     road_inputs,
 )
 from xbench.models.base import XBenchModel
-from xbench.results.payload import json_number
+from xbench.results.payload import json_number, pair_section
 from xbench.seeds import sample_seed
 
 SECTION = "faithfulness"
@@ -119,27 +118,16 @@ class Faithfulness(PairCheck):
         """The ``metrics.json`` section and the per-pair records (``faithfulness.csv.gz``)."""
         values = pair_values(records["deletion"], records["insertion"], records["road_morf"], records["road_lerf"])
         cls = records["class"]
-        per_class, means = {}, {}
-        for name, value in values.items():
-            means[name], counts = class_means(value, cls, len(classes))
-        _, pairs = class_means(torch.ones_like(cls, dtype=torch.float64), cls, len(classes))
         curves = {name: class_means(records[name], cls, len(classes))[0]
                   for name in ("deletion", "insertion", "road_morf", "road_lerf")}
-        for c, key in enumerate(classes):
-            per_class[key] = {"pairs": int(pairs[c]), "constant_maps": int(records["constant"][cls == c].sum()),
-                              **{name: json_number(means[name][c]) for name in PAIR_VALUES}}
         section = {
             "applicable": True,
             "images_requested": self.images,
-            "images": int(torch.unique(records["index"]).numel()),
-            "pairs": int(cls.numel()),
-            "constant_maps": int(records["constant"].sum()),
             "steps": self.steps,
             "road_percentiles": self.road_percentiles,
             "seed": self.seed,
             "definition": DEFINITION,
-            "macro": {name: json_number(macro_mean(means[name])) for name in PAIR_VALUES},
-            "per_class": per_class,
+            **pair_section(records["index"], cls, records["constant"], values, classes),
             # the mean curve over the classes with a defined pair (each class's mean curve first)
             "curves": {name: [json_number(v) for v in _macro_curve(curve)] for name, curve in curves.items()},
         }

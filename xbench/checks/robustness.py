@@ -36,9 +36,9 @@ from torchmetrics.utilities import dim_zero_cat
 from xbench.checks.common import PairCheck, input_of, run_model
 from xbench.geometry.maps import as_relevance, near_constant
 from xbench.metrics.common import MetricValues, RecordsMetric
-from xbench.metrics.faithfulness import class_means, macro_mean, pair_order
+from xbench.metrics.faithfulness import pair_order
 from xbench.models.base import XBenchModel
-from xbench.results.payload import json_number
+from xbench.results.payload import pair_section
 from xbench.seeds import sample_seed
 
 SECTION = "robustness"
@@ -203,23 +203,15 @@ class Robustness(PairCheck):
     def section_of(self, records, classes: list[str]) -> tuple[dict, dict[str, Tensor]]:
         """The ``metrics.json`` section and the per-pair records (``robustness.csv.gz``)."""
         cls, constant = records["class"], records["constant"]
-        means = {name: class_means(records[name], cls, len(classes))[0] for name in PAIR_VALUES}
-        pairs = torch.bincount(cls, minlength=len(classes))
+        values = {name: records[name] for name in PAIR_VALUES}
         section = {
             "applicable": True,
             "images_requested": self.images,
-            "images": int(torch.unique(records["index"]).numel()),
-            "pairs": int(cls.numel()),
-            "constant_maps": int(constant.sum()),
             "samples": self.samples,
             "radius": self.radius,
             "std": self.std,
             "seed": self.seed,
             "definition": DEFINITION,
-            "macro": {name: json_number(macro_mean(means[name])) for name in PAIR_VALUES},
-            "per_class": {key: {"pairs": int(pairs[c]), "constant_maps": int(constant[cls == c].sum()),
-                                **{name: json_number(means[name][c]) for name in PAIR_VALUES}}
-                          for c, key in enumerate(classes)},
+            **pair_section(records["index"], cls, constant, values, classes),
         }
-        return section, {"index": records["index"], "class": cls, "constant_map": constant,
-                         **{name: records[name] for name in PAIR_VALUES}}
+        return section, {"index": records["index"], "class": cls, "constant_map": constant, **values}

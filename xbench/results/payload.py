@@ -144,35 +144,45 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
     }
 
 
+def pair_section(index: Tensor, cls: Tensor, constant: Tensor, values: dict[str, Tensor], classes: list[str]
+                 ) -> dict:
+    """What every per-pair explanation section holds (the checks', Quantus' families'): the images and
+    pairs scored, the constant maps among them, and each value's macro and per-class means over the
+    pairs where it is defined."""
+    means = {name: class_means(value, cls, len(classes))[0] for name, value in values.items()}
+    pairs = torch.bincount(cls, minlength=len(classes))
+    return {
+        "images": int(torch.unique(index).numel()),
+        "pairs": int(cls.numel()),
+        "constant_maps": int(constant.sum()),
+        "macro": {name: json_number(macro_mean(mean)) for name, mean in means.items()},
+        "per_class": {key: {"pairs": int(pairs[c]), "constant_maps": int(constant[cls == c].sum()),
+                            **{name: json_number(mean[c]) for name, mean in means.items()}}
+                      for c, key in enumerate(classes)},
+    }
+
+
 def map_quality_sections(records: dict[str, Tensor], classes: list[str], frame_pixels: int
                          ) -> dict[str, tuple[dict, dict]]:
     """The families' ``metrics.json`` sections and per-pair records (``<section>.csv.gz``) from the
     grounding metric's records (`GroundingMetrics` with ``map_quality``)."""
     cls, index = records["class"], records["index"]
     constant = records["predicted"][:, -1] == 0  # no top-bin pixel: a constant map
-    _, pairs = class_means(torch.ones_like(cls, dtype=torch.float64), cls, len(classes))
     out = {}
     for section, names in SECTIONS.items():
         if section == "randomisation" and len(classes) < 2:
             out[section] = ({"applicable": False, "reason": "the run has one class: there is no other class's map"},
                             {})
             continue
-        means = {name: class_means(records[name], cls, len(classes))[0] for name in names}
+        values = {name: records[name] for name in names}
         body = {
             "applicable": True,
-            "images": int(torch.unique(index).numel()),
-            "pairs": int(cls.numel()),
-            "constant_maps": int(constant.sum()),
             **({"top_k": top_k(frame_pixels), "frame_pixels": frame_pixels} if section == "localisation" else {}),
-            "undefined": {name: int(records[name].isnan().sum()) for name in names},
+            "undefined": {name: int(value.isnan().sum()) for name, value in values.items()},
             "definition": DEFINITIONS[section],
-            "macro": {name: json_number(macro_mean(means[name])) for name in names},
-            "per_class": {key: {"pairs": int(pairs[c]), "constant_maps": int(constant[cls == c].sum()),
-                                **{name: json_number(means[name][c]) for name in names}}
-                          for c, key in enumerate(classes)},
+            **pair_section(index, cls, constant, values, classes),
         }
-        out[section] = (body, {"index": index, "class": cls, "constant_map": constant,
-                               **{name: records[name] for name in names}})
+        out[section] = (body, {"index": index, "class": cls, "constant_map": constant, **values})
     return out
 
 
