@@ -12,6 +12,7 @@ import csv
 import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,12 +22,29 @@ from typing import IO
 import yaml
 
 
+#: What a path that should hold a file holds instead, by its ``stat`` type.
+NOT_A_FILE = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def regular_file(path: Path) -> Path:
+    """``path``, checked to be a regular file before anything opens it: ``open`` on a named pipe
+    waits for a writer for ever, and a device (``/dev/zero``) never ends. A missing path is the
+    `FileNotFoundError` ``open`` raises; anything else but a file is a `ValueError` naming what it is."""
+    mode = os.stat(path).st_mode  # a missing path: the FileNotFoundError ``open`` would raise
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in NOT_A_FILE if test(mode)), "not a regular file")
+        raise ValueError(f"{path} is {kind}, not a file: name the file itself")
+    return Path(path)
+
+
 @contextmanager
 def open_text(path: Path) -> Iterator[IO[str]]:
     """``path`` opened as UTF-8 text (a byte-order mark tolerated); bytes that are not UTF-8, or a
-    line the csv module cannot read, are an error naming the file."""
+    line the csv module cannot read, are an error naming the file; anything but a regular file is
+    refused before it is opened (`regular_file`)."""
     try:
-        with open(path, newline="", encoding="utf-8-sig") as handle:
+        with open(regular_file(path), newline="", encoding="utf-8-sig") as handle:
             yield handle
     except UnicodeDecodeError as error:
         raise ValueError(
