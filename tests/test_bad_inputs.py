@@ -2349,7 +2349,8 @@ def test_a_cell_given_twice_is_refused_naming_both_lines_and_never_passes_the_ga
     """One cell under two table labels (or one twice), one value 81 pp off: an error naming both lines, exit 2,
     never an unjudged "inconsistent" cell that lets the gate pass."""
     ours = _ours(finished_runs)
-    rows = GOOD_ROW.format(value=f"{ours:.2f}") + GOOD_ROW.replace("mine", second).format(value=f"{(ours + 81) % 100:.2f}")
+    off = (ours + 81) % 100
+    rows = GOOD_ROW.format(value=f"{ours:.2f}") + GOOD_ROW.replace("mine", second).format(value=f"{off:.2f}")
     reference = _reference(tmp_path, rows)
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
     assert_one_line(code, err, 2, f"reference {reference}, line 3: the cell phantom, centreprior, mean, pointing_game "
@@ -2378,6 +2379,14 @@ def test_a_reference_in_fractions_is_refused_saying_so(finished_runs, tmp_path, 
                                   "lie near XBench's values (line 2:", "fractions, where value_percent is in percent; "
                                   "multiply the values by 100")
     assert left_behind(tmp_path / "out") == []
+
+
+def test_small_values_that_match_xbench_are_no_fractions(finished_runs, tmp_path, capsys):
+    """All within [0, 1] % is no error where XBench's values are as small: the cell is judged."""
+    assert _ours(finished_runs) < 0.5
+    reference = _reference(tmp_path, GOOD_ROW.format(value=f"{_ours(finished_runs) + 0.5:.2f}"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval")
 
 
 def test_a_reference_with_a_byte_order_mark_is_read(finished_runs, tmp_path, capsys):

@@ -472,7 +472,8 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
         caption = (
             f"{title}, from {reference.name} ({reference.source}). Ref.: the value it prints; XBench: this "
             "report's value [interval]; Δ = XBench − Ref. (percentage points); – : not covered by these results. "
-            f"{OUTSIDE}: the reference's value (± half the last digit its source prints) lies outside XBench's interval. "
+            f"{OUTSIDE}: the reference's value (± half the last digit its source prints) lies outside XBench's "
+            "interval. "
             + (f"{INCONSISTENT}: the reference disagrees with itself on this cell, not judged: {disagreements}. "
                if disagreements else "")
             + (f"{UNVERIFIED}: a class value of a row whose printed mean is not the mean of its class values "
