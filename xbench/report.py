@@ -19,8 +19,8 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   perturbation, beside its unperturbed run;
 - a reproduction section: the paper's published numbers (Tables 1-5, Figs. 3 and 4) beside XBench's
   wherever the results cover them, with a summary line at the top of the report; with
-  ``--reference FILE`` (a CSV of the paper's columns and each value's decimals, each cell once) or ``--reference FOLDER`` (other results folders),
-  that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
+  ``--reference FILE`` (a CSV of the paper's columns and each value's decimals, each cell once) or
+  ``--reference FOLDER`` (other results folders), that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
   reference value lies outside XBench's interval, and 2 on a reference it cannot judge by
   (``xbench.reporting.reproduction``);
 - ``report.md``: all of it in one page, with the runs it was built from.
