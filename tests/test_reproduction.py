@@ -336,6 +336,7 @@ def paper_rows_as_csv(path: Path, dataset: str, model: str, mean: float | None =
     return lines
 
 
+@pytest.mark.slow
 def test_a_reference_cannot_pass_the_gate_by_its_own_rows(paper_runs, tmp_path):
     """The paper's exemption is the paper's: a CSV that reprints a cell (the paper's Table 5 beside its
     Table 1, 3.22 and 6.88) is refused naming both lines, and one whose mean is not the mean of its
