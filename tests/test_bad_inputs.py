@@ -1989,8 +1989,8 @@ def test_a_config_file_name_cannot_reach_the_job_script(tmp_path):
     assert named["name"] == "xbench-m-SBATCH---output-x"
 # -- the report's references: the paper's numbers, --reference and --fail-outside-interval (issue 41) --
 
-REFERENCE_HEADER = "table,dataset,model,finding,metric,value_percent\n"
-GOOD_ROW = "mine,phantom,centreprior,mean,pointing_game,{value}\n"
+REFERENCE_HEADER = "table,dataset,model,finding,metric,value_percent,decimals\n"
+GOOD_ROW = "mine,phantom,centreprior,mean,pointing_game,{value},2\n"
 
 
 def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
@@ -2004,38 +2004,40 @@ def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
     (None, "cannot be read (No such file or directory)"),
     ("", "is empty; its first line must be the header table,dataset,model,finding,metric,value_percent"),
     (REFERENCE_HEADER, "has a header but no values"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean\n", "line 2: 4 fields, expected 6"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean\n", "line 2: 4 fields, expected 7"),
     ("table,dataset,model,finding,metric\nmine,phantom,centreprior,mean,pointing_game\n",
      "line 1: the header is 'table,dataset,model,finding,metric'; expected table,dataset,model,finding,metric,"
-     "value_percent (missing: value_percent)"),
+     "value_percent,decimals (missing: value_percent, decimals)"),
+    ("table,dataset,model,finding,metric,value_percent\nmine,phantom,centreprior,mean,pointing_game,5\n",
+     "(missing: decimals)"),
     (REFERENCE_HEADER.replace("\n", ",extra\n") + GOOD_ROW.format(value="5").replace("\n", ",1\n"),
      "(unknown: 'extra')"),
     (REFERENCE_HEADER.replace("value_percent", "value_pct") + GOOD_ROW.format(value="5"),
      "(missing: value_percent) (unknown: 'value_pct')"),
     (REFERENCE_HEADER.replace("dataset,model", "model,dataset") + GOOD_ROW.format(value="5"),
-     "line 1: the header is 'table,model,dataset,finding,metric,value_percent'"),
+     "line 1: the header is 'table,model,dataset,finding,metric,value_percent,decimals'"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="abc"), "line 2: value_percent 'abc' is not a number from 0 to 100"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="120"), "line 2: value_percent '120' is not a number from 0 to 100"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="-1"), "line 2: value_percent '-1' is not a number from 0 to 100"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="nan"), "line 2: value_percent 'nan' is not a number"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="5") + GOOD_ROW.format(value="6"),
-     "line 3: table 'mine' already gives this cell (phantom, centreprior, mean, pointing_game) on line 2; keep one"),
-    (REFERENCE_HEADER + "mine,phantom,gpt,mean,pointing_game,5\n",
+     "line 3: the cell phantom, centreprior, mean, pointing_game is given again (table 'mine': 6), line 2 gives it "
+     "already (table 'mine': 5); a reference gives each cell once: keep one of the two rows"),
+    (REFERENCE_HEADER + "mine,phantom,gpt,mean,pointing_game,5,2\n",
      "line 2: these results have no run of model 'gpt' on phantom (models run on it: centreprior)"),
-    (REFERENCE_HEADER + "mine,phantom,oracle,mean,pointing_game,5\n", "no run of model 'oracle' on phantom"),
-    (REFERENCE_HEADER + "mine,rsna,centreprior,mean,pointing_game,5\n",
+    (REFERENCE_HEADER + "mine,rsna,centreprior,mean,pointing_game,5,2\n",
      "line 2: these results have no run of model 'centreprior' on rsna (no run on it)"),
-    (REFERENCE_HEADER + "mine,mnist,centreprior,mean,pointing_game,5\n", "line 2: unknown dataset 'mnist'"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,bronchiectasis,pointing_game,5\n",
+    (REFERENCE_HEADER + "mine,mnist,centreprior,mean,pointing_game,5,2\n", "line 2: unknown dataset 'mnist'"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,bronchiectasis,pointing_game,5,2\n",
      "line 2: 'bronchiectasis' is not a finding of phantom; give 'mean' or one of"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,accuracy,5\n", "line 2: unknown metric 'accuracy'"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,pointing_game_tau,5\n", "unknown metric 'pointing_game_tau'"),
-    (REFERENCE_HEADER + 'mine,phantom,"centreprior\nrm -rf /",mean,pointing_game,5\n',
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,accuracy,5,2\n", "line 2: unknown metric 'accuracy'"),
+    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,pointing_game_tau,5,2\n", "unknown metric 'pointing_game_tau'"),
+    (REFERENCE_HEADER + 'mine,phantom,"centreprior\nrm -rf /",mean,pointing_game,5,2\n',
      "line 2: these results have no run of model 'centreprior\\nrm -rf /'"),
-    (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centreprior,mean,pointing_game,5\n",
+    (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centreprior,mean,pointing_game,5,2\n",
      "unknown dataset \"=cmd|' /C calc'!A0\""),
-    (REFERENCE_HEADER.encode() + b"mine,phantom,\xff\xfe,mean,pointing_game,5\n", "not a readable CSV"),
-    (REFERENCE_HEADER + ",phantom,centreprior,mean,pointing_game,5\n", "line 2: the table is empty"),
+    (REFERENCE_HEADER.encode() + b"mine,phantom,\xff\xfe,mean,pointing_game,5,2\n", "is not UTF-8 text (byte"),
+    (REFERENCE_HEADER + ",phantom,centreprior,mean,pointing_game,5,2\n", "line 2: the table is empty"),
 ])
 def test_a_bad_reference_is_named_and_no_report_is_written(finished_runs, tmp_path, capsys, content, named):
     reference = tmp_path / "reference.csv"
@@ -2044,27 +2046,28 @@ def test_a_bad_reference_is_named_and_no_report_is_written(finished_runs, tmp_pa
     elif content is not None:
         reference.write_text(content)
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference))
-    assert_one_line(code, err, 1, f"reference {reference}", named)
+    assert_one_line(code, err, 2, f"reference {reference}", named)
     assert left_behind(tmp_path / "out") == []
 
 
 def test_a_reference_folder_without_results_is_named(finished_runs, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(tmp_path / "empty"))
-    assert_one_line(code, err, 1, f"no results folders (with metrics.json) under {tmp_path / 'empty'}")
+    assert_one_line(code, err, 2, f"--reference {tmp_path / 'empty'}: no results folders (with metrics.json) under "
+                                  f"{tmp_path / 'empty'}")
     assert left_behind(tmp_path / "out") == []
 
 
 def test_the_gate_needs_the_intervals(finished_runs, tmp_path, capsys):
     code, err = _report(finished_runs, tmp_path, capsys, "--no-analysis", "--fail-outside-interval")
-    assert_one_line(code, err, 1, "--fail-outside-interval judges each number against its interval, which "
+    assert_one_line(code, err, 2, "--fail-outside-interval judges each number against its interval, which "
                                   "--no-analysis leaves out")
     assert left_behind(tmp_path / "out") == []
 
 
 def test_the_demo_report_says_no_paper_cell_is_covered_and_the_gate_refuses_it(finished_runs, tmp_path, capsys):
     code, err = _report(finished_runs, tmp_path, capsys, "--fail-outside-interval")
-    assert_one_line(code, err, 1, "no cell of the paper (arXiv 2510.19599) is covered by these results, so nothing "
+    assert_one_line(code, err, 2, "no cell of the paper (arXiv 2510.19599) is covered by these results, so nothing "
                                   "was compared")
     text = (tmp_path / "out" / "report.md").read_text()  # the report is written before the gate
     assert ("- Reproduction of the paper (arXiv 2510.19599): 539 values in 511 cells; no cell is covered by these "
@@ -2320,3 +2323,144 @@ def test_a_robustness_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_
     code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", *extra), capsys)
     assert_one_line(code, err, status, named)
     assert left_behind(tmp_path / "results") == []
+
+
+# -- the reference gate judges every cell it is given (issue 48) --
+# Before, a cell given under two table labels (one value 81 pp off) was "inconsistent" and unjudged, so
+# --fail-outside-interval passed; a second --reference silently replaced the first; a reference in
+# fractions flagged every cell without a word; a BOM, a named pipe, a 2 GB file and an Oracle row were
+# refused with the wrong reason or not at all; and a broken reference exited 1 like a moved number.
+
+def _ours(runs, metric="pointing_game") -> float:
+    """CentrePrior's mean ``metric`` on the phantom, in percent."""
+    (folder,) = runs.glob("centreprior__*")
+    return 100 * json.loads((folder / "metrics.json").read_text())["grounding"]["macro"][metric]
+
+
+def _reference(tmp_path, rows: str, name="reference.csv"):
+    path = tmp_path / name
+    path.write_text(REFERENCE_HEADER + rows)
+    return path
+
+
+@pytest.mark.parametrize("second", ["other", "mine"])
+def test_a_cell_given_twice_is_refused_naming_both_lines_and_never_passes_the_gate(finished_runs, tmp_path, capsys,
+                                                                                   second):
+    """One cell under two table labels (or one twice), one value 81 pp off: an error naming both lines, exit 2,
+    never an unjudged "inconsistent" cell that lets the gate pass."""
+    ours = _ours(finished_runs)
+    off = (ours + 81) % 100
+    rows = GOOD_ROW.format(value=f"{ours:.2f}") + GOOD_ROW.replace("mine", second).format(value=f"{off:.2f}")
+    reference = _reference(tmp_path, rows)
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 2, f"reference {reference}, line 3: the cell phantom, centreprior, mean, pointing_game "
+                                  f"is given again (table '{second}'", "line 2 gives it already (table 'mine'",
+                    "a reference gives each cell once: keep one of the two rows")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_a_second_reference_is_refused_naming_both(finished_runs, tmp_path, capsys):
+    first = _reference(tmp_path, GOOD_ROW.format(value="5"), "a.csv")
+    second = _reference(tmp_path, GOOD_ROW.format(value="6"), "b.csv")
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(first), "--reference", str(second),
+                        "--fail-outside-interval")
+    assert_one_line(code, err, 2, f"--reference is given 2 times ({first}, {second})", "combine them into one CSV")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_a_reference_in_fractions_is_refused_saying_so(finished_runs, tmp_path, capsys):
+    """0.61 for 61 %: every value within [0, 1] where XBench's are percentages, which times 100 they match."""
+    rows = "".join(GOOD_ROW.replace("pointing_game", metric).format(value=f"{_ours(finished_runs, metric) / 100:.4f}")
+                   for metric in ("pointing_game", "dice@best", "iou@best"))
+    assert max(_ours(finished_runs, metric) for metric in ("pointing_game", "dice@best", "iou@best")) > 2
+    reference = _reference(tmp_path, rows)
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 2, f"reference {reference}: every value_percent lies from 0 to 1, and times 100 they "
+                                  "lie near XBench's values (line 2:", "fractions, where value_percent is in percent; "
+                                  "multiply the values by 100")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_small_values_that_match_xbench_are_no_fractions(finished_runs, tmp_path, capsys):
+    """All within [0, 1] % is no error where XBench's values are as small: the cell is judged."""
+    assert _ours(finished_runs) < 0.5
+    reference = _reference(tmp_path, GOOD_ROW.format(value=f"{_ours(finished_runs) + 0.5:.2f}"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval")
+
+
+def test_a_reference_with_a_byte_order_mark_is_read(finished_runs, tmp_path, capsys):
+    reference = tmp_path / "reference.csv"
+    reference.write_bytes(b"\xef\xbb\xbf" + (REFERENCE_HEADER + GOOD_ROW.format(value="100")).encode())
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval: Phantom centreprior "
+                                  "mean pointing_game (line 2: 100, XBench")
+    assert (tmp_path / "out" / "tables" / "reproduction_reference_1.md").exists()
+
+
+def test_a_reference_that_is_not_a_small_regular_file_is_refused_before_it_is_read(finished_runs, tmp_path, capsys):
+    """A named pipe hung in ``open``; a 2 GB file ended in a MemoryError. Both are named, with the size."""
+    import os
+
+    pipe = tmp_path / "pipe.csv"
+    os.mkfifo(pipe)
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(pipe))
+    assert_one_line(code, err, 2, f"reference {pipe} is a named pipe, not a file: name the file itself")
+    huge = tmp_path / "huge.csv"
+    with open(huge, "wb") as handle:
+        handle.truncate(2 * 2**30)  # sparse: no disk used
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(huge))
+    assert_one_line(code, err, 2, f"reference {huge} is 2,147,483,648 bytes; a reference is a small table, read up "
+                                  "to 8 MiB")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_an_instrument_row_is_refused_as_a_ceiling_not_as_a_missing_run(finished_runs, tmp_path, capsys):
+    reference = _reference(tmp_path, "mine,phantom,oracle,mean,pointing_game,5,2\n")
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    assert_one_line(code, err, 2, f"reference {reference}, line 2: 'oracle' on phantom is an instrument, which reads "
+                                  "the answer: a ceiling shown for scale, never judged against a reference")
+    assert "no run" not in err
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("decimals", ["", "x", "-1", "2.5", "11"])
+def test_a_value_without_a_stated_precision_is_refused(finished_runs, tmp_path, capsys, decimals):
+    """A CSV states each value's precision (``decimals``); it is never read off how the value is written."""
+    reference = _reference(tmp_path, GOOD_ROW.replace(",2\n", f",{decimals}\n").format(value="5"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference))
+    assert_one_line(code, err, 2, f"reference {reference}, line 2: decimals {decimals!r} is not a whole number from 0 "
+                                  "to 10; give the digits after the point the source prints")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize(("decimals", "status"), [("0", 0), ("2", 1)])
+def test_a_values_tolerance_is_its_stated_precision(finished_runs, tmp_path, capsys, decimals, status):
+    """The same text 0.4 pp above XBench's interval: inside at decimals 0 (+-0.5 pp), outside at 2 (+-0.005)."""
+    import csv
+
+    row = GOOD_ROW.replace("pointing_game", "dice@best")
+    code, err = _report(finished_runs, tmp_path / "first", capsys, "--reference",
+                        str(_reference(tmp_path, row.format(value="100"), "first.csv")))
+    assert code == 0, err
+    with open(tmp_path / "first" / "out" / "tables" / "reproduction_reference_1.csv") as handle:
+        (table,) = list(csv.DictReader(handle))
+    high = max(float(value) for column, value in table.items() if column.endswith(("XBench", "XBench high")))
+    reference = _reference(tmp_path, row.replace(",2\n", f",{decimals}\n").format(value=f"{high + 0.4:.4f}"))
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
+    if status:
+        assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval")
+    else:
+        assert code == 0, err
+
+
+def test_a_moved_number_exits_1_and_a_bad_reference_2(finished_runs, tmp_path, capsys):
+    """A CI job tells a broken reference (exit 2) from a number that moved (exit 1)."""
+    moved = _reference(tmp_path, GOOD_ROW.format(value="100"), "moved.csv")
+    code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(moved), "--fail-outside-interval")
+    assert_one_line(code, err, 1, "left XBench's interval")
+    broken = _reference(tmp_path, GOOD_ROW.format(value="abc"), "broken.csv")
+    code, err = _report(finished_runs, tmp_path / "broken", capsys, "--reference", str(broken),
+                        "--fail-outside-interval")
+    assert_one_line(code, err, 2, "xbench-report: error: reference", "value_percent 'abc' is not a number")
+    assert left_behind(tmp_path / "broken" / "out") == []

@@ -21,7 +21,7 @@ from xbench.metrics.classification import ClassificationMetrics
 from xbench.metrics.grounding import pair_scores, summarise_curves
 from xbench.report import OutsideInterval
 from xbench.report import main as report_main
-from xbench.reporting.reproduction import MEAN, PAPER, _states, paper_reference
+from xbench.reporting.reproduction import MEAN, PAPER, Comparison, ReferenceError, _states, paper_reference
 from xbench.results.payload import build_results
 from xbench.results.write import write_results
 
@@ -56,7 +56,35 @@ def test_every_printed_value_maps_to_one_cell_and_no_cell_twice():
                 assert {f for d, m, f, _ in reference.values if (d, m) == (dataset, model)} == {*classes, MEAN}
 
 
-def test_table_1_is_the_class_mean_and_the_disagreements_are_found():
+#: Two printed values of one number agree when they differ by at most the paper's rounding (pp).
+AGREEMENT = 0.01
+
+
+def rule_states(reference) -> dict:
+    """The paper's disagreements found from its values (independently of ``paper.yaml``): a cell
+    whose printed values differ, or a mean that is not the unweighted mean of its printed class
+    values, is inconsistent; the class values of a row whose printed means agree with each other
+    but not with its class mean are unverified."""
+    by_row: dict = {}
+    for (dataset, model, finding, metric), printed in reference.values.items():
+        if finding != MEAN:
+            by_row.setdefault((dataset, model, metric), {})[finding] = printed[0].value
+    class_means = {row: np.mean(list(found.values())) for row, found in by_row.items()
+                   if set(found) == set(PAPER_CLASSES[row[0]]) and len(found) > 1}
+    states, suspects = {}, set()
+    for cell, printed in reference.values.items():
+        values = [100 * p.value for p in printed]
+        agree = max(values) - min(values) <= AGREEMENT + 1e-9
+        mean = class_means.get((cell[0], cell[1], cell[3])) if cell[2] == MEAN else None
+        with_mean = mean is None or all(abs(v - 100 * mean) <= AGREEMENT + 1e-9 for v in values)
+        if agree and not with_mean:
+            suspects.add((cell[0], cell[1], cell[3]))
+        states[cell] = "consistent" if agree and with_mean else "inconsistent"
+    return {cell: "unverified" if cell[2] != MEAN and (cell[0], cell[1], cell[3]) in suspects else state
+            for cell, state in states.items()}
+
+
+def test_table_1_is_the_class_mean_and_paper_yaml_declares_every_disagreement():
     reference = paper_reference()
     states = _states(reference)
     for (dataset, model, finding, metric), printed in reference.values.items():
@@ -65,13 +93,45 @@ def test_table_1_is_the_class_mean_and_the_disagreements_are_found():
         classes = [reference.values[(dataset, model, key, metric)][0].value for key in PAPER_CLASSES[dataset]]
         table1 = next(p for p in printed if p.table == "1")
         assert abs(100 * (table1.value - np.mean(classes))) <= 0.01, (dataset, model)
+    # the declared disagreements are exactly the ones the values hold: none is judged that should not
+    # be, and no other cell goes unjudged
+    assert {cell: state for cell, (state, _) in states.items()} == rule_states(reference)
     inconsistent = {cell[:2]: mean for cell, (state, mean) in states.items() if state == "inconsistent"}
-    assert ("chexlocalize", "clip") in inconsistent and ("chestx_det10", "medklip") in inconsistent
+    assert len(inconsistent) == 15 and ("chexlocalize", "clip") in inconsistent
     assert round(100 * inconsistent[("vindr", "carzero")], 2) == 39.78
     assert round(100 * inconsistent[("vindr", "devide")], 2) == 23.25
     unverified = {cell[:2] for cell, (state, _) in states.items() if state == "unverified"}
     assert unverified == {("vindr", "carzero"), ("vindr", "devide")}
     assert ("chestx_det10", "clip") not in inconsistent  # 7.10 and 7.11: the paper's rounding
+
+
+def test_every_paper_value_is_judged_at_the_papers_two_decimals():
+    """132 values are stored without their trailing zero (20.2 for the printed 20.20): each still
+    stands for +-0.005 pp, the precision paper.yaml states, never +-0.05 from how it is written."""
+    reference = paper_reference()
+    with open(Path(str(PAPER / "tables.csv"))) as handle:
+        short = [row for row in csv.DictReader(handle) if len(row["value_percent"].partition(".")[2]) < 2]
+    assert len(short) == 132
+    assert all(p.half_unit == pytest.approx(0.005 / 100) for printed in reference.values.values() for p in printed)
+    (printed,) = reference.values[("rsna", "clip", MEAN, "dice@best")]
+    assert printed.value == pytest.approx(0.202)
+
+    def judged(high: float) -> str:
+        return Comparison(("rsna", "clip", MEAN, "dice@best"), (printed,), "consistent", None, True, 0.20,
+                          (0.19, high)).status
+
+    assert judged(0.20196) == "inside"  # 20.2 lies within 20.196 + 0.005
+    assert judged(0.20194) == "outside"  # beyond it: inside at +-0.05, the old rule
+
+
+def test_every_printed_value_of_a_judged_cell_is_judged():
+    """A cell the paper prints twice alike (Table 1 and a Mean column) fails when either value is out."""
+    reference = paper_reference()
+    cell = ("chestx_det10", "clip", MEAN, "pointing_game")  # 7.10 (Table 1), 7.11 (Table 4)
+    printed = tuple(reference.values[cell])
+    assert [100 * p.value for p in printed] == pytest.approx([7.1, 7.11])
+    comparison = Comparison(cell, printed, "consistent", None, True, 0.07, (0.0705, 0.07104))
+    assert comparison.status == "outside" and comparison.failing_value() is printed[1]
 
 
 # -- results folders that equal the paper ------------------------------------------------------
@@ -254,13 +314,46 @@ def test_a_moved_cell_is_flagged_and_fails_the_gate(paper_runs, tmp_path):
 @pytest.mark.slow
 def test_a_reference_csv_and_a_results_folder_as_reference(paper_runs, tmp_path):
     reference = tmp_path / "reference.csv"
-    reference.write_text("table,dataset,model,finding,metric,value_percent\n"
-                         "mine,chexlocalize,clip,mean,auroc,0.5\n")
-    with pytest.raises(OutsideInterval, match=r"CheXlocalize clip mean auroc \(line 2: 0.5, XBench"):
+    reference.write_text("table,dataset,model,finding,metric,value_percent,decimals\n"
+                         "mine,chexlocalize,clip,mean,auroc,5,1\n")
+    with pytest.raises(OutsideInterval, match=r"CheXlocalize clip mean auroc \(line 2: 5, XBench"):
         report(paper_runs, tmp_path / "out", "--reference", str(reference), "--fail-outside-interval")
     text = report(paper_runs, tmp_path / "same", "--reference", str(paper_runs), "--fail-outside-interval")
     assert "judged inside XBench's interval, 0 outside" in text.split("- Reproduction of the results")[1]
 
+
+def paper_rows_as_csv(path: Path, dataset: str, model: str, mean: float | None = None) -> list[str]:
+    """The paper's rows of one model on one dataset as a user's reference CSV, in XBench's keys (every
+    printed value, or one row per cell with the mean set to ``mean``); returns its lines."""
+    reference = paper_reference()
+    lines = ["table,dataset,model,finding,metric,value_percent,decimals"]
+    for (d, m, finding, metric), printed in reference.values.items():
+        if (d, m) == (dataset, model):
+            for p in printed if mean is None else printed[:1]:
+                value = mean if mean is not None and finding == MEAN and metric == "pointing_game" else 100 * p.value
+                lines.append(f"table {p.table},{d},{m},{finding},{metric},{value:.2f},2")
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+@pytest.mark.slow
+def test_a_reference_cannot_pass_the_gate_by_its_own_rows(paper_runs, tmp_path):
+    """The paper's exemption is the paper's: a CSV that reprints a cell (the paper's Table 5 beside its
+    Table 1, 3.22 and 6.88) is refused naming both lines, and one whose mean is not the mean of its
+    class values has every cell judged, so the mean it gets wrong fails the gate."""
+    reference = tmp_path / "reprinted.csv"
+    lines = paper_rows_as_csv(reference, "chexlocalize", "clip")
+    first, again = (n for n, line in enumerate(lines, start=1) if ",mean,pointing_game," in line)
+    with pytest.raises(ReferenceError, match=rf"line {again}: the cell chexlocalize, clip, mean, pointing_game is "
+                                             rf"given again \(table 'table 5': 6.88\), line {first} gives it already "
+                                             r"\(table 'table 1': 3.22\)"):
+        report(paper_runs, tmp_path / "out", "--reference", str(reference), "--fail-outside-interval")
+    assert not (tmp_path / "out").exists()
+    reference = tmp_path / "mean.csv"
+    paper_rows_as_csv(reference, "chexlocalize", "clip", mean=6.88)
+    with pytest.raises(OutsideInterval, match=r"1 cell\(s\) of .* CheXlocalize clip mean pointing_game \(line \d+: "
+                                              r"6.88, XBench 3.2"):
+        report(paper_runs, tmp_path / "judged", "--reference", str(reference), "--fail-outside-interval")
 
 
 def test_each_run_logs_its_cells_of_the_paper_to_wandb(paper_runs):

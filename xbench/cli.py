@@ -1,7 +1,8 @@
 """How every XBench command ends: its output, or a short message on stderr and an exit status.
 
-A failure prints ``<command>: error: <what went wrong>`` and exits 1 (argparse's usage errors exit
-2 as usual); the traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The
+A failure prints ``<command>: error: <what went wrong>`` and exits 1; a usage error exits 2: argparse's
+own, and an `InputError` a command raises for an input the user gave (a file named by an option that
+cannot be used as it is), so that a CI job tells a bad input from a failed check. The traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The
 third-party notices a user cannot act on are silenced here, in the commands only: a script that
 imports XBench keeps its warnings and its memory allocator's settings.
 """
@@ -30,6 +31,11 @@ QUIET_WARNINGS = (
 #: "Seed set to 0": the seed is in the run's config).
 QUIET_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
                  "lightning.fabric.utilities.seed")
+
+
+class InputError(ValueError):
+    """An input the user gave -- a file an option names, an option's value -- that cannot be used as
+    it is: the command exits 2, like a usage error, never 1 (which a check that failed keeps)."""
 
 
 #: Lines of jsonargparse's report that are its structure, not a reason.
@@ -104,8 +110,9 @@ def quiet_notices() -> None:
 
 
 def run(main: Callable[[], object], name: str) -> None:
-    """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 1 on an
-    error (message only, unless debugging), 130 when interrupted."""
+    """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 2 on a
+    usage error or an `InputError`, 1 on any other error (message only, unless debugging), 130 when
+    interrupted."""
     debug = os.environ.get("XBENCH_DEBUG") == "1" or DEBUG_FLAG in sys.argv
     if DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)
@@ -131,6 +138,11 @@ def run(main: Callable[[], object], name: str) -> None:
         if debug:
             raise
         print(f"{name}: error: {invalid_value_message(error)}", file=sys.stderr)
+        sys.exit(2)
+    except InputError as error:
+        if debug:
+            raise
+        print(error_line(name, error), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)

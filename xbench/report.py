@@ -19,9 +19,10 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   perturbation, beside its unperturbed run;
 - a reproduction section: the paper's published numbers (Tables 1-5, Figs. 3 and 4) beside XBench's
   wherever the results cover them, with a summary line at the top of the report; with
-  ``--reference FILE`` (a CSV of the same columns) or ``--reference FOLDER`` (other results folders),
-  that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
-  reference value lies outside XBench's interval (``xbench.reporting.reproduction``);
+  ``--reference FILE`` (a CSV of the paper's columns and each value's decimals, each cell once) or
+  ``--reference FOLDER`` (other results folders), that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
+  reference value lies outside XBench's interval, and 2 on a reference it cannot judge by
+  (``xbench.reporting.reproduction``);
 - ``report.md``: all of it in one page, with the runs it was built from.
 
 Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xbench.analysis``;
@@ -34,7 +35,7 @@ import argparse
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xbench.cli import run
+from xbench.cli import InputError, run
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
@@ -101,7 +102,11 @@ def load_reference(path: Path, bench: Benchmark) -> Reference:
     every one of its cells must be one these results compute."""
     if not path.is_dir():
         return read_reference(path, bench)
-    reference = results_reference(Benchmark.from_folders([path]), str(path))
+    try:
+        folders = Benchmark.from_folders([path])
+    except (ValueError, OSError) as error:  # no results there, or damaged ones
+        raise ReferenceError(f"--reference {path}: {error}") from None
+    reference = results_reference(folders, str(path))
     lacking = sorted({(model, dataset) for dataset, model, _, _ in reference.values} - set(bench.runs))
     if lacking:
         raise ReferenceError(f"--reference {path} has runs these results lack: "
@@ -175,23 +180,27 @@ def main(args: list[str] | None = None) -> list[Path]:
     parser.add_argument("--no-analysis", action="store_true",
                         help="skip the bootstrap analysis (no intervals, calibrated τ, differences, strata): faster "
                              "on large benchmarks")
-    parser.add_argument("--reference", type=Path,
-                        help="numbers to compare with besides the paper's: a CSV with the columns table, dataset, "
-                             "model, finding, metric, value_percent (XBench's keys; finding 'mean' for the mean over "
-                             "classes), or a folder of results folders (an earlier run)")
+    parser.add_argument("--reference", type=Path, action="append",
+                        help="numbers to compare with besides the paper's, given once: a CSV with the columns table, "
+                             "dataset, model, finding, metric, value_percent, decimals (XBench's keys; finding 'mean' "
+                             "for the mean over classes; each cell once), or a folder of results folders (an earlier "
+                             "run)")
     parser.add_argument("--fail-outside-interval", action="store_true",
                         help="exit 1, naming every cell, when a value of --reference (without it, of the paper) "
-                             "lies outside XBench's interval; the report is written first")
+                             "lies outside XBench's interval; the report is written first. A reference it cannot "
+                             "judge by exits 2")
     group = parser.add_argument_group("analysis (as python -m xbench.analyze)")
     add_arguments(group)
     options = parser.parse_args(args)
     if options.fail_outside_interval and options.no_analysis:
-        raise ValueError("--fail-outside-interval judges each number against its interval, which --no-analysis "
+        raise InputError("--fail-outside-interval judges each number against its interval, which --no-analysis "
                          "leaves out; drop one of the two")
+    if len(options.reference or ()) > 1:
+        raise InputError(f"--reference is given {len(options.reference)} times ("
+                         + ", ".join(map(str, options.reference)) + "); the report compares the paper and one "
+                         "reference, which the gate judges: combine them into one CSV")
     bench = Benchmark.from_folders(options.results)
-    references = [paper_reference()]
-    if options.reference is not None:
-        references.append(load_reference(options.reference, bench))
+    references = [paper_reference(), *(load_reference(path, bench) for path in options.reference or ())]
     analysis, files = None, []
     if bench.runs and not options.no_analysis:
         analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
@@ -209,27 +218,28 @@ def main(args: list[str] | None = None) -> list[Path]:
 
 
 class OutsideInterval(Exception):
-    """``--fail-outside-interval``: reference values that left XBench's intervals."""
+    """``--fail-outside-interval``: reference values that left XBench's intervals (exit 1)."""
 
 
 def gate(reference: Reference, comparisons: list[Comparison]) -> None:
-    """Raise naming every covered cell the reference states consistently whose value lies outside
-    XBench's interval (or that XBench has no value for); a reference with no covered cell is an error too."""
+    """Raise naming every judged cell whose value lies outside XBench's interval (or that XBench has
+    no value for); a reference with no covered cell is an input error (exit 2), never a pass."""
     if not any(c.covered for c in comparisons):
-        raise OutsideInterval(f"--fail-outside-interval: no cell of {reference.name} is covered by these results, "
-                              "so nothing was compared; give results of its models and datasets")
+        raise InputError(f"--fail-outside-interval: no cell of {reference.name} is covered by these results, "
+                         "so nothing was compared; give results of its models and datasets")
     failed = failures(comparisons)
     if failed:
         raise OutsideInterval(
             f"--fail-outside-interval: {len(failed)} cell(s) of {reference.name} left XBench's interval: " + "; ".join(
-                f"{c.describe()} ({f'line {c.printed[0].line}: ' if c.printed[0].line else ''}"
-                f"{100 * c.printed[0].value:g}, XBench "
+                f"{c.describe()} ({f'line {p.line}: ' if (p := c.failing_value()).line else ''}"
+                f"{100 * p.value:g}, XBench "
                 + ("no value" if c.value is None else format_interval(c.value, *c.interval, digits=2)) + ")"
                 for c in failed))
 
 
 def cli() -> None:
-    """The command line, ``xbench-report`` or ``python -m xbench.report``: a failure is a message and exit 1."""
+    """The command line, ``xbench-report`` or ``python -m xbench.report``: a failure is a message and exit 1,
+    a bad input (a reference it cannot judge by) exit 2."""
     run(main, "xbench-report")
 
 

@@ -1,17 +1,17 @@
 """XBench's numbers beside a reference's, cell by cell: the paper's published tables (package data,
-``xbench/reporting/paper/``), a CSV of the same columns, or another set of results folders.
+``xbench/reporting/paper/``), a CSV of the same columns with each value's precision, or another set
+of results folders.
 
-A *cell* is one number XBench computes: (dataset, model, finding key or ``mean``, metric). A
-reference prints one or more values per cell (the paper prints a dataset's mean Pointing Game in
-Table 1 and again in the Mean column of its per-class table). Each covered cell is judged against
-XBench's bootstrap interval (stretched to reach XBench's own estimate where it does not); a printed
-value stands for everything that rounds to it, so it is inside when it lies within the interval
-widened by half its last printed digit.
+A *cell* is one number XBench computes: (dataset, model, finding key or ``mean``, metric). Each
+covered cell is judged against XBench's bootstrap interval (stretched to reach XBench's own estimate
+where it does not); a value stands for everything that rounds to it at its source's stated precision
+(the paper's two decimals; a CSV's ``decimals`` column), so it is inside when it lies within the
+interval widened by half that last digit.
 
-Where the reference disagrees with itself the cell is not judged but shown with every value: two
-printed values of one cell that differ, or a printed mean that is not the unweighted mean of the
-printed class values (the rule Table 1 follows). When a row's printed means agree with each other
-but not with its class values, the class values are the suspects: marked unverified, not judged.
+A reference gives each cell once, and every cell it gives is judged: a cell given twice (in two
+tables or two rows, equal or not) is an error naming both lines. The one exception is the paper's,
+declared in its package data (``paper.yaml``): the Mean columns of its Tables 2-5 reprint Table 1,
+and where they or the class values disagree the cell is shown with every value and not judged.
 """
 
 from __future__ import annotations
@@ -26,24 +26,30 @@ import torch
 
 from xbench.analysis.correlation import r_squared
 from xbench.analysis.tables import MACRO
-from xbench.files import read_yaml
+from xbench.cli import InputError
+from xbench.files import open_text, read_yaml, regular_file
 from xbench.findings import DEFAULT_CLASSES, PAPER_CLASSES, dataset_name, short_name, spellings_of
 from xbench.metrics.names import ANALYSIS_ONLY, BY_KEY, METRICS, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.table import Cell, Column, Row, Table
 
-#: The columns of a reference CSV, the paper's included.
-COLUMNS = ("table", "dataset", "model", "finding", "metric", "value_percent")
+#: The columns of the paper's tables (its precision is stated once, in ``paper.yaml``) and of a
+#: reference CSV, which states each value's: the digits after the point its source prints.
+PAPER_COLUMNS = ("table", "dataset", "model", "finding", "metric", "value_percent")
+COLUMNS = (*PAPER_COLUMNS, "decimals")
+#: The most decimals a CSV may state (10: +-5e-11 pp, a value at full precision).
+MAX_DECIMALS = 10
+#: The largest reference file read: a reference is a small table (the paper's 539 values take 26 KB,
+#: 8 MiB some 200,000 rows), refused before it is read rather than filling the memory.
+MAX_BYTES = 8 * 2**20
 #: The finding of a mean over classes.
 MEAN = "mean"
 #: The metrics a reference may hold: those in percent that ``metrics.json`` has and the analysis
 #: gives intervals for.
 COMPARED_METRICS = tuple(m.key for m in METRICS if m.analysed and m.unit == "percent"
                          and m.section in ("grounding", "classification") and m.key not in ANALYSIS_ONLY)
-#: Two printed values of one number agree when they differ by at most the paper's rounding (pp).
-AGREEMENT = 0.01
-#: Marks in the tables: the reference's value outside XBench's interval; the reference disagrees
-#: with itself on this cell; a class value of a row whose printed mean is not its class mean.
+#: Marks in the tables: the reference's value outside XBench's interval; the paper disagrees with
+#: itself on this cell; a class value of a row whose printed mean is not its class mean.
 OUTSIDE, INCONSISTENT, UNVERIFIED = "†", "‡", "?"
 PAPER = files("xbench.reporting") / "paper"
 
@@ -52,8 +58,8 @@ CellKey = tuple[str, str, str, str]  # dataset, model, finding, metric
 
 @dataclass(frozen=True)
 class Printed:
-    """One value as the reference prints it: its table, the value (a fraction), half its last printed
-    digit (a fraction; 0 for full precision) and its line in the source file."""
+    """One value as the reference gives it: its table, the value (a fraction), half the last digit
+    its source prints (a fraction; 0 for full precision) and its line in the source file."""
 
     table: str
     value: float
@@ -63,7 +69,8 @@ class Printed:
 
 @dataclass
 class Reference:
-    """Printed values by cell, in the source's order, and what the source says about them."""
+    """Printed values by cell, in the source's order, and what the source says about them:
+    ``disputed``, the cells it declares inconsistent or unverified (only the paper's data can)."""
 
     name: str
     source: str
@@ -72,57 +79,58 @@ class Reference:
     model_labels: dict[str, str] = field(default_factory=dict)
     not_reproducible: dict[str, str] = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
+    disputed: dict[CellKey, str] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return sum(len(printed) for printed in self.values.values())
 
 
-class ReferenceError(ValueError):
-    """A reference file that cannot be read as cells XBench computes."""
+class ReferenceError(InputError):
+    """A reference that cannot be read as cells XBench judges: an input error (exit 2)."""
 
 
-def _decimals(text: str) -> int:
-    return len(text.split(".", 1)[1]) if "." in text else 0
-
-
-def _read_rows(path: Path) -> list[tuple[int, dict[str, str]]]:
-    """The CSV's rows with their line numbers, after checking its header and field counts."""
+def _read_rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """The CSV's rows with their line numbers, after checking it is a file of at most `MAX_BYTES`
+    (read by the shared reader: a byte-order mark tolerated), its header and its field counts."""
     try:
-        handle = open(path, newline="", encoding="utf-8")
+        size = regular_file(path).stat().st_size
+        if size <= MAX_BYTES:
+            with open_text(path) as handle:
+                lines = list(csv.reader(handle))
     except OSError as error:
         raise ReferenceError(f"reference {path}: cannot be read ({error.strerror or error}); give a CSV with the "
-                             f"columns {', '.join(COLUMNS)} or a folder of results folders") from None
-    with handle:
-        try:
-            lines = list(csv.reader(handle))
-        except (csv.Error, UnicodeDecodeError) as error:
-            raise ReferenceError(f"reference {path}: not a readable CSV ({error})") from None
+                             f"columns {', '.join(columns)} or a folder of results folders") from None
+    except ValueError as error:  # not a regular file, not UTF-8, not CSV: the shared readers' messages name the path
+        raise ReferenceError(f"reference {error}") from None
+    if size > MAX_BYTES:
+        raise ReferenceError(f"reference {path} is {size:,} bytes; a reference is a small table, read up to "
+                             f"{MAX_BYTES // 2**20} MiB (the paper's 539 values take 26 KB): is it the right file?")
     if not lines:
-        raise ReferenceError(f"reference {path} is empty; its first line must be the header {','.join(COLUMNS)}")
+        raise ReferenceError(f"reference {path} is empty; its first line must be the header {','.join(columns)}")
     header = [name.strip() for name in lines[0]]
-    if header != list(COLUMNS):
-        missing = [c for c in COLUMNS if c not in header]
-        extra = [c for c in header if c not in COLUMNS]
+    if header != list(columns):
+        missing = [c for c in columns if c not in header]
+        extra = [c for c in header if c not in columns]
         raise ReferenceError(
-            f"reference {path}, line 1: the header is {','.join(header)!r}; expected {','.join(COLUMNS)}"
+            f"reference {path}, line 1: the header is {','.join(header)!r}; expected {','.join(columns)}"
             + (f" (missing: {', '.join(missing)})" if missing else "")
             + (f" (unknown: {', '.join(map(repr, extra))})" if extra else ""))
     rows = []
     for line, fields in enumerate(lines[1:], start=2):
         if not fields:
             continue
-        if len(fields) != len(COLUMNS):
-            raise ReferenceError(f"reference {path}, line {line}: {len(fields)} fields, expected {len(COLUMNS)} "
-                                 f"({','.join(COLUMNS)}); is the file truncated?")
-        rows.append((line, dict(zip(COLUMNS, (value.strip() for value in fields)))))
+        if len(fields) != len(columns):
+            raise ReferenceError(f"reference {path}, line {line}: {len(fields)} fields, expected {len(columns)} "
+                                 f"({','.join(columns)}); is the file truncated?")
+        rows.append((line, dict(zip(columns, (value.strip() for value in fields)))))
     if not rows:
         raise ReferenceError(f"reference {path} has a header but no values")
     return rows
 
 
-def _value(path: Path, line: int, text: str) -> tuple[float, float]:
-    """``value_percent`` as a fraction and half its last printed digit."""
+def _value(path: Path, line: int, text: str) -> float:
+    """``value_percent`` as a fraction."""
     try:
         value = float(text)
     except ValueError:
@@ -130,7 +138,17 @@ def _value(path: Path, line: int, text: str) -> tuple[float, float]:
     if not math.isfinite(value) or not 0 <= value <= 100:
         raise ReferenceError(f"reference {path}, line {line}: value_percent {text!r} is not a number from 0 to "
                              "100 (a percentage)")
-    return value / 100, 0.5 * 10 ** -_decimals(text) / 100
+    return value / 100
+
+
+def _half_unit(path: Path, line: int, decimals: str) -> float:
+    """Half the last digit a source prints its values to, as a fraction: what a value stands for
+    (``decimals`` 2: +-0.005 pp), stated by the source, never read off how a value is written."""
+    if not decimals.isdigit() or int(decimals) > MAX_DECIMALS:
+        raise ReferenceError(f"reference {path}, line {line}: decimals {decimals!r} is not a whole number from 0 to "
+                             f"{MAX_DECIMALS}; give the digits after the point the source prints (2 for 61.62: the "
+                             "value stands for 61.615 to 61.625)")
+    return 0.5 * 10 ** -int(decimals) / 100
 
 
 def _vocabulary(bench: Benchmark | None = None) -> dict[str, set[str]]:
@@ -142,9 +160,9 @@ def _vocabulary(bench: Benchmark | None = None) -> dict[str, set[str]]:
 
 
 def _check_cell(path: Path, line: int, cell: CellKey, vocabulary: dict[str, set[str]],
-                runs: set[tuple[str, str]] | None) -> None:
+                bench: Benchmark | None) -> None:
     """A cell XBench computes: a known dataset, one of its findings or ``mean``, a compared metric
-    and, where ``runs`` (model, dataset) is given, a run of these results."""
+    and, where ``bench`` is given, a run of these results that is judged (not an instrument)."""
     dataset, model, finding, metric = cell
     where = f"reference {path}, line {line}"
     if dataset not in vocabulary:
@@ -154,50 +172,101 @@ def _check_cell(path: Path, line: int, cell: CellKey, vocabulary: dict[str, set[
                              f"{', '.join(sorted(vocabulary[dataset]))}")
     if metric not in COMPARED_METRICS:
         raise ReferenceError(f"{where}: unknown metric {metric!r}; a reference compares {', '.join(COMPARED_METRICS)}")
-    if runs is not None and (model, dataset) not in runs:
-        models = sorted({m for m, d in runs if d == dataset})
+    if bench is None:
+        return
+    if (model, dataset) in bench.ceilings:
+        raise ReferenceError(f"{where}: {model!r} on {dataset} is an instrument, which reads the answer: a ceiling "
+                             "shown for scale, never judged against a reference; leave the row out of the reference")
+    if (model, dataset) not in bench.runs:
+        models = sorted(bench.models_on(dataset))
         raise ReferenceError(f"{where}: these results have no run of model {model!r} on {dataset}"
                              + (f" (models run on it: {', '.join(models)})" if models else " (no run on it)")
                              + "; run it, or leave the row out of the reference")
 
 
-def _add(values: dict[CellKey, list[Printed]], path: Path, line: int, cell: CellKey, printed: Printed) -> None:
-    same_table = [p for p in values.get(cell, []) if p.table == printed.table]
-    if same_table:
-        raise ReferenceError(f"reference {path}, line {line}: table {printed.table!r} already gives this cell "
-                             f"({', '.join(cell)}) on line {same_table[0].line}; keep one")
-    values.setdefault(cell, []).append(printed)
+def _add(values: dict[CellKey, list[Printed]], path: Path, cell: CellKey, printed: Printed,
+         reprint: bool = False) -> None:
+    """Add a value to its cell. A reference gives each cell once, equal or not, under any table
+    label: only a reprint the paper's data declares (``reprints``) joins a cell, once per table."""
+    earlier = values.setdefault(cell, [])
+    again = [p for p in earlier if not reprint or p.table == printed.table]
+    if again:
+        first = again[0]
+        raise ReferenceError(
+            f"reference {path}, line {printed.line}: the cell {', '.join(cell)} is given again (table "
+            f"{printed.table!r}: {100 * printed.value:g}), line {first.line} gives it already (table {first.table!r}: "
+            f"{100 * first.value:g}); a reference gives each cell once: keep one of the two rows")
+    earlier.append(printed)
+
+
+def _check_percent(path: Path, values: dict[CellKey, list[Printed]], bench: Benchmark) -> None:
+    """Values in fractions (0.616 for 61.6 %) would leave nearly every interval without saying why:
+    every value within [0, 1] % that, times 100, lies nearer XBench's values than as given is an error."""
+    pairs = [(p, ours) for cell, printed in values.items() for p in printed
+             if (ours := xbench_value(bench.runs[(cell[1], cell[0])].results, cell[2], cell[3])) is not None]
+    if not pairs or any(p.value > 0.01 for printed in values.values() for p in printed):
+        return
+    if sum(abs(ours - 100 * p.value) for p, ours in pairs) < sum(abs(ours - p.value) for p, ours in pairs):
+        p, ours = pairs[0]
+        raise ReferenceError(
+            f"reference {path}: every value_percent lies from 0 to 1, and times 100 they lie near XBench's values "
+            f"(line {p.line}: {100 * p.value:g}, XBench {100 * ours:.2f}): fractions, where value_percent is in "
+            "percent; multiply the values by 100")
 
 
 def read_reference(path: Path, bench: Benchmark) -> Reference:
-    """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric), every
-    row a cell these results compute: an unknown name, or a model not run on the dataset, is an
-    error that names the line."""
-    runs, vocabulary = set(bench.runs), _vocabulary(bench)
+    """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric) with
+    each value's stated precision (``decimals``), every row a cell these results judge, given once:
+    an unknown name, a model not run on the dataset, an instrument, a cell given twice or values in
+    fractions is an error that names the line."""
+    vocabulary = _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
-    for line, row in _read_rows(path):
+    for line, row in _read_rows(path, COLUMNS):
         if not row["table"]:
             raise ReferenceError(f"reference {path}, line {line}: the table is empty; give each row a table label")
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
-        _check_cell(path, line, cell, vocabulary, runs)
-        _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
+        _check_cell(path, line, cell, vocabulary, bench)
+        printed = Printed(row["table"], _value(path, line, row["value_percent"]),
+                          _half_unit(path, line, row["decimals"]), line)
+        _add(values, path, cell, printed)
+    _check_percent(path, values, bench)
     tables = {printed.table: printed.table for cell in values.values() for printed in cell}
     return Reference(f"`{path}`", str(path), values, tables)
 
 
+def _disputed(about: dict, values: dict[CellKey, list[Printed]]) -> dict[CellKey, str]:
+    """The paper's declared disagreements (``paper.yaml``) by cell: the mean of each inconsistent
+    row, the class values of each unverified row."""
+    declared = about["disagreements"]
+    rows = {state: {(about["datasets"][dataset], about["models"][model])
+                    for dataset, models in declared[state].items() for model in models}
+            for state in ("inconsistent", "unverified")}
+    disputed = {}
+    for dataset, model, finding, metric in values:
+        state = "inconsistent" if finding == MEAN else "unverified"
+        if metric == declared["metric"] and (dataset, model) in rows[state]:
+            disputed[(dataset, model, finding, metric)] = state
+    return disputed
+
+
 def paper_reference() -> Reference:
-    """The paper's Tables 1-5 (``paper/tables.csv``, as printed), in XBench's keys by ``paper/paper.yaml``."""
+    """The paper's Tables 1-5 (``paper/tables.csv``, as printed), in XBench's keys by ``paper/paper.yaml``,
+    each value at the paper's two decimals, with the disagreements the data declares."""
     about = read_yaml(Path(str(PAPER / "paper.yaml")))
     path, vocabulary = Path(str(PAPER / "tables.csv")), _vocabulary()
+    half_unit = 0.5 * 10 ** -about["decimals"] / 100
     values: dict[CellKey, list[Printed]] = {}
-    for line, row in _read_rows(path):
+    for line, row in _read_rows(path, PAPER_COLUMNS):
         finding = MEAN if row["finding"] == MEAN else about["findings"][row["table"]][row["finding"]]
         cell = (about["datasets"][row["dataset"]], about["models"][row["model"]], finding, row["metric"])
         _check_cell(path, line, cell, vocabulary, None)
-        _add(values, path, line, cell, Printed(row["table"], *_value(path, line, row["value_percent"]), line))
+        reprint = finding == MEAN and row["table"] in about["reprints"]
+        _add(values, path, cell, Printed(row["table"], _value(path, line, row["value_percent"]), half_unit, line),
+             reprint)
     return Reference(
         f"the paper (arXiv {about['arxiv']})", about["url"], values, about["tables"],
-        {key: label for label, key in about["models"].items()}, about["not_reproducible"], about["figures"])
+        {key: label for label, key in about["models"].items()}, about["not_reproducible"], about["figures"],
+        _disputed(about, values))
 
 
 def results_reference(bench: Benchmark, source: str) -> Reference:
@@ -255,8 +324,12 @@ class Comparison:
             return "no value"
         if self.state != "consistent":
             return self.state
-        inside = self.inside(self.printed[0])
-        return "no interval" if inside is None else ("inside" if inside else "outside")
+        inside = [self.inside(p) for p in self.printed]
+        return "no interval" if None in inside else ("inside" if all(inside) else "outside")
+
+    def failing_value(self) -> Printed:
+        """The printed value a failure names: the first outside the interval (else the first)."""
+        return next((p for p in self.printed if self.inside(p) is False), self.printed[0])
 
     def delta(self, printed: Printed) -> float | None:
         return None if self.value is None else self.value - printed.value
@@ -278,22 +351,14 @@ def _class_means(reference: Reference) -> dict[tuple[str, str, str], float]:
 
 
 def _states(reference: Reference) -> dict[CellKey, tuple[str, float | None]]:
-    """Each cell's state and, where it decides it, the class mean."""
+    """Each cell's state, ``consistent`` (judged) unless its source declares it disputed, and for an
+    inconsistent mean the mean of its printed class values."""
     class_means = _class_means(reference)
-    states: dict[CellKey, tuple[str, float | None]] = {}
-    suspects = set()
-    for cell, printed in reference.values.items():
-        dataset, model, finding, metric = cell
-        values = [p.value for p in printed]
-        agree = 100 * (max(values) - min(values)) <= AGREEMENT + 1e-9
-        mean = class_means.get((dataset, model, metric)) if finding == MEAN else None
-        with_mean = mean is None or all(100 * abs(v - mean) <= AGREEMENT + 1e-9 for v in values)
-        if agree and not with_mean:
-            suspects.add((dataset, model, metric))
-        states[cell] = ("consistent" if agree and with_mean else "inconsistent", mean if not with_mean else None)
-    for cell in states:
-        if cell[2] != MEAN and (cell[0], cell[1], cell[3]) in suspects:
-            states[cell] = ("unverified", None)
+    states = {}
+    for cell in reference.values:
+        state = reference.disputed.get(cell, "consistent")
+        mean = class_means.get((cell[0], cell[1], cell[3])) if state == "inconsistent" and cell[2] == MEAN else None
+        states[cell] = (state, mean)
     return states
 
 
@@ -407,7 +472,8 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
         caption = (
             f"{title}, from {reference.name} ({reference.source}). Ref.: the value it prints; XBench: this "
             "report's value [interval]; Δ = XBench − Ref. (percentage points); – : not covered by these results. "
-            f"{OUTSIDE}: the reference's value (± half its last printed digit) lies outside XBench's interval. "
+            f"{OUTSIDE}: the reference's value (± half the last digit its source prints) lies outside XBench's "
+            "interval. "
             + (f"{INCONSISTENT}: the reference disagrees with itself on this cell, not judged: {disagreements}. "
                if disagreements else "")
             + (f"{UNVERIFIED}: a class value of a row whose printed mean is not the mean of its class values "
