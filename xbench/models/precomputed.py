@@ -57,7 +57,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from xbench.files import open_text
+from xbench.files import open_text, regular_file
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
@@ -377,6 +377,7 @@ def _reading(file: Path, kind: str):
 
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
     """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
+    regular_file(file)
     if file.suffix == ".npz":
         with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             names = [str(v) for v in data["classes"]] if "classes" in data else None
@@ -394,6 +395,7 @@ def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
 
 def _file_classes(file: Path, classes: list[str]) -> list[str]:
     """The findings a per-image file holds: its ``classes`` if stated, else the dataset's."""
+    regular_file(file)
     if file.suffix == ".npz":
         with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             return [str(v) for v in data["classes"]] if "classes" in data.files else classes

@@ -18,8 +18,8 @@ from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from xbench.cache import cache_root
-from xbench.files import atomic_write
+from xbench.cache import cache_root, writable_cache_root
+from xbench.files import atomic_write, regular_file
 from xbench.models.checkpoints import check_safetensors, require_finite
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
@@ -33,9 +33,11 @@ def require_files(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     hint = "Place the files listed in checkpoints/README.md there."
     if not folder.is_dir():
         raise FileNotFoundError(f"{what}: folder {folder} not found. {hint}")
-    missing = [name for name in names if not (folder / name).is_file()]
+    missing = [name for name in names if not (folder / name).exists()]
     if missing:
         raise FileNotFoundError(f"{what}: {', '.join(missing)} not found in {folder}. {hint}")
+    for name in names:
+        regular_file(folder / name)  # a named pipe or a folder by that name: named, not opened by transformers
     return folder
 
 
@@ -166,6 +168,7 @@ def bert_cls_embeddings(
     cache_file = cache_root() / "text_embeddings" / f"{key.hexdigest()}.safetensors"
     if cache_file.is_file():
         return load_file(str(cache_file))["embeddings"]
+    writable_cache_root()  # before the BERT runs, not after
 
     tokenizer = load_tokenizer(folder, what, do_lower_case=lowercase)
     bert = load_pretrained_bert(folder, what)
