@@ -5,7 +5,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from xbench.files import check_writable_folder
+
 
 def cache_root() -> Path:
     """``$XBENCH_CACHE``, or ``~/.cache/xbench``."""
     return Path(os.environ.get("XBENCH_CACHE", "~/.cache/xbench")).expanduser()
+
+
+def writable_cache_root() -> Path:
+    """`cache_root`, made if missing and checked before anything is derived into it: a file in its
+    place or a read-only folder is an error naming ``XBENCH_CACHE`` and the fix, not the system's
+    ``[Errno 20]`` about a path below it. (Reading what is there needs no write: a shared read-only
+    cache is read as it is.)"""
+    root = cache_root()
+    named = "XBENCH_CACHE" if "XBENCH_CACHE" in os.environ else "the cache folder (XBENCH_CACHE unset)"
+    check_writable_folder(root, named, "set XBENCH_CACHE to a folder you can write in")
+    return root
