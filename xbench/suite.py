@@ -16,7 +16,8 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
          settings: {data.root: datasets/rsna}}
 
 An entry's ``config`` may list several files, composed in order (``--config`` repeated), such as
-a dataset with an augment pipeline. Its label joins their names (``rsna+rotate10``).
+a dataset with an augment pipeline. Its label joins their names (``rsna+rotate10``). An entry listed
+twice (the same config contents and settings) is refused, naming both lines.
 
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
