@@ -2577,3 +2577,15 @@ def test_a_dataset_listed_twice_is_refused_and_other_settings_are_not(tmp_path, 
     code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
     assert_one_line(code, err, 1, "suite.yaml, lines 4 and 6: datasets[0] (phantom) and datasets[2] (phantom) are "
                     "the same dataset")
+
+
+@pytest.mark.parametrize(("make", "named"), [(_pipe, "is a named pipe, not a file"),
+                                             (_folder, "is a folder, not a file")])
+def test_a_saved_map_that_is_no_regular_file_is_named_not_missing(wide_det10, tmp_path, capsys, make, named):
+    """Looked for by name, it was "no saved map" (or skipped); opened, a named pipe hung."""
+    (tmp_path / "saved" / "a.png").mkdir(parents=True)
+    saved = make(tmp_path / "saved" / "a.png" / "mass.npz")
+    with _no_hang():
+        code, err = _saved_run(wide_det10, tmp_path / "saved", tmp_path / "results", capsys)
+    assert_one_line(code, err, 1, f"{saved} {named}")
+    assert left_behind(tmp_path / "results") == []

@@ -13,12 +13,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("XBENCH_CACHE", "~/.cache/xbench")).expanduser()
 
 
-def writable_cache_root() -> Path:
-    """`cache_root`, made if missing and checked before anything is derived into it: a file in its
-    place or a read-only folder is an error naming ``XBENCH_CACHE`` and the fix, not the system's
-    ``[Errno 20]`` about a path below it. (Reading what is there needs no write: a shared read-only
-    cache is read as it is.)"""
-    root = cache_root()
+def check_cache_writable() -> None:
+    """Before anything is derived into `cache_root`: a file in its place or a read-only folder is an
+    error naming ``XBENCH_CACHE`` and the fix, not the system's ``[Errno 20]`` about a path below
+    it. (Reading what is there needs no write: a shared read-only cache is read as it is.)"""
     named = "XBENCH_CACHE" if "XBENCH_CACHE" in os.environ else "the cache folder (XBENCH_CACHE unset)"
-    check_writable_folder(root, named, "set XBENCH_CACHE to a folder you can write in")
-    return root
+    check_writable_folder(cache_root(), named, "set XBENCH_CACHE to a folder you can write in")

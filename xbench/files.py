@@ -38,6 +38,16 @@ def regular_file(path: Path) -> Path:
     return Path(path)
 
 
+def present(path: Path) -> bool:
+    """Whether a file is at ``path``, where one is looked for by name and may be absent (nothing
+    there: ``False``); anything but a regular file there is an error naming it (`regular_file`), not
+    taken for absent and so reported "not found"."""
+    if not Path(path).exists():
+        return False
+    regular_file(path)
+    return True
+
+
 @contextmanager
 def open_text(path: Path) -> Iterator[IO[str]]:
     """``path`` opened as UTF-8 text (a byte-order mark tolerated); bytes that are not UTF-8, or a
@@ -140,18 +150,19 @@ READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 def check_writable_folder(folder: Path, named: str, fix: str) -> None:
     """Fail before the work, not after it: ``folder`` (given as ``named``, an option or a variable)
-    must be a folder XBench can write in, made if missing; else an error saying what is wrong (a
-    file in the way, read-only) and the ``fix``."""
+    must be a folder XBench can write in, or make: the nearest of it and its parents that exists
+    must be a folder in which a file can be made (made and removed: nothing is left behind); else
+    an error saying what is wrong (a file in the way, read-only) and the ``fix``."""
     folder = Path(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
+        nearest = next(path for path in (folder, *folder.parents) if path.exists())
+        if nearest.is_dir():
+            tempfile.TemporaryFile(dir=nearest).close()
+            return
+        why = f"{nearest} is {_what(nearest)}"
     except OSError as error:
-        blocker = next((p for p in (folder, *folder.parents) if p.exists()), folder)
-        why = (f"{blocker} is {_what(blocker)}" if not blocker.is_dir()
-               else f"read-only to this user: {error.strerror}" if error.errno in READ_ONLY
-               else error.strerror or str(error))
-        raise ValueError(f"{named} {folder} is not a folder XBench can write in ({why}); {fix}") from None
+        why = f"read-only to this user: {error.strerror}" if error.errno in READ_ONLY else error.strerror or str(error)
+    raise ValueError(f"{named} {folder} is not a folder XBench can write in ({why}); {fix}")
 
 
 def _what(path: Path) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from xbench.cache import cache_root, writable_cache_root
+from xbench.cache import cache_root, check_cache_writable
 from xbench.files import staging_folder
 from xbench.data.chestx_det10 import ChestXDet10
 
@@ -133,6 +133,6 @@ class Phantom(ChestXDet10):
     def prepare_data(self) -> None:
         if not (self.root / "test.json").exists():
             if self.in_cache:
-                writable_cache_root()
+                check_cache_writable()
             generate_phantom(self.root, self.num_images, self.native_size, self.seed)
         super().prepare_data()

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from xbench.files import regular_file
+from xbench.files import present, regular_file
 
 
 class InertObject:
@@ -109,7 +109,7 @@ def check_safetensors(path: Path) -> None:
     from safetensors import safe_open
 
     try:
-        with safe_open(str(path), framework="pt"):
+        with safe_open(str(regular_file(path)), framework="pt"):
             pass
     except Exception as error:  # noqa: BLE001 -- safetensors raises its own error type for a bad header
         raise damaged_safetensors(path, error) from error
@@ -348,7 +348,7 @@ def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     in order of preference); else an error naming the folder and every accepted name."""
     folder = Path(folder).expanduser()
     for name in names:
-        if (folder / name).is_file():
+        if present(folder / name):
             return folder / name
     where = f"in {folder}" if folder.is_dir() else f"(folder {folder} not found)"
     raise FileNotFoundError(

@@ -57,7 +57,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from xbench.files import open_text, regular_file
+from xbench.files import open_text, present, regular_file
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
@@ -214,7 +214,7 @@ class PrecomputedSaliency(XBenchModel):
         if self.layout == "boxes":
             return (image_id, key) in self._lines
         if self.layout == "per_pair":
-            return any((self.path / image_id / f"{key}{ext}").is_file() for ext in (".npz", ".safetensors"))
+            return any(present(self.path / image_id / f"{key}{ext}") for ext in (".npz", ".safetensors"))
         if self.layout == "chexlocalize":
             return self._pickle_path(image_id, key) is not None
         file = self._image_file(image_id)
@@ -226,7 +226,7 @@ class PrecomputedSaliency(XBenchModel):
 
     def _image_file(self, image_id: str) -> Path | None:
         for ext in (".npz", ".safetensors"):
-            if (self.path / f"{image_id}{ext}").is_file():
+            if present(self.path / f"{image_id}{ext}"):
                 return self.path / f"{image_id}{ext}"
         return None
 
@@ -251,7 +251,7 @@ class PrecomputedSaliency(XBenchModel):
             pair = _chexlocalize_pair(load_data_pickle(file), file)
         elif self.layout == "per_pair":
             file = next(f for f in (self.path / image_id / f"{key}{ext}" for ext in (".npz", ".safetensors"))
-                        if f.is_file())
+                        if present(f))
             arrays, _ = _read_arrays(file)
             where = f"{file} ({image_id}, {key})"
             pair = SavedPair(_map(arrays, "map", (), where), _logit(arrays, "logit", "prob", (), where),
