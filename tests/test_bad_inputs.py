@@ -2471,20 +2471,24 @@ def test_a_results_folders_metrics_json_that_is_no_regular_file_is_named_by_the_
     assert_one_line(code, err, 1, str(Path("results") / "old_run" / "metrics.json"), named)
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads its address space from /proc")
 def test_running_out_of_memory_is_one_line_with_the_fix(tmp_path):
-    """The last resort: whatever no reader refused first, under an address-space limit."""
+    """The last resort, through ``python -m xbench.test``'s own ending: an annotation file under its
+    cap (900 MiB, sparse) read by a process allowed 1 GiB more address space than its imports took."""
+    root = _det10_with(tmp_path, "test.json", lambda path: _sparse(path, 900 * 2**20))
     script = (
-        "import resource, sys\n"
-        "from xbench.cli import run\n"
-        "limit = 4 * 1024**3\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
-        "run(lambda: bytearray(2 * limit), 'xbench-test')\n"
+        "import resource, xbench.test\n"
+        "size = next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith('VmSize:'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+        "xbench.test.cli()\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+    args = quiet_run("centre_prior", "chestx_det10", root, tmp_path / "results")
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "XBENCH_DEBUG": "0"})
     assert_one_line(done.returncode, done.stderr, 1, "xbench-test: error: this machine ran out of memory",
                     "--data.batch_size")
     assert "MemoryError" not in done.stderr, done.stderr
+    assert left_behind(tmp_path / "results") == []
 
 
 def _read_only(folder, monkeypatch):
