@@ -2464,3 +2464,276 @@ def test_a_moved_number_exits_1_and_a_bad_reference_2(finished_runs, tmp_path, c
                         "--fail-outside-interval")
     assert_one_line(code, err, 2, "xbench-report: error: reference", "value_percent 'abc' is not a number")
     assert left_behind(tmp_path / "broken" / "out") == []
+
+
+# -- only regular files are read; named messages (issue 48) --
+
+import errno  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from xbench.inspect_checkpoint import main as inspect_main  # noqa: E402
+from xbench.suite import main as suite_main  # noqa: E402
+
+
+@contextmanager
+def _no_hang(seconds: int = 60):
+    """A named pipe that is opened blocks for ever: a regression fails the test instead of hanging CI."""
+    def hung(signum, frame):
+        pytest.fail(f"still running after {seconds} s: a named pipe was opened")  # a BaseException: not caught by cli.run
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _pipe(path):
+    """A named pipe at ``path`` (which must not exist yet)."""
+    os.mkfifo(path)
+    return path
+
+
+def _sparse(path, size: int = 2 * 1024**3):
+    """A file of ``size`` bytes (2 GiB) that takes no disk: a hole."""
+    with open(path, "wb") as file:
+        file.truncate(size)
+    return path
+
+
+def _folder(path):
+    path.mkdir()
+    return path
+
+
+def _det10_with(tmp_path, relative: str, make):
+    """A two-image ChestX-Det10 whose ``relative`` path is replaced by what ``make`` puts there."""
+    root = det10_root(tmp_path, [ENTRY, {"file_name": "b.png", "syms": [], "boxes": []}])
+    (root / relative).unlink()
+    make(root / relative)
+    return root
+
+
+@pytest.mark.parametrize(("relative", "make", "named"), [
+    ("test.json", _pipe, "test.json is a named pipe, not a file"),
+    ("test.json", _folder, "test.json is a folder, not a file"),
+    ("test.json", _sparse, "test.json holds 2,048 MiB, more than the 1,024 MiB XBench reads from such a file"),
+    ("test_data/a.png", _pipe, "a.png is a named pipe, not a file"),
+    ("test_data/a.png", _folder, "a.png is a folder, not a file"),
+])
+@pytest.mark.parametrize("cache", ["true", "false"])
+def test_a_dataset_file_that_is_no_regular_file_is_named(tmp_path, capsys, relative, make, named, cache):
+    root = _det10_with(tmp_path, relative, make)
+    with _no_hang():
+        code, err = run_cli(quiet_run("centre_prior", "chestx_det10", root, tmp_path / "results", "--data.cache", cache),
+                            capsys)
+    assert_one_line(code, err, 1, str(root / relative), named)
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("make", "named"), [
+    (_pipe, "is a named pipe, not a file"),
+    (_folder, "is a folder, not a file"),
+    (_sparse, "holds 2,048 MiB, more than the 64 MiB XBench reads from such a file"),
+])
+def test_a_config_that_is_no_regular_file_is_named(phantom_root, tmp_path, capsys, make, named):
+    config = make(tmp_path / "model.yaml")
+    args = quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results")
+    args[args.index(str(CONFIGS_DIR / "models" / "centre_prior.yaml"))] = str(config)
+    with _no_hang():
+        code, err = run_cli(args, capsys)
+    assert_one_line(code, err, 2, f"--config {config} {named}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_device_as_a_config_is_named(phantom_root, tmp_path, capsys):
+    """/dev/zero never ends: read whole, it was a MemoryError."""
+    args = quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", "--config", "/dev/zero")
+    with _no_hang():
+        code, err = run_cli(args, capsys)
+    assert_one_line(code, err, 2, "--config /dev/zero is a character device, not a file")
+
+
+@pytest.mark.parametrize(("make", "named"), [(_pipe, "is a named pipe, not a file"),
+                                             (_folder, "is a folder, not a file")])
+def test_a_checkpoint_that_is_no_regular_file_is_named(tmp_path, capsys, make, named):
+    checkpoint = make(tmp_path / "model.pt")
+    with _no_hang():
+        code, err = run_command(inspect_main, [str(checkpoint)], "xbench-inspect-checkpoint", capsys)
+    assert_one_line(code, err, 1, f"{checkpoint} {named}")
+
+
+def _suite_file(tmp_path, models: str, datasets: str | None = None, results: str = "results"):
+    """``suite.yaml`` in ``tmp_path`` (the working folder) running ``models`` on the phantom."""
+    datasets = datasets or f"[{{config: {CONFIGS_DIR / 'data' / 'phantom.yaml'}, settings: {{data.num_images: 2}}}}]"
+    (tmp_path / "suite.yaml").write_text(f"results_dir: {results}\nmodels: {models}\ndatasets: {datasets}\n")
+    return tmp_path / "suite.yaml"
+
+
+@pytest.mark.parametrize(("make", "named"), [
+    (_pipe, "suite.yaml is a named pipe, not a file"),
+    (_sparse, "suite.yaml holds 2,048 MiB, more than the 64 MiB XBench reads from such a file"),
+])
+def test_a_suite_file_that_is_no_regular_file_is_named(tmp_path, capsys, monkeypatch, make, named):
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "suite.yaml")
+    with _no_hang():
+        code, err = run_command(suite_main, ["--config", "suite.yaml"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, named)
+
+
+def test_a_suites_model_config_that_is_a_named_pipe_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _pipe(tmp_path / "m.yaml")
+    _suite_file(tmp_path, "[m.yaml]")
+    with _no_hang():
+        code, err = run_command(suite_main, ["--config", "suite.yaml"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, "m.yaml is a named pipe, not a file")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("make", "named"), [
+    (_pipe, "metrics.json is a named pipe, not a file"),
+    (_sparse, "metrics.json holds 2,048 MiB, more than the 64 MiB XBench reads from such a file"),
+])
+def test_a_results_folders_metrics_json_that_is_no_regular_file_is_named_by_the_suite(tmp_path, capsys, monkeypatch,
+                                                                                      make, named):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "old_run").mkdir(parents=True)
+    make(tmp_path / "results" / "old_run" / "metrics.json")
+    _suite_file(tmp_path, f"[{CONFIGS_DIR / 'models' / 'centre_prior.yaml'}]")
+    with _no_hang():
+        code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, str(Path("results") / "old_run" / "metrics.json"), named)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads its address space from /proc")
+def test_running_out_of_memory_is_one_line_with_the_fix(tmp_path):
+    """The last resort, through ``python -m xbench.test``'s own ending: an annotation file under its
+    cap (900 MiB, sparse) read by a process allowed 1 GiB more address space than its imports took."""
+    root = _det10_with(tmp_path, "test.json", lambda path: _sparse(path, 900 * 2**20))
+    script = (
+        "import resource, xbench.test\n"
+        "size = next(int(line.split()[1]) * 1024 for line in open('/proc/self/status') if line.startswith('VmSize:'))\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+        "xbench.test.cli()\n"
+    )
+    args = quiet_run("centre_prior", "chestx_det10", root, tmp_path / "results")
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XBENCH_DEBUG": "0"})
+    assert_one_line(done.returncode, done.stderr, 1, "xbench-test: error: this machine ran out of memory",
+                    "--data.batch_size")
+    assert "MemoryError" not in done.stderr, done.stderr
+    assert left_behind(tmp_path / "results") == []
+
+
+def _read_only(folder, monkeypatch):
+    """``folder`` read-only: by its mode; as root, whom modes do not stop, by the error a read-only
+    file system gives for a file made in it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return
+    made = tempfile.TemporaryFile
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == folder:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return made(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+
+
+def test_a_read_only_results_folder_names_the_option_and_the_fix(phantom_root, tmp_path, capsys, monkeypatch):
+    _read_only(tmp_path / "results", monkeypatch)
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, f"--results.folder {tmp_path / 'results'} is not a folder XBench can write in "
+                    "(read-only to this user", "give --results.folder a folder you can write in")
+    assert "[Errno" not in err, err
+
+
+def test_a_read_only_suite_results_dir_names_the_suite_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _read_only(tmp_path / "results", monkeypatch)
+    _suite_file(tmp_path, f"[{CONFIGS_DIR / 'models' / 'centre_prior.yaml'}]", results=str(tmp_path / "results"))
+    code, err = run_command(suite_main, ["--config", "suite.yaml"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, f"results_dir (in suite.yaml) {tmp_path / 'results'} is not a folder XBench can "
+                    "write in (read-only to this user")
+    assert "[Errno" not in err, err
+
+
+@pytest.mark.parametrize("case", ["a file", "read-only"])
+def test_an_unusable_xbench_cache_names_the_variable_and_the_fix(phantom_root, tmp_path, capsys, monkeypatch, case):
+    cache = tmp_path / "cache"
+    if case == "a file":
+        cache.write_text("not a folder")
+    else:
+        _read_only(cache, monkeypatch)
+    monkeypatch.setenv("XBENCH_CACHE", str(cache))
+    code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", "--data.cache", "true"),
+                        capsys)
+    why = f"{cache} is a file" if case == "a file" else "read-only to this user"
+    assert_one_line(code, err, 1, f"XBENCH_CACHE {cache} is not a folder XBench can write in ({why}",
+                    "set XBENCH_CACHE to a folder you can write in")
+    assert "[Errno" not in err, err
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_the_phantom_in_an_unusable_xbench_cache_names_the_variable(tmp_path, capsys, monkeypatch):
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    args = quiet_run("centre_prior", "phantom", tmp_path, tmp_path / "results", "--data.cache", "false")
+    del args[args.index("--data.root"):args.index("--data.root") + 2]  # the phantom's default root: in the cache
+    code, err = run_cli(args, capsys)
+    assert_one_line(code, err, 1, f"XBENCH_CACHE {tmp_path / 'cache'} is not a folder XBench can write in")
+
+
+@pytest.mark.parametrize(("second", "lines"), [
+    ("MODEL", "lines 3 and 5"),  # the same path twice
+    ("./MODEL_NAME", "lines 3 and 5"),  # another spelling of the path
+    ("copy.yaml", "lines 3 and 5"),  # a copy under another name: the same config
+])
+def test_a_model_listed_twice_is_refused_naming_both_lines(tmp_path, capsys, monkeypatch, second, lines):
+    monkeypatch.chdir(tmp_path)
+    model = CONFIGS_DIR / "models" / "centre_prior.yaml"
+    (tmp_path / model.name).write_text(model.read_text())
+    (tmp_path / "copy.yaml").write_text(model.read_text())
+    second = second.replace("MODEL_NAME", model.name).replace("MODEL", model.name)
+    (tmp_path / "suite.yaml").write_text(
+        f"results_dir: results\nmodels:\n  - {model.name}\n  - {{config: {model.name}, settings: {{data.image_size: 32}}}}"
+        f"\n  - {second}\ndatasets: [{CONFIGS_DIR / 'data' / 'phantom.yaml'}]\n")
+    code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, f"suite.yaml, {lines}: models[0] (centre_prior) and models[2]",
+                    "are the same model, the same config and settings, so each of its pairs would run twice: keep one")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_dataset_listed_twice_is_refused_and_other_settings_are_not(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = CONFIGS_DIR / "data" / "phantom.yaml"
+    _suite_file(tmp_path, f"[{CONFIGS_DIR / 'models' / 'centre_prior.yaml'}]",
+                f"\n  - {{config: {data}, settings: {{data.seed: 1}}}}\n  - {{config: {data}, settings: {{data.seed: 2}}}}"
+                f"\n  - {{config: {data}, settings: {{data.seed: 1}}}}")
+    code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
+    assert_one_line(code, err, 1, "suite.yaml, lines 4 and 6: datasets[0] (phantom) and datasets[2] (phantom) are "
+                    "the same dataset")
+
+
+@pytest.mark.parametrize(("make", "named"), [(_pipe, "is a named pipe, not a file"),
+                                             (_folder, "is a folder, not a file")])
+def test_a_saved_map_that_is_no_regular_file_is_named_not_missing(wide_det10, tmp_path, capsys, make, named):
+    """Looked for by name, it was "no saved map" (or skipped); opened, a named pipe hung."""
+    (tmp_path / "saved" / "a.png").mkdir(parents=True)
+    saved = make(tmp_path / "saved" / "a.png" / "mass.npz")
+    with _no_hang():
+        code, err = _saved_run(wide_det10, tmp_path / "saved", tmp_path / "results", capsys)
+    assert_one_line(code, err, 1, f"{saved} {named}")
+    assert left_behind(tmp_path / "results") == []

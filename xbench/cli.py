@@ -153,6 +153,13 @@ def run(main: Callable[[], object], name: str) -> None:
         # Lightning's trainer ends a run it sees interrupted with sys.exit(1), without a word
         print(f"{name}: interrupted", file=sys.stderr)
         sys.exit(130)
+    except MemoryError:  # the last resort, where no reader refused first what could not be held
+        if debug:
+            raise
+        print(f"{name}: error: this machine ran out of memory: free memory (other programs, fewer jobs at once), "
+              "read less at a time (a smaller --data.batch_size, fewer --data.num_workers) or run on a machine with "
+              f"more (XBENCH_DEBUG=1 or {DEBUG_FLAG}: the traceback)", file=sys.stderr)
+        sys.exit(1)
     except Exception as error:  # noqa: BLE001 -- every failure reaches the user as one message
         if debug:
             raise

@@ -38,6 +38,16 @@ def regular_file(path: Path) -> Path:
     return Path(path)
 
 
+def present(path: Path) -> bool:
+    """Whether a file is at ``path``, where one is looked for by name and may be absent (nothing
+    there: ``False``); anything but a regular file there is an error naming it (`regular_file`), not
+    taken for absent and so reported "not found"."""
+    if not Path(path).exists():
+        return False
+    regular_file(path)
+    return True
+
+
 @contextmanager
 def open_text(path: Path) -> Iterator[IO[str]]:
     """``path`` opened as UTF-8 text (a byte-order mark tolerated); bytes that are not UTF-8, or a
@@ -55,10 +65,30 @@ def open_text(path: Path) -> Iterator[IO[str]]:
         raise ValueError(f"{path}: not a readable CSV file ({error})") from None
 
 
-def read_json(path: Path):
-    """The JSON in ``path``; an empty, truncated or non-UTF-8 file is an error naming it and the place."""
+#: The most bytes a reader takes in whole (`read_json`, `read_yaml`): the text and the objects made
+#: of it are held at once, several times the file's size, so a larger file is refused before it is
+#: read, naming its size and the cap, never a bare MemoryError. Settings -- configs, suite files,
+#: manifests, ``metrics.json``, a model's settings -- are KBs to a few MB.
+SETTINGS_CAP = 64 * 2**20
+#: The cap for a dataset's annotation JSON: the largest released (cheXlocalize's segmentations)
+#: are some hundreds of MB.
+ANNOTATIONS_CAP = 2**30
+
+
+def within_cap(path: Path, cap: int) -> Path:
+    """``path``, a regular file (`regular_file`) of at most ``cap`` bytes; else an error naming its size."""
+    size = regular_file(path).stat().st_size
+    if size > cap:
+        raise ValueError(f"{path} holds {size / 2**20:,.0f} MiB, more than the {cap / 2**20:,.0f} MiB XBench reads "
+                         "from such a file: is it the right file? Name the file meant, or cut it down")
+    return Path(path)
+
+
+def read_json(path: Path, cap: int = SETTINGS_CAP):
+    """The JSON in ``path`` (at most ``cap`` bytes, `within_cap`); an empty, truncated or non-UTF-8
+    file is an error naming it and the place."""
     try:
-        with open_text(path) as handle:
+        with open_text(within_cap(path, cap)) as handle:
             return json.load(handle)
     except json.JSONDecodeError as error:
         state = "is empty" if not Path(path).stat().st_size else f"is not valid JSON ({error})"
@@ -75,9 +105,10 @@ def read_json_object(path: Path, holds: str, fix: str) -> dict:
 
 
 def read_yaml(path: Path):
-    """The YAML in ``path``; a file that is not valid YAML is an error naming it and the line."""
+    """The YAML in ``path`` (settings: at most `SETTINGS_CAP` bytes); a file that is not valid YAML is
+    an error naming it and the line."""
     try:
-        with open_text(path) as handle:
+        with open_text(within_cap(path, SETTINGS_CAP)) as handle:
             return yaml.safe_load(handle)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -111,6 +142,33 @@ def staging_folder(parent: Path, name: str) -> Path:
     staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}."))
     follow_umask(staging, folder=True)
     return staging
+
+
+#: The errors of a folder the user may not write in: permissions, a read-only file system.
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def check_writable_folder(folder: Path, named: str, fix: str) -> None:
+    """Fail before the work, not after it: ``folder`` (given as ``named``, an option or a variable)
+    must be a folder XBench can write in, or make: the nearest of it and its parents that exists
+    must be a folder in which a file can be made (made and removed: nothing is left behind); else
+    an error saying what is wrong (a file in the way, read-only) and the ``fix``."""
+    folder = Path(folder)
+    try:
+        nearest = next(path for path in (folder, *folder.parents) if path.exists())
+        if nearest.is_dir():
+            tempfile.TemporaryFile(dir=nearest).close()
+            return
+        why = f"{nearest} is {_what(nearest)}"
+    except OSError as error:
+        why = f"read-only to this user: {error.strerror}" if error.errno in READ_ONLY else error.strerror or str(error)
+    raise ValueError(f"{named} {folder} is not a folder XBench can write in ({why}); {fix}")
+
+
+def _what(path: Path) -> str:
+    """What ``path``, found where a folder belongs, is: `NOT_A_FILE`'s words, or a file."""
+    mode = os.stat(path).st_mode
+    return next((name for test, name in NOT_A_FILE if test(mode)), "a file")
 
 
 #: The errors of a write that found no room: a full disk, a quota, a file-size limit (``ulimit -f``).

@@ -16,7 +16,8 @@ A suite file names model configs, dataset configs and settings (``--key value`` 
          settings: {data.root: datasets/rsna}}
 
 An entry's ``config`` may list several files, composed in order (``--config`` repeated), such as
-a dataset with an augment pipeline. Its label joins their names (``rsna+rotate10``).
+a dataset with an augment pipeline. Its label joins their names (``rsna+rotate10``). An entry listed
+twice (the same config contents and settings) is refused, naming both lines.
 
 First the suite prints every pair and whether it will run or is skipped -- a config file, a
 model's ``checkpoint_dir`` or a dataset's ``data.root`` is missing (the table names the path), or
@@ -60,15 +61,17 @@ from itertools import groupby
 from pathlib import Path
 from typing import Any
 
+import yaml
 from rich.console import Console
 
 from xbench import costs
 from xbench.cli import run
 from xbench.console import print_table
-from xbench.files import read_json, read_yaml
+from xbench.files import open_text, read_json, read_yaml
 from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
                            results_lock)
 from xbench.results.folder import METRICS, MODEL_OUTPUT_OPTIONS, SCHEMA
+from xbench.results.write import check_writable
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets", "slurm"}
 #: How pairs map to processes; the first is the default.
@@ -162,14 +165,47 @@ def load_suite(path: Path) -> Suite:
     if not isinstance(results_dir, str) or not results_dir or not results_dir.isprintable():
         raise ValueError(f"{path}: results_dir must be a folder's path, without line breaks or other control "
                          f"characters (each SLURM job's script names its log in it); got {results_dir!r}")
+    entries = {key: [_entry(item, f"{path}: {key}[{i}]") for i, item in enumerate(raw[key])]
+               for key in ("models", "datasets")}
+    for key, listed in entries.items():
+        _refuse_repeats(path, key, listed)
     return Suite(
         mode=mode,
         results_dir=Path(results_dir),
         settings=_settings_mapping(raw.get("settings"), f"{path}: settings"),
-        models=[_entry(item, f"{path}: models[{i}]") for i, item in enumerate(raw["models"])],
-        datasets=[_entry(item, f"{path}: datasets[{i}]") for i, item in enumerate(raw["datasets"])],
+        models=entries["models"],
+        datasets=entries["datasets"],
         slurm=None if raw.get("slurm") is None else parse_slurm(raw["slurm"], str(path)),
     )
+
+
+def _identity(entry: Entry) -> str:
+    """What makes an entry's runs: its config files' contents (so ``a.yaml``, ``./a.yaml``, a link
+    to it or a copy under another name are one model) and its settings."""
+    contents = [read_yaml(config) if config.exists() else str(config.resolve()) for config in entry.configs]
+    return json.dumps([contents, entry.settings], sort_keys=True, default=str)
+
+
+def _refuse_repeats(path: Path, key: str, entries: list[Entry]) -> None:
+    """An entry listed twice would run each of its pairs twice, writing two results folders of one
+    run without a word: refused, naming both lines of the suite file."""
+    first: dict[str, int] = {}
+    for index, entry in enumerate(entries):
+        seen = first.setdefault(_identity(entry), index)
+        if seen != index:
+            lines = _item_lines(path, key)
+            raise ValueError(
+                f"{path}, lines {lines[seen]} and {lines[index]}: {key}[{seen}] ({entries[seen].label}) and "
+                f"{key}[{index}] ({entry.label}) are the same {key[:-1]}, the same config and settings, so each of "
+                "its pairs would run twice: keep one (or give one other settings)")
+
+
+def _item_lines(path: Path, key: str) -> list[int]:
+    """The line (from 1) where each item of the suite file's ``key`` list starts, for a message."""
+    with open_text(path) as handle:
+        root = yaml.compose(handle, Loader=yaml.SafeLoader)
+    items = next(value for name, value in root.value if name.value == key)
+    return [item.start_mark.line + 1 for item in items.value]
 
 
 # -- what a pair's run will see ----------------------------------------------------------------
@@ -298,7 +334,7 @@ def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
 def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bool) -> None:
     """Set the pair's status: a missing file or folder, results that exist, or ready to run."""
     for path in (*pair.model.configs, *pair.dataset.configs):
-        if not path.is_file():
+        if not path.exists():  # a named pipe or a folder is refused naming it when read, below
             pair.status, pair.detail = "missing", f"config {path}"
             return
     pair.config = composed_config(suite, pair)
@@ -411,6 +447,7 @@ def main(args: list[str] | None = None) -> int:
     suite = load_suite(options.config)
     if options.dry_run:
         return run_suite(suite, options)
+    check_writable(suite.results_dir, f"results_dir (in {options.config})")
     with results_lock(suite.results_dir, options.config):  # planned and run by no other suite meanwhile
         return run_suite(suite, options)
 

@@ -152,13 +152,14 @@ class XBenchCLI(LightningCLI):
 
 
 def check_config_files(args: list[str]) -> None:
-    """Each ``--config`` file is a YAML mapping of settings: an empty file, another YAML value or
-    invalid YAML is a usage error naming the file (and the line), before the parser reads it."""
+    """Each ``--config`` file is a YAML mapping of settings: an empty file, another YAML value,
+    invalid YAML or a path that is no regular file (a named pipe would hang the parser's ``open``)
+    is a usage error naming the file (and the line), before the parser reads it."""
     values = [value for flag, value in zip(args, args[1:]) if flag == "--config"]
     values += [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
     for value in values:
         path = Path(value)
-        if not path.is_file():
+        if not path.exists():
             continue  # the parser names a missing file (or reads the value as YAML text)
         try:
             content = read_yaml(path)

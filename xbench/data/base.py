@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from rich.console import Console
 
-from xbench.cache import cache_root
+from xbench.cache import cache_root, check_cache_writable
 from xbench.data import augment, cache, io, queries, regions, transforms
 from xbench.data.augment import AugmentConfig, augment_sample, build_pipeline
 from xbench.data.cache import (
@@ -420,6 +420,7 @@ class XBenchDataModule(L.LightningDataModule, ABC):
                     folder.unlink()
                 action = "rebuilt"
         if action != "reading":
+            check_cache_writable()
             build_cache(folder, binding, self.decoding_dataset(), self.image_size, self.batch_size, self.num_workers)
         Console(stderr=True, soft_wrap=True).print(
             f"Decoded-image cache {action}: {folder} ({folder_size(folder) / 2**20:.1f} MiB, {len(self.samples)} images)"

@@ -63,7 +63,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from xbench import __version__
 from xbench.geometry.image import CodedImage
 from xbench.data.queries import query_fields
-from xbench.files import NO_ROOM, WriteFailed, staging_folder
+from xbench.files import NO_ROOM, SETTINGS_CAP, WriteFailed, staging_folder, within_cap
 
 FORMAT = 5
 IMAGE_LEVELS = 65535
@@ -333,9 +333,11 @@ def _manifest(folder: Path, binding: Binding) -> _Manifest:
 def _read_manifest(folder: Path) -> _Manifest:
     """The folder's ``manifest.json``, checked for its format and shape; else ``CacheDamagedError``."""
     try:
-        text = (folder / "manifest.json").read_bytes()
+        text = within_cap(folder / "manifest.json", SETTINGS_CAP).read_bytes()
     except OSError as error:
         raise damaged(folder, f"its manifest.json cannot be read ({error.strerror})") from None
+    except ValueError as error:  # not a regular file, or larger than any manifest
+        raise damaged(folder, f"its manifest.json cannot be read ({error})") from None
     try:
         manifest = _Manifest.model_validate_json(text)
     except ValidationError as error:

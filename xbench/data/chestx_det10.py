@@ -12,7 +12,7 @@ import os
 from collections import defaultdict
 from typing import Literal
 
-from xbench.files import read_json
+from xbench.files import ANNOTATIONS_CAP, read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import Boxes
 from xbench.findings import finding_key
@@ -30,7 +30,7 @@ class ChestXDet10(XBenchDataModule):
     def index(self) -> list[Sample]:
         annotations = self.require(self.root / f"{self.split}.json", f"the annotation file {self.split}.json")
         image_dir = self.require(self.root / f"{self.split}_data", f"the image folder {self.split}_data/")
-        entries = read_json(annotations)
+        entries = read_json(annotations, ANNOTATIONS_CAP)
         if not isinstance(entries, list):
             raise ValueError(f"{annotations}: expected a JSON list of images, got {type(entries).__name__}")
         present = set(os.listdir(image_dir))

@@ -21,7 +21,7 @@ import os
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from xbench.files import open_text, read_json
+from xbench.files import ANNOTATIONS_CAP, open_text, read_json
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.data.regions import CocoRLE
 from xbench.findings import finding_key
@@ -103,7 +103,7 @@ class CheXlocalize(XBenchDataModule):
 
     def _read_segmentations(self, masks_json: Path) -> dict[str, dict[str, CocoRLE]]:
         """``cxr_id -> {key -> RLE}`` for the non-empty masks (area read from the runs, not drawn)."""
-        entries = read_json(masks_json)
+        entries = read_json(masks_json, ANNOTATIONS_CAP)
         if not isinstance(entries, dict):
             raise ValueError(f"{masks_json}: expected a JSON object cxr_id -> {{pathology -> RLE}}")
         regions: dict[str, dict[str, CocoRLE]] = {}

@@ -25,6 +25,7 @@ from pydicom.pixels import apply_modality_lut, apply_voi, apply_windowing
 from pydicom.pixels.decoders.base import get_decoder
 from pydicom.uid import JPEG2000, JPEG2000Lossless, JPEGBaseline8Bit
 
+from xbench.files import regular_file
 from xbench.geometry.image import CodedImage
 
 DICOM_SUFFIXES = (".dcm", ".dicom")
@@ -68,10 +69,12 @@ def read_image(path: str | Path) -> np.ndarray:
 
 
 def read_coded(path: str | Path) -> CodedImage:
-    """Decode ``path`` (PNG/JPEG, 8 or 16 bit, or DICOM) into its codes and their grey levels."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
+    """Decode ``path`` (PNG/JPEG, 8 or 16 bit, or DICOM) into its codes and their grey levels; a
+    named pipe, a device or a folder in its place is named before Pillow or pydicom opens it."""
+    try:
+        path = regular_file(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"image not found: {path}") from None
     if path.suffix.lower() in DICOM_SUFFIXES:
         return read_dicom(path)
     return read_raster(path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from xbench.cache import cache_root
+from xbench.cache import cache_root, check_cache_writable
 from xbench.files import staging_folder
 from xbench.data.chestx_det10 import ChestXDet10
 
@@ -118,6 +118,7 @@ class Phantom(ChestXDet10):
         for option, value, least in (("num_images", num_images, 1), ("native_size", native_size, MIN_NATIVE_SIZE)):
             if value < least:
                 raise ValueError(f"--data.{option} must be at least {least}; got {value}")
+        self.in_cache = root is None
         if root is None:
             root = str(cache_root() / f"phantom-v{GENERATOR_VERSION}-n{num_images}-s{native_size}-seed{seed}")
         super().__init__(root=root, split="test", **kwargs)
@@ -131,5 +132,7 @@ class Phantom(ChestXDet10):
 
     def prepare_data(self) -> None:
         if not (self.root / "test.json").exists():
+            if self.in_cache:
+                check_cache_writable()
             generate_phantom(self.root, self.num_images, self.native_size, self.seed)
         super().prepare_data()

@@ -16,6 +16,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
 
+from xbench.files import regular_file
+
 
 def aspect_matches(stated: tuple[int, int], actual: tuple[int, int]) -> bool:
     """Whether a stated ``(height, width)`` has the aspect ratio of an image of ``actual`` size, up
@@ -138,7 +140,7 @@ class MaskFile:
     def read(self) -> np.ndarray:
         """The mask as bool [H, W]; a file that is not a 0/1 grey image is an error naming it."""
         try:
-            with Image.open(self.path) as image:
+            with Image.open(regular_file(self.path)) as image:
                 values = np.asarray(image)
         except OSError as error:
             raise ValueError(f"cannot read the mask {self.path}: {error}") from error

@@ -9,13 +9,13 @@ part of the BiomedCLIP checkpoint. Recognition and maps follow `OpenClipDualEnco
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import ClassVar
 
 import open_clip
 from torch import Tensor, nn
 
+from xbench.files import read_json
 from xbench.models.base import LayerGroup
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
@@ -67,7 +67,7 @@ class BiomedCLIP(OpenClipDualEncoder):
         folder = require_files(self.checkpoint_dir, self.files, "BiomedCLIP").resolve()
         config_path = folder / self.config_file
         try:
-            model_cfg = json.loads(config_path.read_text())["model_cfg"]
+            model_cfg = read_json(config_path)["model_cfg"]
             text_cfg = model_cfg["text_cfg"]
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from xbench.files import present, regular_file
+
 
 class InertObject:
     """Stand-in for a pickled object whose class is not loaded: holds name, arguments and state.
@@ -60,10 +62,12 @@ def _inert_class(qualified_name: str) -> type[InertObject]:
 
 
 def safe_load(path: str | Path) -> Any:
-    """Load a checkpoint file without executing code from it (see the module docstring)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+    """Load a checkpoint file without executing code from it (see the module docstring); a named
+    pipe, a device or a folder in its place is named before anything opens it."""
+    try:
+        path = regular_file(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"checkpoint not found: {path}") from None
     size = path.stat().st_size
     if size == 0:
         raise ValueError(f"checkpoint {path} is empty (0 bytes): the download or copy did not finish; fetch it again")
@@ -105,7 +109,7 @@ def check_safetensors(path: Path) -> None:
     from safetensors import safe_open
 
     try:
-        with safe_open(str(path), framework="pt"):
+        with safe_open(str(regular_file(path)), framework="pt"):
             pass
     except Exception as error:  # noqa: BLE001 -- safetensors raises its own error type for a bad header
         raise damaged_safetensors(path, error) from error
@@ -344,7 +348,7 @@ def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     in order of preference); else an error naming the folder and every accepted name."""
     folder = Path(folder).expanduser()
     for name in names:
-        if (folder / name).is_file():
+        if present(folder / name):
             return folder / name
     where = f"in {folder}" if folder.is_dir() else f"(folder {folder} not found)"
     raise FileNotFoundError(

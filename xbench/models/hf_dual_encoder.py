@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipModel
 
-from xbench.files import read_json_object
+from xbench.files import present, read_json_object
 from xbench.models.base import LayerGroup
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
@@ -93,14 +93,14 @@ def image_processor_file(folder: Path, what: str) -> Path:
     ([`PROCESSOR_FILES`][xbench.models.hf_dual_encoder.PROCESSOR_FILES], in its order); an error
     naming the folder and both files when neither holds the settings."""
     nested, legacy = (folder / name for name in PROCESSOR_FILES)
-    if nested.is_file():
+    if present(nested):
         settings = json_object(nested).get("image_processor")
         if isinstance(settings, dict):
             return nested
         if settings is not None:
             raise ValueError(f"{what}: {nested} has an image_processor that is not an object of settings; fetch "
                              "the checkpoint's own file")
-    if legacy.is_file():
+    if present(legacy):
         json_object(legacy)
         return legacy
     raise FileNotFoundError(f"{what}: no image processor settings in {folder}: neither processor_config.json with "
@@ -119,12 +119,12 @@ def check_tokenizer_files(folder: Path, model_type: str, what: str) -> None:
     ([`TOKENIZER_FILES`][xbench.models.hf_dual_encoder.TOKENIZER_FILES]), and its JSON ones read;
     else an error naming the folder, the files and the fix."""
     alternatives = TOKENIZER_FILES[model_type]
-    if not any(all((folder / name).is_file() for name in names) for names in alternatives):
+    if not any(all(present(folder / name) for name in names) for names in alternatives):
         needed = " or ".join(" and ".join(names) for names in alternatives)
         raise FileNotFoundError(f"{what}: no {model_type} tokenizer in {folder}: it needs {needed}; copy the "
                                 "checkpoint's tokenizer files there (its tokenizer's save_pretrained writes them)")
     for name in TOKENIZER_JSON:
-        if (folder / name).is_file():
+        if present(folder / name):
             json_object(folder / name)
 
 
@@ -260,7 +260,7 @@ class HFDualEncoder(OpenClipDualEncoder):
         agree."""
         folder = require_files(self.checkpoint_dir, ("config.json",), self.label)
         model_type = json_object(folder / "config.json").get("model_type")
-        if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        if not any(present(folder / name) for name in WEIGHT_FILES):
             raise FileNotFoundError(f"{self.label}: no {' or '.join(WEIGHT_FILES)} in {folder}; place the "
                                     "checkpoint's safetensors there (docs/models/hf_dual_encoder.md)")
         if model_type not in ARCHITECTURES:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models import resnet50
 
+from xbench.files import present
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
@@ -312,7 +313,7 @@ class QueryDecoderModel(XBenchModel):
         """Build the text tower and fill every tower from the checkpoint file, strictly."""
         self.build_text_tower()
         file = self.checkpoint_file()
-        if not file.is_file():
+        if not present(file):
             raise FileNotFoundError(
                 f"{type(self).__name__}: checkpoint {file} not found. Place the authors' file there "
                 "(see checkpoints/README.md) or set --model.checkpoint_dir."

@@ -14,7 +14,6 @@ the book afterwards through `CLASS_ENTITIES`. Facts: ``specs/models/medklip.md``
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import Tensor, nn
 
+from xbench.files import read_json
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
@@ -111,9 +111,9 @@ def entity_book(classes: list[str]) -> tuple[list[str], list[list[int]]]:
 
 def read_json_object(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read {path}: {error}") from error
+        data = read_json(path)
+    except OSError as error:
+        raise ValueError(f"cannot read {path}: {error.strerror}") from error
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object (entity -> text); found {type(data).__name__}")
     return data

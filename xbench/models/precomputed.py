@@ -57,7 +57,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from xbench.files import open_text
+from xbench.files import open_text, present, regular_file
 from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
@@ -214,7 +214,7 @@ class PrecomputedSaliency(XBenchModel):
         if self.layout == "boxes":
             return (image_id, key) in self._lines
         if self.layout == "per_pair":
-            return any((self.path / image_id / f"{key}{ext}").is_file() for ext in (".npz", ".safetensors"))
+            return any(present(self.path / image_id / f"{key}{ext}") for ext in (".npz", ".safetensors"))
         if self.layout == "chexlocalize":
             return self._pickle_path(image_id, key) is not None
         file = self._image_file(image_id)
@@ -226,7 +226,7 @@ class PrecomputedSaliency(XBenchModel):
 
     def _image_file(self, image_id: str) -> Path | None:
         for ext in (".npz", ".safetensors"):
-            if (self.path / f"{image_id}{ext}").is_file():
+            if present(self.path / f"{image_id}{ext}"):
                 return self.path / f"{image_id}{ext}"
         return None
 
@@ -251,7 +251,7 @@ class PrecomputedSaliency(XBenchModel):
             pair = _chexlocalize_pair(load_data_pickle(file), file)
         elif self.layout == "per_pair":
             file = next(f for f in (self.path / image_id / f"{key}{ext}" for ext in (".npz", ".safetensors"))
-                        if f.is_file())
+                        if present(f))
             arrays, _ = _read_arrays(file)
             where = f"{file} ({image_id}, {key})"
             pair = SavedPair(_map(arrays, "map", (), where), _logit(arrays, "logit", "prob", (), where),
@@ -377,6 +377,7 @@ def _reading(file: Path, kind: str):
 
 def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
     """Numeric arrays of an ``.npz`` or ``.safetensors`` file as tensors, and its ``classes`` if stated."""
+    regular_file(file)
     if file.suffix == ".npz":
         with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             names = [str(v) for v in data["classes"]] if "classes" in data else None
@@ -394,6 +395,7 @@ def _read_arrays(file: Path) -> tuple[dict[str, Tensor], list[str] | None]:
 
 def _file_classes(file: Path, classes: list[str]) -> list[str]:
     """The findings a per-image file holds: its ``classes`` if stated, else the dataset's."""
+    regular_file(file)
     if file.suffix == ".npz":
         with _reading(file, "an .npz archive"), np.load(file, allow_pickle=False) as data:
             return [str(v) for v in data["classes"]] if "classes" in data.files else classes

@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xbench.files import regular_file
+
 
 class _Refused(Exception):
     """A builder's arguments are not the data it builds from (becomes an UnpicklingError naming the file)."""
@@ -310,7 +312,7 @@ class DataUnpickler(pickle._Unpickler):  # noqa: SLF001
 def load_data_pickle(path: Path):
     """The object in the pickle at ``path``, rebuilt by [`DataUnpickler`][xbench.models.safe_pickle.DataUnpickler];
     a file that is not a pickle, or a damaged one, is an error naming it, whatever failed (memory included)."""
-    with open(path, "rb") as handle:
+    with open(regular_file(path), "rb") as handle:
         try:
             return DataUnpickler(handle, str(path)).load()
         except pickle.UnpicklingError as error:

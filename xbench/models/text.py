@@ -18,8 +18,8 @@ from torch import Tensor
 from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from xbench.cache import cache_root
-from xbench.files import atomic_write
+from xbench.cache import cache_root, check_cache_writable
+from xbench.files import atomic_write, present
 from xbench.models.checkpoints import check_safetensors, require_finite
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
@@ -33,7 +33,7 @@ def require_files(folder: str | Path, names: tuple[str, ...], what: str) -> Path
     hint = "Place the files listed in checkpoints/README.md there."
     if not folder.is_dir():
         raise FileNotFoundError(f"{what}: folder {folder} not found. {hint}")
-    missing = [name for name in names if not (folder / name).is_file()]
+    missing = [name for name in names if not present(folder / name)]
     if missing:
         raise FileNotFoundError(f"{what}: {', '.join(missing)} not found in {folder}. {hint}")
     return folder
@@ -153,19 +153,20 @@ def bert_cls_embeddings(
     with the same files and texts reads the cache and never builds the BERT.
     """
     folder = require_files(folder, ("config.json", "vocab.txt"), what)
-    weights = [folder / name for name in BERT_WEIGHT_FILES if (folder / name).is_file()]
+    weights = [folder / name for name in BERT_WEIGHT_FILES if present(folder / name)]
     if not weights:
         raise FileNotFoundError(
             f"{what}: no weights in {folder} (expected one of {', '.join(BERT_WEIGHT_FILES)}). "
             "Place the files listed in checkpoints/README.md there."
         )
     key = hashlib.sha256()
-    for path in [*weights, *(folder / name for name in BERT_TOKENIZER_FILES if (folder / name).is_file())]:
+    for path in [*weights, *(folder / name for name in BERT_TOKENIZER_FILES if present(folder / name))]:
         key.update(f"{path.name}:{_file_digest(path)}\n".encode())
     key.update(json.dumps([CLS_EMBEDDING_RECIPE, max_length, lowercase, list(texts)]).encode())
     cache_file = cache_root() / "text_embeddings" / f"{key.hexdigest()}.safetensors"
-    if cache_file.is_file():
+    if present(cache_file):
         return load_file(str(cache_file))["embeddings"]
+    check_cache_writable()  # before the BERT runs, not after
 
     tokenizer = load_tokenizer(folder, what, do_lower_case=lowercase)
     bert = load_pretrained_bert(folder, what)

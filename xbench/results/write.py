@@ -26,7 +26,6 @@ import gzip
 import json
 import os
 import shutil
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from xbench.files import WriteFailed, atomic_write, staging_folder
+from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.findings import display_name
 from xbench.results.folder import CHECK_TABLES, METRICS, OVERLAYS, PAIRS, QUERIES, SANITY_MAPS, count_columns
 
@@ -161,15 +160,8 @@ def claim_folder(staging: Path, results_dir: Path, name: str) -> Path:
 
 def check_writable(results_dir: Path, option: str) -> None:
     """Fail before a run, not after it: ``results_dir`` (given as ``option``) must be a folder XBench
-    can write in."""
-    try:
-        Path(results_dir).mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=results_dir).close()
-    except OSError as error:
-        raise ValueError(
-            f"{option} {results_dir} is not a folder XBench can write in ({error.strerror or error}); "
-            "choose another one"
-        ) from None
+    can write in (`check_writable_folder`)."""
+    check_writable_folder(results_dir, option, f"give {option} a folder you can write in")
 
 
 def write_results(results_dir: Path, results: dict, records: dict, datamodule, summary: str,
