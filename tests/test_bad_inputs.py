@@ -2323,3 +2323,143 @@ def test_a_robustness_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_
     code, err = run_cli(quiet_run("centre_prior", "phantom", phantom_root, tmp_path / "results", *extra), capsys)
     assert_one_line(code, err, status, named)
     assert left_behind(tmp_path / "results") == []
+
+
+# -- a results folder checks itself (issue 48) ----------------------------------------------------
+#
+# Each edit below was once read and reported with exit 0. Plain, the folder's manifest refuses it;
+# resealed (the manifest rewritten from the edited files, `conftest.reseal`), the check behind the
+# manifest does: a value's range, the graded pairs, the constant maps counted, the estimates re-derived.
+
+def _results_copy(finished_runs, tmp_path):
+    """A copy of the finished runs to damage, and its Centre Prior folder."""
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(finished_runs, copy)
+    (folder,) = copy.glob("centreprior__*")
+    return copy, folder
+
+
+def _set_cell(file: str, column: str, value: str, row: int = 1):
+    """An edit of one cell of a table: data row ``row`` (1: the first) of ``column``."""
+    def change(lines):
+        at = lines[0].split(",").index(column)
+        cells = lines[row].split(",")
+        cells[at] = value
+        return [*lines[:row], ",".join(cells), *lines[row + 1:]]
+    return lambda folder: _edit_table(folder, file, _lines(change))
+
+
+def _move_to_an_ungraded_class(folder):
+    """The first row of ``localisation.csv.gz`` moved to a class its image has no graded pair of."""
+    import pandas as pd
+
+    pairs = pd.read_csv(folder / "pairs.csv.gz", usecols=["image_id", "class", "graded"], dtype=str)
+    classes = json.loads((folder / "metrics.json").read_text())["classes"]
+
+    def change(lines):
+        image_id = lines[1].split(",")[1]
+        graded = set(pairs[(pairs.image_id == image_id) & (pairs.graded == "True")]["class"])
+        other = next(c for c in classes if c not in graded)
+        cells = lines[1].split(",")
+        cells[2] = other
+        return [lines[0], ",".join(cells), *lines[2:]]
+    _edit_table(folder, "localisation.csv.gz", _lines(change))
+
+
+def _double_localisation(payload):
+    section = payload["localisation"]
+    keys = ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc")
+    double = lambda values: {k: 2 * v if k in keys and v is not None else v for k, v in values.items()}  # noqa: E731
+    section["macro"] = double(section["macro"])
+    section["per_class"] = {c: double(values) for c, values in section["per_class"].items()}
+    return payload
+
+
+def _swap_pairs(folder):
+    """``pairs.csv.gz`` swapped with the Oracle's folder beside it."""
+    (other,) = folder.parent.glob("oracle__*")
+    mine = (folder / "pairs.csv.gz").read_bytes()
+    (folder / "pairs.csv.gz").write_bytes((other / "pairs.csv.gz").read_bytes())
+    (other / "pairs.csv.gz").write_bytes(mine)
+
+
+def _graded_cell(column: str, value: str):
+    """An edit of ``pairs.csv.gz``: ``column`` of the first graded pair set to ``value``."""
+    def change(lines):
+        header = lines[0].split(",")
+        row = next(i for i, line in enumerate(lines) if line.split(",")[header.index("graded")] == "True")
+        cells = lines[row].split(",")
+        cells[header.index(column)] = value
+        return [*lines[:row], ",".join(cells), *lines[row + 1:]]
+    return lambda folder: _edit_table(folder, "pairs.csv.gz", _lines(change))
+
+
+#: case -> (the file edited, the edit, the file the check behind the manifest names, what it says).
+EDITS = {
+    "relevance mass 7.5": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "relevance_mass", "7.5"),
+                           "localisation.csv.gz",
+                           "data row 2, column relevance_mass: 7.5 lies outside its range [0, 1]"),
+    "pixel AUC -0.5": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "pixel_auc", "-0.5"),
+                       "localisation.csv.gz", "data row 2, column pixel_auc: -0.5 lies outside its range [0, 1]"),
+    "a row moved to an ungraded class": ("localisation.csv.gz", _move_to_an_ungraded_class, "localisation.csv.gz",
+                                         "data row 2: (00000.png, "),
+    "a constant_map flag flipped": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "constant_map", "True"),
+                                    "localisation.csv.gz", "constant maps of "),
+    "a hit of 2": ("pairs.csv.gz", _graded_cell("hit", "2"), "pairs.csv.gz", "hit must be 0 or 1"),
+    "a region larger than the frame": ("pairs.csv.gz", _graded_cell("region_px", "5000"), "pairs.csv.gz",
+                                       "at most the frame's 1024 pixels"),
+    "the localisation section doubled": ("metrics.json", lambda f: _edit_json(f, _double_localisation), "metrics.json",
+                                         "but the folder's records (localisation.csv.gz) give"),
+    "the Pointing Game set to 0.95": ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "grounding": {
+        **p["grounding"], "macro": {**p["grounding"]["macro"], "pointing_game": 0.95}}}), "metrics.json",
+        "grounding.macro.pointing_game is 0.95, but the folder's records (pairs.csv.gz) give 0"),
+    "pairs.csv.gz from another model": ("pairs.csv.gz", _swap_pairs, "metrics.json",
+                                        "pointing_game is 0.0, but the folder's records (pairs.csv.gz) give 1"),
+    "a section deleted": ("metrics.json", lambda f: _edit_json(
+        f, lambda p: {k: v for k, v in p.items() if k != "localisation"}), "localisation.csv.gz",
+        "is present, but metrics.json has no applicable localisation section"),
+}
+
+
+def _command(command: str, copy, tmp_path, capsys) -> tuple[int, str]:
+    """One of `COMMANDS` on ``copy`` in-process, writing under ``tmp_path / "out"``: its exit status and stderr."""
+    import importlib
+
+    name, *extra = COMMANDS[command]
+    module = importlib.import_module(f"xbench.{name}")
+    return run_command(module.main, [str(copy), "--out", str(tmp_path / "out"), *extra], f"xbench-{name}", capsys)
+
+
+COMMANDS = {"report": ("report", "--replicates", "5"), "report --no-analysis": ("report", "--no-analysis"),
+            "analyze": ("analyze", "--replicates", "5")}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", EDITS)
+def test_an_edited_results_folder_is_refused_by_its_manifest(finished_runs, tmp_path, capsys, case, command):
+    """The edit is named by the file it changed, before any number of the folder is used."""
+    file_name, edit, _, _ = EDITS[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    edit(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / file_name), "is not the file the run wrote",
+                    "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", ["report", "analyze"])
+@pytest.mark.parametrize("case", EDITS)
+def test_a_resealed_edit_is_refused_by_the_check_behind_the_manifest(finished_runs, tmp_path, capsys, case, command):
+    """With the manifest rewritten to fit (by hand, or a bug of XBench's), the analysis still refuses
+    the folder: each per-pair value in its metric's range, each table's pairs the graded pairs, the
+    constant maps as counted, and the estimates it re-derives equal to metrics.json's."""
+    _, edit, named_file, named = EDITS[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    edit(folder)
+    for each in copy.iterdir():
+        reseal(each)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / named_file), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
