@@ -2463,3 +2463,128 @@ def test_a_resealed_edit_is_refused_by_the_check_behind_the_manifest(finished_ru
     code, err = _command(command, copy, tmp_path, capsys)
     assert_one_line(code, err, 1, str(folder / named_file), named, "re-run that model on that dataset")
     assert left_behind(tmp_path / "out") == []
+
+
+def _fifo_in_place_of(name: str):
+    """``name`` replaced by a named pipe: opening it would wait for a writer for ever."""
+    import os
+
+    def damage(folder):
+        (folder / name).unlink()
+        os.mkfifo(folder / name)
+    return damage
+
+
+def _manifest_entry(name: str, change):
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest["files"], name)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+#: case -> (the file named, the damage, what the error says).
+MANIFEST_DAMAGE = {
+    "no manifest": ("manifest.json", lambda f: (f / "manifest.json").unlink(), "manifest.json is missing"),
+    "a manifest not JSON": ("manifest.json", lambda f: (f / "manifest.json").write_text("{files"), "is not valid JSON"),
+    "a manifest without files": ("manifest.json", lambda f: (f / "manifest.json").write_text('{"schema": 3}'),
+                                 "'files' is missing or not a dict"),
+    "an entry without its hash": ("manifest.json", _manifest_entry("pairs.csv.gz", lambda files, n: files[n].pop(
+        "sha256")), "files['pairs.csv.gz'] is not a file of the folder with its 'bytes'"),
+    "an entry outside the folder": ("manifest.json", _manifest_entry("../x", lambda files, n: files.update(
+        {n: files["summary.md"]})), "files['../x'] is not a file of the folder"),
+    "a listed file missing": ("summary.md", lambda f: (f / "summary.md").unlink(), "is missing, but manifest.json lists it"),
+    "a file truncated": ("config.yaml", lambda f: (f / "config.yaml").write_bytes((f / "config.yaml").read_bytes()[:9]),
+                         "is not the file the run wrote (9 bytes"),
+    "a table added by hand": ("sanity.csv.gz", lambda f: (f / "sanity.csv.gz").write_bytes(
+        (f / "complexity.csv.gz").read_bytes()), "is not listed in"),
+    "a named pipe for a table": ("localisation.csv.gz", _fifo_in_place_of("localisation.csv.gz"),
+                                 "localisation.csv.gz is a named pipe, not a file"),
+    "a named pipe for the manifest": ("manifest.json", _fifo_in_place_of("manifest.json"),
+                                      "manifest.json is a named pipe, not a file"),
+    "a named pipe added": ("queries.csv.gz", lambda f: __import__("os").mkfifo(f / "queries.csv.gz"), "is not listed in"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", MANIFEST_DAMAGE)
+def test_a_folder_that_does_not_fit_its_manifest_is_named(finished_runs, tmp_path, capsys, case, command):
+    """Every reader checks the folder against its manifest first: the manifest missing or of the
+    wrong shape, a listed file missing or changed, a file XBench writes present but not listed, and
+    anything but a regular file in a file's place -- refused, never opened (a pipe would hang)."""
+    file_name, damage, named = MANIFEST_DAMAGE[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    damage(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_without_its_metrics_is_named_not_dropped(finished_runs, tmp_path, capsys, command):
+    """A deleted metrics.json once dropped the model from every table without a word."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    (folder / "metrics.json").unlink()
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, f"{folder} holds a run's files but no metrics.json", "re-run that model")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_of_the_previous_schema_is_refused_as_another_versions(finished_runs, tmp_path, capsys, command):
+    """A folder written before the manifest (schema xbench.results/2, no manifest.json) is named as
+    another version's, with its fix, not as damaged."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    (folder / "manifest.json").unlink()
+    _edit_json(folder, lambda p: {**p, "schema": "xbench.results/2"})
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), "schema 'xbench.results/2', expected "
+                    "'xbench.results/3'; it was written by another XBench version -- re-run that model")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_the_suite_runs_again_a_pair_whose_folder_was_edited(tmp_path):
+    """The suite counts a run done only by a folder that passes `read_results`: an edited one is
+    not this version's result, and the warning names it."""
+    from xbench.suite import existing_results
+
+    results = tmp_path / "results"
+    folder = results / "a__b__1"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"schema": "xbench.results/3", "model": "a", "dataset": "b",
+                                                     "classes": [], "data": {}, "config": {"model": {}}}))
+    reseal(folder)
+    assert existing_results(results) == [(folder, {"model": {}})]
+    (folder / "metrics.json").write_text((folder / "metrics.json").read_text().replace('"a"', '"c"'))
+    with pytest.warns(UserWarning, match=r"written by another XBench version .* or are damaged, e\.g\. a__b__1"):
+        assert existing_results(results) == []
+
+
+@pytest.fixture(scope="module")
+def robust_run(phantom_root, tmp_path_factory):
+    """A run with the robustness check (its table: max-sensitivity and the local Lipschitz estimate)."""
+    from conftest import CONFIGS
+
+    results = tmp_path_factory.mktemp("robust") / "results"
+    main(["--model", "test_checks.TinyConv", "--config", str(CONFIGS / "data" / "phantom.yaml"),
+          "--data.root", str(phantom_root), "--data.image_size", "32", "--data.num_workers", "0",
+          "--results.folder", str(results), "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+          "--robustness.images", "2", "--robustness.samples", "2"])
+    return results
+
+
+@pytest.mark.parametrize(("column", "value", "plain"), [
+    ("max_sensitivity", "-1", True), ("max_sensitivity", "-1", False), ("local_lipschitz", "-0.5", False)])
+def test_a_robustness_value_below_zero_is_named(robust_run, tmp_path, capsys, column, value, plain):
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(robust_run, copy)
+    (folder,) = copy.iterdir()
+    _set_cell("robustness.csv.gz", column, value)(folder)
+    if not plain:
+        reseal(folder)
+    code, err = _command("analyze", copy, tmp_path, capsys)
+    named = "is not the file the run wrote" if plain else f"data row 2, column {column}: {float(value)!r} lies outside its range [0, inf]"
+    assert_one_line(code, err, 1, str(folder / "robustness.csv.gz"), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []

@@ -100,7 +100,10 @@ def read_manifest(folder: Path) -> dict[str, dict]:
     if not os.path.lexists(path):
         raise ValueError(f"{path} is missing: the run that wrote {folder} did not finish it, or it was damaged; "
                          f"{DAMAGED}")
-    manifest = read_json_object(path, "a results folder's manifest", DAMAGED)
+    try:
+        manifest = read_json_object(path, "a results folder's manifest", DAMAGED)
+    except ValueError as error:
+        raise _damage(error) from None
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise ValueError(f"{path}: 'files' is missing or not a dict of file name -> bytes and sha256; {DAMAGED}")
@@ -124,12 +127,24 @@ def check_file(folder: Path, name: str, files: dict[str, dict]) -> None:
     except FileNotFoundError:
         raise ValueError(f"{path} is missing, but {MANIFEST} lists it; {DAMAGED}") from None
     except ValueError as error:  # not a regular file (xbench.files.regular_file)
-        raise ValueError(f"{str(error).split(': name')[0]}; {DAMAGED}") from None
+        raise _damage(error) from None
     listed = files[name]
     if found["bytes"] != listed["bytes"] or found["sha256"] != listed["sha256"]:
         raise ValueError(f"{path} is not the file the run wrote ({found['bytes']} bytes, SHA-256 "
                          f"{found['sha256'][:16]}...; {MANIFEST} lists {listed['bytes']} bytes, "
                          f"{listed['sha256'][:16]}...); {DAMAGED}")
+
+
+#: The fixes `xbench.files` gives a file the user supplies, which a results folder's file replaces by `DAMAGED`.
+GENERIC_FIXES = (": was it truncated?", ": name the file itself")
+
+
+def _damage(error: ValueError) -> ValueError:
+    """A file error of `xbench.files` (not JSON, not a regular file) with a results folder's fix."""
+    what = str(error)
+    for fix in GENERIC_FIXES:
+        what = what.split(fix)[0]
+    return ValueError(what if DAMAGED in what else f"{what}; {DAMAGED}")
 
 
 def verify_folder(folder: Path) -> None:
