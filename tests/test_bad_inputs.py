@@ -2466,11 +2466,12 @@ def test_a_resealed_edit_is_refused_by_the_check_behind_the_manifest(finished_ru
 
 
 def _fifo_in_place_of(name: str):
-    """``name`` replaced by a named pipe: opening it would wait for a writer for ever."""
+    """A named pipe in ``name``'s place (or added, where the folder has none): opening it would wait
+    for a writer for ever."""
     import os
 
     def damage(folder):
-        (folder / name).unlink()
+        (folder / name).unlink(missing_ok=True)
         os.mkfifo(folder / name)
     return damage
 
@@ -2493,7 +2494,8 @@ MANIFEST_DAMAGE = {
         "sha256")), "files['pairs.csv.gz'] is not a file of the folder with its 'bytes'"),
     "an entry outside the folder": ("manifest.json", _manifest_entry("../x", lambda files, n: files.update(
         {n: files["summary.md"]})), "files['../x'] is not a file of the folder"),
-    "a listed file missing": ("summary.md", lambda f: (f / "summary.md").unlink(), "is missing, but manifest.json lists it"),
+    "a listed file missing": ("summary.md", lambda f: (f / "summary.md").unlink(),
+                              "is missing, but manifest.json lists it"),
     "a file truncated": ("config.yaml", lambda f: (f / "config.yaml").write_bytes((f / "config.yaml").read_bytes()[:9]),
                          "is not the file the run wrote (9 bytes"),
     "a table added by hand": ("sanity.csv.gz", lambda f: (f / "sanity.csv.gz").write_bytes(
@@ -2502,7 +2504,7 @@ MANIFEST_DAMAGE = {
                                  "localisation.csv.gz is a named pipe, not a file"),
     "a named pipe for the manifest": ("manifest.json", _fifo_in_place_of("manifest.json"),
                                       "manifest.json is a named pipe, not a file"),
-    "a named pipe added": ("queries.csv.gz", lambda f: __import__("os").mkfifo(f / "queries.csv.gz"), "is not listed in"),
+    "a named pipe added": ("queries.csv.gz", _fifo_in_place_of("queries.csv.gz"), "is not listed in"),
 }
 
 
@@ -2585,6 +2587,23 @@ def test_a_robustness_value_below_zero_is_named(robust_run, tmp_path, capsys, co
     if not plain:
         reseal(folder)
     code, err = _command("analyze", copy, tmp_path, capsys)
-    named = "is not the file the run wrote" if plain else f"data row 2, column {column}: {float(value)!r} lies outside its range [0, inf]"
+    named = ("is not the file the run wrote" if plain
+             else f"data row 2, column {column}: {float(value)!r} lies outside its range [0, inf]")
     assert_one_line(code, err, 1, str(folder / "robustness.csv.gz"), named, "re-run that model on that dataset")
     assert left_behind(tmp_path / "out") == []
+
+
+def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs, tmp_path):
+    """`read_table` and `read_overlays` check their file against the manifest themselves: a file
+    changed after the folder was verified, or a listed one deleted, is named (never read, or taken
+    for a run that saved none)."""
+    from xbench.results.folder import read_overlays, read_table
+
+    _, folder = _results_copy(finished_runs, tmp_path)
+    _edit_pairs(folder, lambda text: text.replace(b",True,", b",False,", 1))
+    with pytest.raises(ValueError, match="pairs.csv.gz is not the file the run wrote"):
+        read_table(folder / "pairs.csv.gz")
+    (folder / "overlays.npz").unlink()
+    with pytest.raises(ValueError, match="overlays.npz is missing, but manifest.json lists it"):
+        read_overlays(folder)
+    assert read_overlays(folder, "sanity_maps.npz") is None  # none saved, none listed

@@ -134,8 +134,8 @@ def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], clas
         outside = (column < low - RANGE_SLACK) | (column > high + RANGE_SLACK)
         if outside.any():
             first = np.flatnonzero(outside)[0]
-            raise ValueError(f"{path}, data row {table.index[first] + 2}, column {name}: {float(column[first])!r} lies outside "
-                             f"its range [{low:g}, {high:g}]; {DAMAGED}")
+            raise ValueError(f"{path}, data row {table.index[first] + 2}, column {name}: {float(column[first])!r} lies "
+                             f"outside its range [{low:g}, {high:g}]; {DAMAGED}")
         values[name] = torch.tensor(column)
     return CheckedPairs(torch.from_numpy(image), torch.from_numpy(cls), values)
 

@@ -1,4 +1,5 @@
-"""The layout of a results folder (file names, schema) and reading it back.
+"""The layout of a results folder (file names, schema, its manifest) and reading it back, every
+file checked against the manifest first (`verify_folder`, `check_file`).
 
 Kept apart from the writer (`xbench.results.write`) and free of torch, so that the suite
 starts quickly.
@@ -47,6 +48,10 @@ def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:
     return [f"pred_{k:03d}" for k in range(num_thresholds)], [f"inter_{k:03d}" for k in range(num_thresholds)]
 
 
+#: The files by which a folder is known as a run's results.
+RUN_FILES = (METRICS, MANIFEST, PAIRS)
+
+
 def find_result_folders(paths: list[Path]) -> list[Path]:
     """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted; a
     folder holding a run's other files but no ``metrics.json`` is an error naming it (`holds_results`).
@@ -62,10 +67,6 @@ def find_result_folders(paths: list[Path]) -> list[Path]:
                 if not any(part.startswith(".") for part in file.parent.relative_to(path).parts):
                     found.add(file.parent)
     return sorted(folder for folder in found if holds_results(folder))
-
-
-#: The files by which a folder is known as a run's results.
-RUN_FILES = (METRICS, MANIFEST, PAIRS)
 
 
 def holds_results(folder: Path) -> bool:
@@ -98,8 +99,7 @@ def read_manifest(folder: Path) -> dict[str, dict]:
     """The manifest's files (name -> ``{"bytes", "sha256"}``), checked for its shape."""
     path = Path(folder) / MANIFEST
     if not os.path.lexists(path):
-        raise ValueError(f"{path} is missing: the run that wrote {folder} did not finish it, or it was damaged; "
-                         f"{DAMAGED}")
+        raise ValueError(f"{path} is missing (every folder this XBench version writes has one); {DAMAGED}")
     try:
         manifest = read_json_object(path, "a results folder's manifest", DAMAGED)
     except ValueError as error:
@@ -156,13 +156,6 @@ def verify_folder(folder: Path) -> None:
         check_file(folder, name, files)
 
 
-def verified(path: Path) -> Path:
-    """``path``, a file of a results folder, checked against the folder's manifest."""
-    path = Path(path)
-    check_file(path.parent, path.name, read_manifest(path.parent))
-    return path
-
-
 #: What every reader of ``metrics.json`` relies on: key -> (type, the keys it must hold).
 CORE_SECTIONS = {"model": (str, ()), "dataset": (str, ()), "classes": (list, ()), "data": (dict, ()),
                  "config": (dict, ("model",))}
@@ -208,10 +201,10 @@ def _check_schema(path: Path, payload: dict) -> None:
 def read_overlays(folder: Path, file: str = OVERLAYS) -> dict[str, np.ndarray] | None:
     """The saved overlay pairs of a results folder, or another of its arrays files (``file``:
     `SANITY_MAPS`); ``None`` if it has none (and its manifest lists none)."""
-    path = Path(folder) / file
-    if file not in read_manifest(folder) and not os.path.lexists(path):
+    path, files = Path(folder) / file, read_manifest(folder)
+    if file not in files and not os.path.lexists(path):
         return None
-    verified(path)
+    check_file(folder, file, files)
     try:
         with np.load(path, allow_pickle=False) as arrays:
             return {name: arrays[name] for name in arrays.files}
@@ -224,7 +217,8 @@ def read_table(path: Path, **options):
     damaged or foreign file, or one its folder's manifest does not list as it is, is an error naming it."""
     import pandas as pd  # noqa: PLC0415 -- the report's and the suite's start stay free of pandas
 
-    verified(path)
+    path = Path(path)
+    check_file(path.parent, path.name, read_manifest(path.parent))
     try:
         return pd.read_csv(path, **options)
     except Exception as error:  # noqa: BLE001 -- gzip, zlib, pandas' parser and codecs each raise their own
