@@ -105,8 +105,9 @@ def check_estimates(run: Run, queries: str | None = None) -> None:
     body: dict | None = run.results
     for key in path:
         body = (body or {}).get(key)
-    if not isinstance(body, dict) or not isinstance(body.get("per_class"), dict):
-        raise ValueError(f"{run.path / METRICS}: {'.'.join(path)} is missing; {DAMAGED}")
+    if not isinstance(body, dict) or not all(isinstance(body.get(part), dict) for part in ("macro", "per_class")):
+        raise ValueError(f"{run.path / METRICS}: {'.'.join(path)} is missing or lacks its macro and per_class "
+                         f"means; {DAMAGED}")
     derived = [(".".join(path), body, QUERIES if queries else PAIRS,
                 {key: grounding[key][0] for key in GROUNDING_ESTIMATES})]
     derived += [(section, run.results[section], CHECK_TABLES[section],

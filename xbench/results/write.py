@@ -13,10 +13,10 @@
   ``<name>_000``, ``<name>_001``, ...; ``sanity_maps.npz``: one pair's radiograph, region and map
   at every cascade step (the report's strip of maps);
 - ``config.yaml``: the resolved configuration;
-- ``manifest.json``, written last: every other file with its byte size and SHA-256, which every
-  reader checks the folder against (`xbench.results.folder.verify_folder`);
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
-  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry;
+- ``manifest.json``, written last: every other file with its byte size and SHA-256, which every
+  reader checks the folder against (`xbench.results.folder.verify_folder`).
 
 Every file is written to a temporary name and renamed, inside a folder that is itself renamed
 into place at the end: an interrupted run leaves no half file and no half folder.
