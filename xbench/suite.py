@@ -67,10 +67,10 @@ from rich.console import Console
 from xbench import costs
 from xbench.cli import run
 from xbench.console import print_table
-from xbench.files import open_text, read_json, read_yaml
+from xbench.files import open_text, read_yaml
 from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
                            results_lock)
-from xbench.results.folder import METRICS, MODEL_OUTPUT_OPTIONS, SCHEMA
+from xbench.results.folder import MODEL_OUTPUT_OPTIONS, SCHEMA, read_results
 from xbench.results.write import check_writable
 
 SUITE_KEYS = {"results_dir", "mode", "settings", "models", "datasets", "slurm"}
@@ -314,14 +314,16 @@ def same_run(config: dict, saved: dict, model, data) -> bool:
 
 def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """Every results folder under ``results_dir`` with its resolved config; a folder another XBench
-    version wrote (another results schema) is not this version's result: its pair runs again."""
+    version wrote (another results schema) or a damaged one (`read_results` refuses it) is not this
+    version's result: its pair runs again."""
     found, older = [], []
     for folder in result_folders(results_dir):
-        payload = read_json(folder / METRICS)
-        if not isinstance(payload, dict) or payload.get("schema") != SCHEMA:
+        try:
+            payload = read_results(folder)
+        except ValueError:  # another version's, or damaged: not this version's result (the warning says which)
             older.append(folder)
             continue
-        found.append((folder, payload.get("config") or {}))
+        found.append((folder, payload["config"]))
     if older:
         warnings.warn(
             f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
