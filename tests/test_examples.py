@@ -121,7 +121,7 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, reque
         run_printed(command.replace("/tmp/", f"{tmp_path}/"), clone, monkeypatch)
         printed[command] = capsys.readouterr().out
     runs = results_of(clone)
-    assert set(runs) == {("patch_text_clip", "png_folder"), ("centreprior", "png_folder"),
+    assert set(runs) == {("patch_text_clip", "png_folder"), ("centre_prior", "png_folder"),
                          ("patch_text_clip", "phantom")}
     results = runs["patch_text_clip", "png_folder"]
     assert results["classes"] == ["nodule", "mass", "large_opacity"]
@@ -129,7 +129,7 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, reque
         images_per_label = Counter({(row["image"], row["finding"]) for row in csv.DictReader(file)})
     for label, key in (("Nodule", "nodule"), ("Mass", "mass"), ("Large opacity", "large_opacity")):
         graded = sum(1 for image, found in images_per_label if found == label)
-        for model in ("patch_text_clip", "centreprior"):
+        for model in ("patch_text_clip", "centre_prior"):
             assert runs[model, "png_folder"]["grounding"]["per_class"][key]["pairs"] == graded > 0
         assert results["classification"]["per_class"][key]["positives"] == graded
     assert "Large Opacity" in printed[commands[2]]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import reseal
+from conftest import names, reseal
 from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark, perturbation_label
 from xbench.reporting.explanations import cascade_figures
@@ -50,6 +50,7 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
                                      "max_f1": 0.625, "accuracy@max_f1": 0.875}},
         "data": {"images_evaluated": 10, "images_in_split": 10},
         "config": {"model": {"class_path": f"somewhere.{class_name or model.title()}"}},
+        "names": names(class_name or model.title(), dataset, classes),
     }
     path = root / (folder or f"{model}__{dataset}__1")
     path.mkdir(parents=True)

@@ -17,7 +17,7 @@ import pytest
 import torch
 from matplotlib.collections import LineCollection
 from sklearn.metrics import roc_auc_score
-from conftest import reseal
+from conftest import names, reseal
 from test_analysis import random_counts
 
 from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
@@ -93,6 +93,7 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
         "data": {"images_evaluated": N, "images_in_split": N, "image_size": SIZE, "lost_regions": {}},
         "config": {"model": {"class_path": f"synthetic.{model.title()}", "init_args": {}},
                    "data": {"class_path": "synthetic.Data", "init_args": {"augment": None}}},
+        "names": names(model.title(), DATASET, CLASSES),
     }
     folder = root / f"{model}__{DATASET}__1"
     folder.mkdir(parents=True)

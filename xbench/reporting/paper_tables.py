@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from xbench.analysis.tables import ALL, MACRO
-from xbench.findings import display_name, short_name
 from xbench.metrics.names import metric as metric_info, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.table import Cell, Column, Row, Table, missing
@@ -195,7 +194,7 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
         classes = bench.classes(dataset)
         if len(classes) < 2:
             continue
-        columns = tuple(Column(short_name(key)) for key in classes) + (Column("Mean"),)
+        columns = tuple(Column(bench.short_name(key)) for key in classes) + (Column("Mean"),)
         rows = []
         for model, label, ceiling in _entries(bench, dataset):
             results = bench.get(model, dataset).results
@@ -208,7 +207,7 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
                     interval = analysis.interval(dataset, model, key, "pointing_game")
                 cells.append(Cell(value, interval))
             rows.append(Row(label, tuple(cells), ceiling=ceiling))
-        legend = ", ".join(f"{short_name(key)} = {display_name(key)}" for key in classes)
+        legend = ", ".join(f"{bench.short_name(key)} = {bench.finding_name(key)}" for key in classes)
         label = bench.dataset_label(dataset)
         tables.append(Table(
             f"pointing_game_{dataset}", f"Pointing Game per class on {label} (percent)",

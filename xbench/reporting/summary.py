@@ -8,8 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from xbench.console import print_table
-from xbench.findings import display_name
 from xbench.metrics.names import metric
+from xbench.results.names import finding_display
 from xbench.reporting.render import markdown_grid
 
 #: The console summary's and summary.md's columns.
@@ -45,7 +45,8 @@ def _summary_table(results: dict, section: dict, counts: tuple[str, ...], shown:
                    summed: bool) -> list[list[str]]:
     """One row per class (display name, counts, values), then the macro mean (counts summed or blank)."""
     per_class, macro = section["per_class"], section["macro"]
-    rows = [[display_name(key), *(_text(n, per_class[key][n]) for n in counts + shown)] for key in results["classes"]]
+    rows = [[finding_display(results, key), *(_text(n, per_class[key][n]) for n in counts + shown)]
+            for key in results["classes"]]
     totals = [_text(n, sum(v[n] for v in per_class.values())) if summed else "" for n in counts]
     return rows + [["Macro mean", *totals, *(_text(n, macro[n]) if n in macro else "" for n in shown)]]
 
