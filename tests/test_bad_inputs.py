@@ -3025,3 +3025,41 @@ def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs
     with pytest.raises(ValueError, match="overlays.npz is missing, but manifest.json lists it"):
         read_overlays(folder)
     assert read_overlays(folder, "sanity_maps.npz") is None  # none saved, none listed
+
+
+# -- a results folder names its own findings and model (issue 50) --
+
+NAMES_EDITS = {
+    "no names": (lambda p: {k: v for k, v in p.items() if k != "names"},
+                 "'names' is missing or not a dict holding model, dataset, findings"),
+    "names a list": (lambda p: {**p, "names": ["centre_prior"]},
+                     "'names' is missing or not a dict holding model, dataset, findings"),
+    "no findings": (lambda p: {**p, "names": {"model": "m", "dataset": "d"}},
+                    "'names' is missing or not a dict holding model, dataset, findings"),
+    "model a number": (lambda p: {**p, "names": {**p["names"], "model": 7}},
+                       "names.model is missing or not a non-empty string"),
+    "dataset blank": (lambda p: {**p, "names": {**p["names"], "dataset": " "}},
+                      "names.dataset is missing or not a non-empty string"),
+    "findings a list": (lambda p: {**p, "names": {**p["names"], "findings": ["nodule"]}},
+                        "names.findings is missing or not a dict"),
+    "a class missing": (lambda p: {**p, "names": {**p["names"], "findings": {}}},
+                        "names.findings['nodule'] is missing or lacks its 'display' and 'short' names"),
+    "a short name null": (lambda p: {**p, "names": {**p["names"], "findings": {
+        **p["names"]["findings"], "mass": {"display": "Mass", "short": None}}}},
+        "names.findings['mass'] is missing or lacks its 'display' and 'short' names"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", NAMES_EDITS)
+def test_a_folder_without_its_names_is_refused_naming_the_field(finished_runs, tmp_path, capsys, case, command):
+    """What the report, the analysis and W&B show a run by is read from its folder: names that are
+    missing or of the wrong type are named, field by field, before any table is drawn (resealed, so
+    the manifest does not catch the edit first)."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    change, named = NAMES_EDITS[case]
+    _edit_json(folder, change)
+    reseal(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
