@@ -3063,3 +3063,46 @@ def test_a_folder_without_its_names_is_refused_naming_the_field(finished_runs, t
     code, err = _command(command, copy, tmp_path, capsys)
     assert_one_line(code, err, 1, str(folder / "metrics.json"), named, "re-run that model on that dataset")
     assert left_behind(tmp_path / "out") == []
+
+
+PUBLISHED_HEADER = "table,dataset,model,finding,metric,value_percent,decimals\n"
+BAD_PUBLISHED = {
+    "no header": ("phantom,theirs,mean,pointing_game,5,2\n", "line 1: the header is"),
+    "an unknown dataset": (PUBLISHED_HEADER + "A,mnist,theirs,mean,pointing_game,5,2\n",
+                           "line 2: unknown dataset 'mnist'"),
+    "a finding the dataset lacks": (PUBLISHED_HEADER + "A,phantom,theirs,bronchiectasis,pointing_game,5,2\n",
+                                    "line 2: 'bronchiectasis' is not a finding of phantom"),
+    "a value out of range": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,150,2\n",
+                             "line 2: value_percent '150' is not a number from 0 to 100"),
+    "no decimals": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,5,two\n",
+                    "line 2: decimals 'two' is not a whole number"),
+    "a cell given twice": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,5,2\n"
+                           "B,phantom,theirs,mean,pointing_game,6,2\n", "line 3: the cell phantom, theirs, mean"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PUBLISHED)
+def test_a_bad_published_csv_is_an_input_error_naming_the_line(finished_runs, tmp_path, capsys, case):
+    """``--published FILE`` is read by the reference readers: a bad row is named by its line, exit 2,
+    before the analysis runs or a report is written."""
+    from xbench.report import main as report_main
+
+    text, named = BAD_PUBLISHED[case]
+    table = tmp_path / "published.csv"
+    table.write_text(text)
+    code, err = run_command(report_main, [str(finished_runs), "--out", str(tmp_path / "out"), "--no-analysis",
+                                          "--published", str(table)], "xbench-report", capsys)
+    assert_one_line(code, err, 2, f"--published: reference {table}", named)
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("value", ["papers", "nowhere/published.csv", "."])
+def test_an_unknown_published_value_is_a_usage_error(finished_runs, tmp_path, capsys, value):
+    """Neither ``paper`` nor a file: named, with both forms it takes."""
+    from xbench.report import main as report_main
+
+    code, err = run_command(report_main, [str(finished_runs), "--out", str(tmp_path / "out"), "--no-analysis",
+                                          "--published", value], "xbench-report", capsys)
+    assert_one_line(code, err, 2, f"--published {value!r} is neither 'paper' nor a file",
+                    "give '--published paper' (the paper's Tables 1-5) or a CSV with the columns table, dataset")
+    assert left_behind(tmp_path / "out") == []

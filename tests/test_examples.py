@@ -115,11 +115,13 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, reque
         assert module not in sys.modules
         request.addfinalizer(lambda module=module: sys.modules.pop(module, None))
     commands = page_commands()
-    assert len(commands) == 5, commands
+    assert len(commands) == 6, commands
     printed = {}
     for command in commands:
         run_printed(command.replace("/tmp/", f"{tmp_path}/"), clone, monkeypatch)
         printed[command] = capsys.readouterr().out
+    report = (clone / "report" / "report.md").read_text()  # the page's last command, on every run above
+    assert "LOPA = Large Opacity" in report and "My PNG folder" in report
     runs = results_of(clone)
     assert set(runs) == {("patch_text_clip", "png_folder"), ("centre_prior", "png_folder"),
                          ("patch_text_clip", "phantom")}

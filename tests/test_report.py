@@ -556,3 +556,51 @@ def test_the_header_counts_every_run_the_report_lists(tmp_path, robustness_dir, 
     assert len([line for line in runs.splitlines() if line.startswith("| ") and "rsna" in line.lower()]) == 3
     assert f"Report of {scope} written to" in capsys.readouterr().out
     assert Benchmark.from_folders([robustness_dir]).scope() == "8 runs: 4 models on 2 datasets (3 robustness runs among them)"
+
+
+def test_a_new_model_sits_beside_the_papers_published_rows(tmp_path):
+    """``--published paper``: a model the paper never ran, on RSNA, in the report's own Table 1 beside
+    the paper's seven, their values as printed (two decimals), in italics, unranked, without an
+    interval; the datasets the results do not cover bring no columns, the tables without published
+    values no rows, and the paper's rows are not judged (no run of theirs is needed)."""
+    root = tmp_path / "results"
+    write_run(root, "mine", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5, iou_best=0.375,
+              auroc=0.75, class_name="My model")
+    write_run(root, "other", "rsna", ["pneumonia"], pointing=[0.25], dice_fixed=0.125, dice_best=0.25,
+              iou_best=0.125, auroc=0.5)
+    out = tmp_path / "report"
+    report_main([str(root), "--out", str(out), "--no-analysis", "--published", "paper"])
+    grid = markdown_grid((out / "tables" / "grounding.md").read_text())
+    assert grid[0] == ["Model", "RSNA Pneumonia<br>PG", "RSNA Pneumonia<br>Dice@τ*", "RSNA Pneumonia<br>IoU@τ*"]
+    assert grid[1][:2] == ["My model", "**50.0**"]  # ranked among the runs only
+    assert grid[3] == ["*CLIP (published)*", "7.39", "20.20", "11.97"]
+    published = [row[0] for row in grid if row[0].endswith("(published)*")]
+    assert sorted(published) == sorted(f"*{label} (published)*" for label in
+                                       ("CLIP", "BiomedCLIP", "MedKLIP", "MAVL", "KAD", "DeViDe", "CARZero"))
+    assert all("[" not in cell and "**" not in cell for row in grid[3:] for cell in row)
+    text = (out / "tables" / "grounding.md").read_text()
+    assert "marked (published): the values the paper (arXiv 2510.19599) publishes, as printed (to 2 decimals)" in text
+    rows = {row[0]: row for row in csv.reader(io.StringIO((out / "tables" / "grounding.csv").read_text()))}
+    medklip = next(row for row in grid if row[0] == "*MedKLIP (published)*")
+    assert float(rows["MedKLIP (published)"][1]) == pytest.approx(float(medklip[1]))
+    fixed = (out / "tables" / "grounding_fixed_tau.md").read_text()
+    assert "(published)" not in fixed  # the paper prints no Dice at τ = 0.5
+    assert "CLIP (published)" in (out / "report.md").read_text()
+
+
+def test_published_values_from_a_csv_of_any_model(tmp_path):
+    """``--published FILE``: the reference format, each value at its own stated decimals, a model
+    these results never ran included (the gate's ``--reference`` would refuse it)."""
+    root = tmp_path / "results"
+    write_run(root, "mine", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5, iou_best=0.375,
+              auroc=0.75)
+    table = tmp_path / "published.csv"
+    table.write_text("table,dataset,model,finding,metric,value_percent,decimals\n"
+                     "A,rsna,their_model,mean,pointing_game,41.5,1\nA,rsna,their_model,mean,auroc,80,0\n"
+                     "A,siim,their_model,mean,pointing_game,12.25,2\n")
+    out = tmp_path / "report"
+    report_main([str(root), "--out", str(out), "--no-analysis", "--published", str(table)])
+    grid = markdown_grid((out / "tables" / "grounding.md").read_text())
+    assert grid[-1] == ["*their_model (published)*", "41.5", "–", "–"]  # SIIM: not covered, no column
+    recognition = markdown_grid((out / "tables" / "recognition.md").read_text())
+    assert recognition[-1][:2] == ["*their_model (published)*", "80"]

@@ -66,6 +66,11 @@ class Printed:
     half_unit: float
     line: int
 
+    @property
+    def digits(self) -> int:
+        """The decimals of the percentage as its source prints it (the paper's 2)."""
+        return round(-math.log10(200 * self.half_unit))
+
 
 @dataclass
 class Reference:
@@ -214,22 +219,24 @@ def _check_percent(path: Path, values: dict[CellKey, list[Printed]], bench: Benc
             "percent; multiply the values by 100")
 
 
-def read_reference(path: Path, bench: Benchmark) -> Reference:
+def read_reference(path: Path, bench: Benchmark, judged: bool = True) -> Reference:
     """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric) with
     each value's stated precision (``decimals``), every row a cell these results judge, given once:
     an unknown name, a model not run on the dataset, an instrument, a cell given twice or values in
-    fractions is an error that names the line."""
+    fractions is an error that names the line. Not ``judged`` (``--published``: values shown beside
+    the runs'), a row may name any model, run or not."""
     vocabulary = _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path, COLUMNS):
         if not row["table"]:
             raise ReferenceError(f"reference {path}, line {line}: the table is empty; give each row a table label")
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
-        _check_cell(path, line, cell, vocabulary, bench)
+        _check_cell(path, line, cell, vocabulary, bench if judged else None)
         printed = Printed(row["table"], _value(path, line, row["value_percent"]),
                           _half_unit(path, line, row["decimals"]), line)
         _add(values, path, cell, printed)
-    _check_percent(path, values, bench)
+    if judged:
+        _check_percent(path, values, bench)
     tables = {printed.table: printed.table for cell in values.values() for printed in cell}
     return Reference(f"`{path}`", str(path), values, tables)
 
