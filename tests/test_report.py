@@ -604,3 +604,29 @@ def test_published_values_from_a_csv_of_any_model(tmp_path):
     assert grid[-1] == ["*their_model (published)*", "41.5", "–", "–"]  # SIIM: not covered, no column
     recognition = markdown_grid((out / "tables" / "recognition.md").read_text())
     assert recognition[-1][:2] == ["*their_model (published)*", "80"]
+
+
+def test_an_empty_explanation_value_says_it_scored_no_pair(tmp_path):
+    """A check that ran on images without a graded pair scores no pair: its empty cells say so
+    (``– (0 pairs)``) and the caption why, where a bare – read as a check not asked for; counts
+    take their noun's number (``1 image``, ``1 noisy copy``)."""
+    from xbench.console import counted
+    from xbench.reporting.explanations import explanation_tables
+
+    root = tmp_path / "results"
+    folder = write_run(root, "a", "chestx_det10", DET10, pointing=[0.5, 0.25, 0.75], dice_fixed=0.125,
+                       dice_best=0.25, iou_best=0.125, auroc=0.625)
+    payload = json.loads((folder / "metrics.json").read_text())
+    empty = {"deletion_auc": None, "insertion_auc": None, "road": None}
+    payload["faithfulness"] = {"applicable": True, "images": 0, "pairs": 0, "constant_maps": 0, "macro": empty,
+                               "per_class": {key: {"pairs": 0, **empty} for key in DET10}}
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    reseal(folder)
+    table = explanation_tables(Benchmark.from_folders([root]))[0]
+    grid = markdown_grid(to_markdown(table))
+    assert grid[2][3:6] == ["– (0 pairs)"] * 3  # deletion, insertion, ROAD (grid[1]: the dataset)
+    assert grid[2][6:] == ["–", "–"]  # sanity: not asked for
+    assert "– (0 pairs): the check ran but scored no (image, class) pair" in table.caption
+    assert "faithfulness: 0 images" in table.caption
+    assert [counted(n, "image") for n in (0, 1, 2)] == ["0 images", "1 image", "2 images"]
+    assert [counted(n, "noisy copy", "noisy copies") for n in (1, 3)] == ["1 noisy copy", "3 noisy copies"]

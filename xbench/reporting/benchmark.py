@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xbench.console import counted
 from xbench.findings import FINDINGS, OWN_FINDINGS, PAPER_CLASSES, dataset_name
 from xbench.results.folder import find_result_folders, read_results
 from xbench.results.names import NAMES
@@ -99,11 +100,6 @@ def perturbation_label(augment: list | dict | None, seed: int = 0) -> str | None
     return " + ".join(parts) + (f", seed {seed}" if seed else "")
 
 
-def _count(number: int, noun: str) -> str:
-    """``1 model``, ``2 models``."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
-
-
 def ordered_datasets(names: set[str]) -> list[str]:
     """The paper's dataset order, then any others by name."""
     paper = [d for d in PAPER_CLASSES if d in names]
@@ -167,11 +163,11 @@ class Benchmark:
         runs = len(self.runs) + len(self.ceilings) + len(self.perturbed)
         models = ({m for m, _ in self.runs} | {m for m, _, _ in self.perturbed}) - set(self.instruments)
         datasets = {d for _, d in self.runs} | {d for _, d in self.ceilings} | {d for _, d, _ in self.perturbed}
-        who = _count(len(models), "model")
+        who = counted(len(models), "model")
         if self.instruments:
-            who += f" and {_count(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
-        robustness = f" ({_count(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
-        return f"{_count(runs, 'run')}: {who} on {_count(len(datasets), 'dataset')}{robustness}"
+            who += f" and {counted(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
+        robustness = f" ({counted(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
+        return f"{counted(runs, 'run')}: {who} on {counted(len(datasets), 'dataset')}{robustness}"
 
     def get(self, model: str, dataset: str) -> Run | None:
         """The run of a model or an instrument on a dataset."""
