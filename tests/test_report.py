@@ -630,3 +630,17 @@ def test_an_empty_explanation_value_says_it_scored_no_pair(tmp_path):
     assert "faithfulness: 0 images" in table.caption
     assert [counted(n, "image") for n in (0, 1, 2)] == ["0 images", "1 image", "2 images"]
     assert [counted(n, "noisy copy", "noisy copies") for n in (1, 3)] == ["1 noisy copy", "3 noisy copies"]
+
+
+def test_the_long_steps_show_a_progress_line_on_a_terminal_only(bench_dir, tmp_path, monkeypatch, capsys):
+    """The report's long steps say what they do on stderr while they run -- on a terminal; stderr
+    redirected to a log or a pipe gets no line of it."""
+    import xbench.report
+    from rich.console import Console
+
+    report_main([str(bench_dir), "--out", str(tmp_path / "quiet"), "--no-analysis"])
+    assert "Drawing" not in capsys.readouterr().err
+    screen = io.StringIO()
+    monkeypatch.setattr(xbench.report, "Console", lambda stderr: Console(file=screen, force_terminal=True))
+    report_main([str(bench_dir), "--out", str(tmp_path / "shown"), "--no-analysis"])
+    assert "Drawing the tables and figures..." in screen.getvalue()

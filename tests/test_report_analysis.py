@@ -316,3 +316,18 @@ def test_no_analysis_leaves_the_intervals_out(built, tmp_path):
     grounding = (tmp_path / "plain" / "tables" / "grounding.md").read_text()
     assert "[" not in grounding.split("\n\n")[1]  # the grid: values only
     assert "--no-analysis" in (tmp_path / "plain" / "report.md").read_text()
+
+
+def test_the_analysis_step_shows_its_progress_on_a_terminal(built, tmp_path, monkeypatch):
+    """The report's longest step, the bootstrap, names itself while it runs (on a terminal only:
+    `test_report.py` holds the quiet case)."""
+    import io
+
+    import xbench.report
+    from rich.console import Console
+
+    root, _, _ = built
+    screen = io.StringIO()
+    monkeypatch.setattr(xbench.report, "Console", lambda stderr: Console(file=screen, force_terminal=True))
+    report_main([str(root / "results"), "--out", str(tmp_path / "shown"), "--replicates", str(REPLICATES)])
+    assert f"Analysing {len(MODELS)} runs: {REPLICATES} bootstrap replicates..." in screen.getvalue()

@@ -35,10 +35,14 @@ Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xb
 from __future__ import annotations
 
 import argparse
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich.console import Console
+
 from xbench.cli import InputError, run
+from xbench.console import counted
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
@@ -70,6 +74,14 @@ def _runs_section(bench: Benchmark) -> list[str]:
         lines += ["", "Superseded by a newer run of the same model, dataset and perturbation (not used): "
                   + ", ".join(f"`{run.folder}`" for run in bench.superseded) + "."]
     return lines
+
+
+def progress(text: str) -> AbstractContextManager:
+    """A progress line for one of the report's long steps (the analysis, the figures), on stderr
+    while it runs and gone after; none where stderr is not a terminal (a log, a pipe, CI), so that a
+    log holds only the report's own lines."""
+    console = Console(stderr=True)
+    return console.status(text) if console.is_terminal else nullcontext()
 
 
 def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: Path) -> tuple[ReportAnalysis, list[Path]]:
@@ -232,9 +244,13 @@ def main(args: list[str] | None = None) -> list[Path]:
     published = load_published(options.published, bench) if options.published else None
     analysis, files = None, []
     if bench.runs and not options.no_analysis:
-        analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
+        settings = from_arguments(options)
+        runs = len(bench.runs) + len(bench.ceilings)
+        with progress(f"Analysing {counted(runs, 'run')}: {settings.replicates} bootstrap replicates..."):
+            analysis, files = analyse(bench, settings, options.validation, options.out / ANALYSIS_FOLDER)
     reproductions = [(reference, compare(reference, bench, analysis)) for reference in references]
-    files = write_report(bench, options.out, analysis, reproductions, published) + files
+    with progress("Drawing the tables and figures..."):
+        files = write_report(bench, options.out, analysis, reproductions, published) + files
     print(f"Report of {bench.scope()} written to {options.out}/"
           + (f" ({analysis.settings.replicates} bootstrap replicates)" if analysis is not None else "") + ":")
     for path in files:
