@@ -644,3 +644,14 @@ def test_the_long_steps_show_a_progress_line_on_a_terminal_only(bench_dir, tmp_p
     monkeypatch.setattr(xbench.report, "Console", lambda stderr: Console(file=screen, force_terminal=True))
     report_main([str(bench_dir), "--out", str(tmp_path / "shown"), "--no-analysis"])
     assert "Drawing the tables and figures..." in screen.getvalue()
+
+
+def test_two_models_shown_alike_are_told_apart_by_their_names(tmp_path):
+    """The tables show a run by the display name it wrote; two models that wrote the same one (two
+    saved-output runs, say) are followed by each one's name, so no two rows read alike."""
+    root = tmp_path / "results"
+    for model in ("saved_a", "saved_b", "other"):
+        write_run(root, model, "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5,
+                  iou_best=0.375, auroc=0.75, class_name="Other" if model == "other" else "Saved maps")
+    bench = Benchmark.from_folders([root])
+    assert [bench.model_label(m) for m in bench.models] == ["Other", "Saved maps (saved_a)", "Saved maps (saved_b)"]

@@ -61,12 +61,6 @@ class Run:
         return self.results.get("explainer") or {"name": "native", "label": None}
 
     @property
-    def base_model(self) -> str:
-        """The model's name without its explainer's (``clip`` for ``clip+gradcam++``)."""
-        label = self.explainer["label"]
-        return self.model if label is None else self.model.removesuffix(f"+{self.explainer['name']}")
-
-    @property
     def instrument(self) -> bool:
         return bool(self.results.get("instrument"))
 
