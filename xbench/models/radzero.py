@@ -9,7 +9,8 @@ runs. This is a port of the authors' inference path (``deepnoid-ai/RadZero`` at 
 - **Checkpoint** (``model.safetensors``, ``CxrAlignModel``'s state dict as ``save_pretrained`` writes it):
   ``vision_model.*`` (``Dinov2Model``), ``text_model.*`` (``MPNetModel``, its pooler unused),
   ``align_transformer.transformer_layers.*`` (a ``Dinov2Encoder`` of two blocks), and VL-CABS' own
-  ``loss_fns.RadZeroLoss.{layer_norm.*, loss_temperature}``. The architecture is ``config.json``'s
+  ``loss_fns.RadZeroLoss.{layer_norm.*, loss_temperature}``; the ViT blocks' attention under the names of
+  the authors' transformers, renamed to the installed one's by declaration (`DINOV2_RENAMES`). The architecture is ``config.json``'s
   (`RadZeroNet`), its recipe checked against the published one (`RECIPE`).
 - **Input** (`RadZeroPreprocess`): the evaluation's ``collate_fn`` stretches each image to 0..255 with
   OpenCV's ``normalize(NORM_MINMAX, CV_8U)``; the folder's ``BlipImageProcessor`` then squashes it to
@@ -88,6 +89,12 @@ RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "area"}
 LAYOUT = CheckpointLayout(drops=(
     DeclaredDrop("text_model.embeddings.position_ids", "a buffer older transformers saved", is_arange),
 ))
+#: The ViT blocks' attention as the authors' transformers (4.39.3) names it in the file -> as the
+#: installed one names it in ``Dinov2Layer`` (transformers 5 renamed the projections).
+DINOV2_RENAMES = (
+    (".attention.attention.query.", ".attention.q_proj."), (".attention.attention.key.", ".attention.k_proj."),
+    (".attention.attention.value.", ".attention.v_proj."), (".attention.output.dense.", ".attention.o_proj."),
+)
 #: What the CAM explainers explain.
 LOGIT = "the VL-CABS logit cos(text, softmax-weighted tokens) / tau"
 
@@ -144,6 +151,20 @@ def architecture(folder: Path) -> tuple[Dinov2Config, MPNetConfig, Dinov2Config]
         raise ValueError(f"RadZero: {path} gives the towers, the extra blocks and VL-CABS different widths "
                          f"({sorted(widths)}): they share one space")
     return vision, text, align
+
+
+def module_key(key: str) -> str:
+    """A key of the published file under the installed transformers' name (`DINOV2_RENAMES`)."""
+    for published, installed in DINOV2_RENAMES:
+        key = key.replace(published, installed)
+    return key
+
+
+def published_key(key: str) -> str:
+    """A key of the module under the published file's name: `module_key`'s inverse."""
+    for published, installed in DINOV2_RENAMES:
+        key = key.replace(installed, published)
+    return key
 
 
 def pinned_position_embeddings(self, embeddings: Tensor, height: int, width: int) -> Tensor:
@@ -295,6 +316,7 @@ class RadZero(XBenchModel):
         except Exception as error:  # noqa: BLE001 -- safetensors raises its own types for a damaged body
             raise damaged_safetensors(path, error) from error
         require_finite(state, f"RadZero: {path}")
+        state = {module_key(key): value for key, value in state.items()}
         load_state_dict_strict(net, state, file=path, drops=LAYOUT.drops,
                                hint=f"its config.json ({folder / CONFIG_FILE}) must be the one saved with these weights")
         try:

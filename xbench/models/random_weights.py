@@ -696,8 +696,9 @@ def write_mpnet_tokenizer(folder: Path) -> None:
 def write_radzero(folder: Path, vision_layers: int = 12, text_layers: int = 12, seed: int = 0) -> Path:
     """``checkpoints/radzero/``: ``config.json`` (`radzero_config`, the vocabulary `MPNET_VOCAB`'s),
     ``preprocessor_config.json``, the tokenizer's files and ``model.safetensors`` with seeded random
-    weights (the shared layer norm and the temperature drawn too, so that a test sees them used)."""
-    from xbench.models.radzero import RadZeroNet, architecture
+    weights under the published file's names (the shared layer norm and the temperature drawn too, so
+    that a test sees them used)."""
+    from xbench.models.radzero import RadZeroNet, architecture, published_key
 
     folder.mkdir(parents=True, exist_ok=True)
     config = radzero_config(vision_layers, text_layers, vocab_size=len(MPNET_VOCAB))
@@ -711,5 +712,6 @@ def write_radzero(folder: Path, vision_layers: int = 12, text_layers: int = 12, 
         head.layer_norm.weight.uniform_(0.5, 1.5)
         head.layer_norm.bias.normal_(0, 0.1)
         head.loss_temperature.fill_(math.log(0.05))
-    save_file({key: value.contiguous() for key, value in net.state_dict().items()}, str(folder / "model.safetensors"))
+    save_file({published_key(key): value.contiguous() for key, value in net.state_dict().items()},
+              str(folder / "model.safetensors"))
     return folder
