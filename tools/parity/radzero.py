@@ -6,17 +6,19 @@ environment writes the weights and states the prompts (``common.xbench_command``
 
 The authors' classes and functions, imported from ``--authors-repo``, never copied:
 ``exp.cxr_pt.model``'s ``CxrAlignConfig`` and ``CxrAlignModel`` (built from the folder's
-``config.json``; the towers it loads by name from a local folder of the folder's own sub-configs, then
-the folder's ``model.safetensors`` loaded strictly over them, as ``from_pretrained`` does);
-``AutoImageProcessor``/``AutoTokenizer`` on the folder (as the README loads them) and ``processing.adapt_img_size`` at the experiment's
-518, as ``load_processor`` makes them; ``inference.utils.process_class_prompts`` and
-``calculate_similarities`` (their classification path: ``InferDataset`` + ``collate_fn``'s
-``cv2.normalize`` + ``compute_logits``) for the logits; ``inference.grounding_utils.get_similarity_scores``
-for the maps; ``inference.segmentation_utils.interpolate_similarity_scores`` for ``upsampled``, onto the
-224 frame. One attribute is set that their code reads but never sets (``RadZeroLoss.compute_i2t_loss``:
-``False``, the class having no image-to-text path; ``build``). Modules their package imports for training, logging and other models (``peft``,
-``common.trainer``, ``common.utils``, CARZero's ViT and evaluation tables, ``omegaconf``) are stood in by
-empty modules: nothing on the inference path uses them.
+``config.json``; the towers it loads by name from a local folder of the folder's own sub-configs,
+then the folder's ``model.safetensors`` loaded strictly over them, as ``from_pretrained`` does);
+``AutoImageProcessor``/``AutoTokenizer`` on the folder (as the README loads them) and
+``processing.adapt_img_size`` at the experiment's 518, as ``load_processor`` makes them;
+``inference.utils.process_class_prompts`` and ``calculate_similarities`` (their classification path:
+``InferDataset`` + ``collate_fn``'s ``cv2.normalize`` + ``compute_logits``) for the logits;
+``inference.grounding_utils.get_similarity_scores`` for the maps;
+``inference.segmentation_utils.interpolate_similarity_scores`` for ``upsampled``, onto the 224 frame.
+One attribute is set that their code reads but never sets (``RadZeroLoss.compute_i2t_loss``:
+``False``, the class having no image-to-text path; ``build``). Modules their package imports for
+training, logging and other models (``peft``, ``common.trainer``, ``common.utils``, CARZero's ViT and
+evaluation tables, ``omegaconf``) are stood in by empty modules: nothing on the inference path uses
+them.
 
 ``--manifest`` also writes ``xbench/models/manifests/radzero.keys.json``: ``CxrAlignModel``'s state dict
 at the published sizes (XrayDINOv2 ViT-B/14, all-mpnet-base-v2), built with random weights.

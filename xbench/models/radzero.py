@@ -10,8 +10,8 @@ runs. This is a port of the authors' inference path (``deepnoid-ai/RadZero`` at 
   ``vision_model.*`` (``Dinov2Model``), ``text_model.*`` (``MPNetModel``, its pooler unused),
   ``align_transformer.transformer_layers.*`` (a ``Dinov2Encoder`` of two blocks), and VL-CABS' own
   ``loss_fns.RadZeroLoss.{layer_norm.*, loss_temperature}``; the ViT blocks' attention under the names of
-  the authors' transformers, renamed to the installed one's by declaration (`DINOV2_RENAMES`). The architecture is ``config.json``'s
-  (`RadZeroNet`), its recipe checked against the published one (`RECIPE`).
+  the authors' transformers, renamed to the installed one's by declaration (`DINOV2_RENAMES`). The
+  architecture is ``config.json``'s (`RadZeroNet`), its recipe checked against the published one (`RECIPE`).
 - **Input** (`RadZeroPreprocess`): the evaluation's ``collate_fn`` stretches each image to 0..255 with
   OpenCV's ``normalize(NORM_MINMAX, CV_8U)``; the folder's ``BlipImageProcessor`` then squashes it to
   518 x 518 (PIL, bicubic) and applies its mean/std.
@@ -43,6 +43,7 @@ import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoTokenizer, Dinov2Config, Dinov2Model, MPNetConfig, MPNetModel
 from transformers.models.dinov2.modeling_dinov2 import Dinov2Encoder
@@ -145,8 +146,8 @@ def architecture(folder: Path) -> tuple[Dinov2Config, MPNetConfig, Dinov2Config]
         sections[name] = {key: value for key, value in section.items() if key != "model_type"}
     vision, text = Dinov2Config(**sections["vision_config"]), MPNetConfig(**sections["text_config"])
     align = Dinov2Config(**sections["align_transformer_config"])
-    widths = {vision.hidden_size, text.hidden_size, align.hidden_size, config["loss"]["RadZeroLoss"].get("hidden_dim",
-                                                                                                          768)}
+    vl_cabs = config["loss"]["RadZeroLoss"].get("hidden_dim", 768)  # RadZeroLoss' default
+    widths = {vision.hidden_size, text.hidden_size, align.hidden_size, vl_cabs}
     if len(widths) != 1:
         raise ValueError(f"RadZero: {path} gives the towers, the extra blocks and VL-CABS different widths "
                          f"({sorted(widths)}): they share one space")
@@ -274,7 +275,8 @@ class RadZero(XBenchModel):
     #: (its prompts encoded again).
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         LayerGroup("VL-CABS", ("net.loss_fns.*",), text=True),
-        LayerGroup("align transformer", ("net.align_transformer.*",), blocks="net.align_transformer.transformer_layers.layer"),
+        LayerGroup("align transformer", ("net.align_transformer.*",),
+                   blocks="net.align_transformer.transformer_layers.layer"),
         LayerGroup("vision tower", ("net.vision_model.*",), blocks="net.vision_model.encoder.layer"),
         LayerGroup("text tower", ("net.text_model.*",), blocks="net.text_model.encoder.layer", text=True),
     )
@@ -305,12 +307,11 @@ class RadZero(XBenchModel):
         vision, text, align = architecture(folder)
         if preprocess.size % vision.patch_size:
             raise ValueError(f"RadZero: {folder / PROCESSOR_FILE} makes {preprocess.size}-pixel inputs, not a "
-                             f"multiple of the vision tower's {vision.patch_size}-pixel patches ({folder / CONFIG_FILE})")
+                             f"multiple of the vision tower's {vision.patch_size}-pixel patches "
+                             f"({folder / CONFIG_FILE})")
         net = RadZeroNet(vision, text, align)
         path = folder / WEIGHTS_FILE
         check_safetensors(path)
-        from safetensors.torch import load_file
-
         try:
             state = load_file(str(path))
         except Exception as error:  # noqa: BLE001 -- safetensors raises its own types for a damaged body
@@ -318,12 +319,14 @@ class RadZero(XBenchModel):
         require_finite(state, f"RadZero: {path}")
         state = {module_key(key): value for key, value in state.items()}
         load_state_dict_strict(net, state, file=path, drops=LAYOUT.drops,
-                               hint=f"its config.json ({folder / CONFIG_FILE}) must be the one saved with these weights")
+                               hint=f"its config.json ({folder / CONFIG_FILE}) must be the one saved with these "
+                                    "weights")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         except Exception as error:  # noqa: BLE001 -- a damaged file fails inside tokenizers
+            reason = " ".join(str(error).split())
             raise ValueError(f"RadZero: transformers cannot read the tokenizer in {folder} ({type(error).__name__}: "
-                             f"{' '.join(str(error).split())}); fetch the checkpoint's tokenizer files again") from error
+                             f"{reason}); fetch the checkpoint's tokenizer files again") from error
         if tokenizer.pad_token_id != text.pad_token_id or len(tokenizer) > text.vocab_size:
             raise ValueError(f"RadZero: the tokenizer in {folder} (pad id {tokenizer.pad_token_id}, {len(tokenizer)} "
                              f"tokens) is not the text tower's (pad id {text.pad_token_id}, {text.vocab_size} "
