@@ -2792,7 +2792,7 @@ RADZERO_CASES = {
                                                         "pretrained_name_or_path": "all-mpnet-base-v2"})),
         ("RadZero: {folder}/config.json has no text_config with hidden_size", "docs/models/radzero.md")),
     "NaN weights": (_rz_state_edit(_rz_nan),
-                    ("RadZero: {folder}/model.safetensors: NaN or inf in loss_fns.RadZeroLoss.{layer_norm.weight}",
+                    ("RadZero: {folder}/model.safetensors: NaN or inf in loss_fns.RadZeroLoss.{{layer_norm.weight}}",
                      "fetch the checkpoint again")),
     "a truncated model.safetensors": (_hf_truncate("model.safetensors"),
                                       ("cannot read checkpoint {folder}/model.safetensors",
