@@ -102,7 +102,10 @@ def test_cam_declaration(radzero_folder):
     assert_cam_declaration(load(radzero_folder), torch.randn(1, 3, 70, 70, generator=torch.Generator().manual_seed(1)))
 
 
-@pytest.mark.parametrize("data", ["phantom", "ms_cxr"])
+@pytest.mark.parametrize("data", [
+    pytest.param("phantom", marks=pytest.mark.slow),  # 9 inputs of 518 pixels, its CAM explainer and the checks
+    "ms_cxr",
+])
 def test_cli_end_to_end(data, radzero_folder, phantom_root, tmp_path, no_network):
     """``python -m xbench.test`` with ``radzero.yaml``: the phantom with its CAM explainer and the
     checks, and MS-CXR's phrases, each encoded as written."""
