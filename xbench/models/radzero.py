@@ -54,10 +54,7 @@ from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.carzero import prompt_for
-from xbench.models.checkpoints import (
-    CheckpointLayout, DeclaredDrop, check_safetensors, damaged_safetensors, is_arange, load_state_dict_strict,
-    require_finite,
-)
+from xbench.models.checkpoints import check_safetensors, damaged_safetensors, load_state_dict_strict, require_finite
 from xbench.models.explainers import CamTarget
 from xbench.models.text import require_files
 
@@ -79,7 +76,8 @@ RECIPE: dict[str, object] = {
     "loss.RadZeroLoss.use_layer_norm": True,
 }
 #: ``RadZeroLoss.__init__``'s defaults, which the published config leaves unsaid.
-CODE_DEFAULTS = {"loss.RadZeroLoss.use_vision_cls_token": True, "loss.RadZeroLoss.use_layer_norm": True}
+CODE_DEFAULTS = {"loss.RadZeroLoss.attn_temperature": None, "loss.RadZeroLoss.use_vision_cls_token": True,
+                 "loss.RadZeroLoss.use_layer_norm": True}
 #: The image processor class of XrayDINOv2 the authors' code expects (their ``BlipImageProcessor``
 #: branch, ``# XrayDINOv2``), and its defaults where the file is silent.
 PROCESSOR_CLASS = "BlipImageProcessor"
@@ -87,9 +85,6 @@ PROCESSOR_DEFAULTS = {"do_resize": True, "resample": 3, "do_rescale": True, "res
                       "do_normalize": True, "image_mean": OPENAI_CLIP_MEAN, "image_std": OPENAI_CLIP_STD}
 #: PIL's filter codes, as ``preprocessor_config.json`` writes ``resample``.
 RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "area"}
-LAYOUT = CheckpointLayout(drops=(
-    DeclaredDrop("text_model.embeddings.position_ids", "a buffer older transformers saved", is_arange),
-))
 #: The ViT blocks' attention as the authors' transformers (4.39.3) names it in the file -> as the
 #: installed one names it in ``Dinov2Layer`` (transformers 5 renamed the projections).
 DINOV2_RENAMES = (
@@ -318,7 +313,7 @@ class RadZero(XBenchModel):
             raise damaged_safetensors(path, error) from error
         require_finite(state, f"RadZero: {path}")
         state = {module_key(key): value for key, value in state.items()}
-        load_state_dict_strict(net, state, file=path, drops=LAYOUT.drops,
+        load_state_dict_strict(net, state, file=path,
                                hint=f"its config.json ({folder / CONFIG_FILE}) must be the one saved with these "
                                     "weights")
         try:
