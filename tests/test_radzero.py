@@ -4,6 +4,7 @@ Equality with the authors' code on real radiographs is ``tests/test_parity.py`` 
 
 import json
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -16,6 +17,7 @@ from xbench.models.radzero import RadZero, RadZeroNet, architecture, processor_p
 from xbench.models.random_weights import MANIFESTS, RADZERO_PREPROCESSOR, radzero_config, write_radzero
 
 CLASSES = ["pneumonia", "pleural_effusion"]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +98,26 @@ def test_score_and_map_are_vl_cabs(radzero_folder):
     assert model.prompts == {"pneumonia": "There is Pneumonia", "pleural_effusion": "There is Pleural Effusion"}
 
 
-def test_cam_declaration(radzero_folder):
-    from conftest import assert_cam_declaration
+def test_cam_declaration_and_bf16_mixed(radzero_folder):
+    from conftest import assert_bf16_mixed_close_to_fp32, assert_cam_declaration
 
-    assert_cam_declaration(load(radzero_folder), torch.randn(1, 3, 70, 70, generator=torch.Generator().manual_seed(1)))
+    model = load(radzero_folder)
+    assert_cam_declaration(model, torch.randn(1, 3, 70, 70, generator=torch.Generator().manual_seed(1)))
+    assert_bf16_mixed_close_to_fp32(model, torch.randn(2, 3, 70, 70, generator=torch.Generator().manual_seed(2)))
+
+
+def test_prompts_tokenise_as_the_authors_did(radzero_folder):
+    """The folder's tokenizer under XBench's transformers gives the golden file's token ids, which the
+    authors' transformers (4.39.3) gave for the same prompts and files."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools" / "parity"))
+    import common
+
+    _, _, meta = common.load_golden(REPO / "tests" / "golden" / "radzero.npz")
+    model = RadZero(checkpoint_dir=str(radzero_folder))
+    model.net, model.tokenizer = model.load()
+    assert model.tokenizer(meta["prompts"])["input_ids"] == meta["token_ids"]
 
 
 @pytest.mark.parametrize("data", [
