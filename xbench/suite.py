@@ -320,14 +320,14 @@ def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     for folder in result_folders(results_dir):
         try:
             payload = read_results(folder)
-        except ValueError:  # another version's, or damaged: not this version's result (the warning says which)
-            older.append(folder)
+        except ValueError as error:  # another version's, or damaged: not this version's result (the warning says why)
+            older.append(error)
             continue
         found.append((folder, payload["config"]))
     if older:
         warnings.warn(
             f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
-            f"{SCHEMA}) or are damaged, e.g. {older[0].name}: their pairs count as not done and run again",
+            f"{SCHEMA}) or are damaged, e.g. {older[0]}: their pairs count as not done and run again",
             stacklevel=2,
         )
     return found
