@@ -452,7 +452,8 @@ def _starting_with_sigint() -> Iterator[None]:
     `_bound_to` gives a local job, where XBench does not start them itself (submitit's local job,
     which its cancel stops by SIGINT). Where this process ignores SIGINT it catches it instead, with
     a handler that does nothing: to this process the same, but exec resets a caught signal to its
-    default where it passes an ignored one on."""
+    default where it passes an ignored one on. (submitit's local jobs stay in this process's group,
+    so a terminal's ``Ctrl-C`` reaches them too: the tests' path, not a cluster's.)"""
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         yield
         return

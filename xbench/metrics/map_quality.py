@@ -24,7 +24,9 @@ uniform), against its region ``R`` of ``|R|`` of the frame's ``n`` pixels:
 Equal values at a cut of the top ``|R|`` or top ``k`` share its remaining places: a tie straddling
 the cut adds ``places x (tied pixels inside R) / (tied pixels)`` hits, the mean over every order of
 the tied pixels. (Quantus breaks such ties by NumPy's unstable sort; the two agree wherever no tie
-straddles the cut.) One sort per pair serves ranks, cuts and the Gini index.
+straddles the cut.) One sort per pair serves ranks, cuts and the Gini index. Every sum over the
+frame's pixels is float64, or int64 where it counts (a rank sum reaches 10^9 at 224 x 224, where
+float32 keeps 7 digits).
 """
 
 from __future__ import annotations
