@@ -191,8 +191,9 @@ def test_devices_2_runs_two_pinned_jobs_at_once_and_writes_what_a_serial_run_wri
 def launcher_sigint(request):
     """The launcher's SIGINT as in a terminal, or ignored as a background job of a shell without job
     control inherits it (a script's ``&``, a CI runner's): either way its jobs hear a cancel, as they
-    set SIGINT rather than inherit it -- ignored, they would finish their pairs before the SIGKILL
-    10 s after it. Set here, whatever pytest itself was started with."""
+    set SIGINT rather than inherit it -- inherited, a local job would end only by the SIGKILL 10 s
+    later and submitit's local job would run its pair to the end. Set here, whatever pytest itself
+    was started with."""
     handler = signal.default_int_handler if request.param == "default" else signal.SIG_IGN
     previous = signal.signal(signal.SIGINT, handler)
     yield request.param
@@ -225,6 +226,8 @@ def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch
     for run in cancelled:
         process = run.process if isinstance(run, launch.LocalRun) else run.handle._process
         assert process.wait(timeout=60) is not None
+        if isinstance(run, launch.SubmititRun):  # its controller ended on the cancel's SIGINT, not on its pair's end
+            assert process.returncode == -signal.SIGINT
     assert not list((user_models / "results").glob("*/metrics.json"))
 
 
