@@ -2,7 +2,8 @@
 ``--devices N`` write what a serial run writes; a job that dies loses only its own pairs; a re-run
 skips what finished; Ctrl-C cancels what was started; the sbatch script states the suite file's
 resources, as the plan prints them; jobs that run at once start longest first; a job dies with its
-launcher, which holds its results folder till then; Ctrl-C ends a worker on one line."""
+launcher, which holds its results folder till then; Ctrl-C ends a worker on one line; a launcher that
+ignores SIGINT (a script's background job) still cancels its jobs."""
 
 from __future__ import annotations
 
