@@ -3027,3 +3027,38 @@ def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs
     with pytest.raises(ValueError, match="overlays.npz is missing, but manifest.json lists it"):
         read_overlays(folder)
     assert read_overlays(folder, "sanity_maps.npz") is None  # none saved, none listed
+
+
+# -- signals set, not inherited (issue 48) --
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from xbench import launch  # noqa: E402
+
+#: A process's answer to whether a SIGINT would raise KeyboardInterrupt in it.
+HEARS_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+def hears_sigint(**popen) -> bool:
+    return subprocess.run([sys.executable, "-c", HEARS_SIGINT], capture_output=True, text=True, check=True,
+                          **popen).stdout.strip() == "True"
+
+
+def test_the_jobs_of_a_launcher_that_ignores_sigint_hear_it():
+    """A suite started where SIGINT is ignored (a background job of a shell without job control) keeps
+    ignoring it, while the processes it starts for its jobs -- a local job (`launch._bound_to`),
+    submitit's local job (`launch._starting_with_sigint`) -- begin with SIGINT at its default, so its
+    cancel stops them; a process started otherwise inherits the ignored SIGINT, as exec passes it on."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert not hears_sigint()
+        assert hears_sigint(preexec_fn=launch._bound_to(os.getpid()))
+        with launch._starting_with_sigint():
+            assert hears_sigint()
+            os.kill(os.getpid(), signal.SIGINT)  # caught and dropped: no KeyboardInterrupt here
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

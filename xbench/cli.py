@@ -126,7 +126,8 @@ def run(main: Callable[[], object], name: str) -> None:
         interrupts.append(signum)
         raise KeyboardInterrupt
 
-    # not where SIGINT is ignored, nor off the main thread (where no handler can be set)
+    # not where SIGINT is ignored (a shell's background job: the shell's choice, kept; a suite's jobs
+    # start with it at its default, xbench.launch._bound_to), nor off the main thread (no handler there)
     noted = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
         threading.current_thread() is threading.main_thread()
     if noted:
