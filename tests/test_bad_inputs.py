@@ -3031,11 +3031,6 @@ def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs
 
 # -- signals set, not inherited (issue 48) --
 
-import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
 from xbench import launch  # noqa: E402
 
 #: A process's answer to whether a SIGINT would raise KeyboardInterrupt in it.
