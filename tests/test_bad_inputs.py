@@ -2744,41 +2744,9 @@ def test_a_saved_map_that_is_no_regular_file_is_named_not_missing(wide_det10, tm
 # cache holds, found by huggingface_hub's own lookup with sockets blocked; every way it can be
 # wrong is named with its fix, and the download command where the cache lacks something.
 
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
+from conftest import COMMIT, only_folder, write_snapshot  # noqa: E402
+
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
-
-
-def write_snapshot(cache, repo, files, commit=COMMIT, refs=("main",)):
-    """``repo``'s snapshot ``commit`` in ``cache`` as ``hf download`` writes it: ``refs/<ref>`` files
-    holding the commit, ``files`` ({name: bytes}) as links into ``blobs/``; the snapshot folder."""
-    import hashlib
-
-    repo_folder = cache / ("models--" + repo.replace("/", "--"))
-    snapshot = repo_folder / "snapshots" / commit
-    for name, content in files.items():
-        blob = repo_folder / "blobs" / hashlib.sha256(content).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(content)
-        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
-        (snapshot / name).symlink_to(blob)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for ref in refs:
-        (repo_folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
-        (repo_folder / "refs" / ref).write_text(commit)
-    return snapshot
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch):
-    """An empty Hugging Face cache that huggingface_hub reads in this process (``HF_HUB_CACHE`` is
-    read when it is imported, so its constant is set too)."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hf-cache"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    return cache
 
 
 @pytest.mark.parametrize(("suffix", "commit"), [("", COMMIT), ("@main", COMMIT), ("@v1.1", OTHER_COMMIT),
