@@ -2762,6 +2762,7 @@ def test_a_hub_id_is_its_snapshot_in_the_local_cache(hub_cache, no_network, suff
     assert (folder / "config.json").read_bytes() == b"{}"
 
 
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HOME as it is imported
 def test_a_hub_id_follows_hf_home_in_a_fresh_interpreter(tmp_path):
     """Without ``HF_HUB_CACHE``, the cache is ``$HF_HOME/hub``: the hub library's own rule, read as it starts."""
     import os

@@ -34,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import constants, snapshot_download
+from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from torch import Tensor, nn
 
 from xbench.cli import InputError
@@ -388,8 +392,6 @@ def hub_id(value: str, option: str) -> HubId | None:
     naming ``option`` and the form."""
     if not value.startswith(HUB_PREFIX):
         return None
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     repo, _, revision = value.removeprefix(HUB_PREFIX).partition("@")
     problem = None
     if repo.count("/") != 1:
@@ -417,10 +419,6 @@ def checkpoint_folder(value: str | Path, option: str = "--model.checkpoint_dir")
     hub = hub_id(str(value), option)
     if hub is None:
         return Path(value).expanduser()
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
-    from huggingface_hub.file_download import repo_folder_name
-
     try:
         return Path(snapshot_download(hub.repo, revision=hub.revision, local_files_only=True))
     except IncompleteSnapshotError as error:
