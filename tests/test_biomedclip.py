@@ -208,7 +208,8 @@ def test_a_hub_id_reads_the_text_towers_config_from_the_repository_its_json_name
         load(f"hf-hub:{repository}")
     tokenizer = b'{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
     write_snapshot(hub_cache, repository, {"tokenizer_config.json": tokenizer})  # a file more, the same snapshot
-    with pytest.raises(FileNotFoundError, match=f"does not hold {BIOMEDBERT_HUB_NAME}.*hf download {BIOMEDBERT_HUB_NAME}"):
+    missing_bert = f"does not hold {BIOMEDBERT_HUB_NAME}.*hf download {BIOMEDBERT_HUB_NAME}"
+    with pytest.raises(FileNotFoundError, match=missing_bert):
         load(f"hf-hub:{repository}")
     write_snapshot(hub_cache, BIOMEDBERT_HUB_NAME, {"config.json": (tiny_folder / "config.json").read_bytes()})
     from_hub, from_folder = load(f"hf-hub:{repository}"), load(tiny_folder)

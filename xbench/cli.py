@@ -111,8 +111,8 @@ def quiet_notices() -> None:
 
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 2 on a
-    usage error or an `InputError` (also one a library re-raised as the cause of its own), 1 on any other error (message only, unless debugging), 130 when
-    interrupted."""
+    usage error or an `InputError` (also one a library re-raised as the cause of its own), 1 on any
+    other error (message only, unless debugging), 130 when interrupted."""
     debug = os.environ.get("XBENCH_DEBUG") == "1" or DEBUG_FLAG in sys.argv
     if DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)

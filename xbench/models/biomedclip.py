@@ -113,7 +113,8 @@ class BiomedCLIP(OpenClipDualEncoder):
         if not isinstance(repository, str):
             raise ValueError(f"BiomedCLIP: {config_path} names no text tower repository (model_cfg.text_cfg."
                              "hf_model_name); download the official file again")
-        folder = checkpoint_folder(HUB_PREFIX + repository, f"BiomedCLIP's text tower ({config_path.name}'s hf_model_name)")
+        folder = checkpoint_folder(HUB_PREFIX + repository,
+                                   f"BiomedCLIP's text tower ({config_path.name}'s hf_model_name)")
         return require_files(folder, (self.text_config_file,), "BiomedCLIP's text tower")
 
     @property

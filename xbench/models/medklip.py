@@ -237,7 +237,8 @@ class MedKLIP(ChannelsLast, XBenchModel):
         self.channels_last = channels_last
         self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.checkpoint_file = "checkpoint_final.pth"
-        self.bert_dir = checkpoint_folder(bert_dir, "--model.bert_dir") if bert_dir else self.checkpoint_dir / "Bio_ClinicalBERT"
+        self.bert_dir = (checkpoint_folder(bert_dir, "--model.bert_dir") if bert_dir
+                         else self.checkpoint_dir / "Bio_ClinicalBERT")
         self.equalize_histogram = equalize_histogram
         # The authors' test transform: PIL ``Resize([224, 224])`` (bilinear, squashed) of the 8-bit
         # image, ToTensor, ImageNet's mean/std.

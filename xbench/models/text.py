@@ -34,7 +34,8 @@ def require_files(folder: str | Path, names: tuple[str, ...], what: str) -> Path
         raise FileNotFoundError(f"{what}: folder {folder} not found. {missing_files_fix(folder, names)}")
     missing = tuple(name for name in names if not present(folder / name))
     if missing:
-        raise FileNotFoundError(f"{what}: {', '.join(missing)} not found in {folder}. {missing_files_fix(folder, missing)}")
+        raise FileNotFoundError(
+            f"{what}: {', '.join(missing)} not found in {folder}. {missing_files_fix(folder, missing)}")
     return folder
 
 
