@@ -3057,3 +3057,136 @@ def test_the_jobs_of_a_launcher_that_ignores_sigint_hear_it():
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# -- hub ids resolved offline (issue 50) --------------------------------------------------------
+# ``--model.checkpoint_dir hf-hub:<org>/<name>[@revision]`` is the snapshot the local Hugging Face
+# cache holds, found by huggingface_hub's own lookup with sockets blocked; every way it can be
+# wrong is named with its fix, and the download command where the cache lacks something.
+
+from conftest import COMMIT, only_folder, write_snapshot  # noqa: E402
+
+OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.mark.parametrize(("suffix", "commit"), [("", COMMIT), ("@main", COMMIT), ("@v1.1", OTHER_COMMIT),
+                                                (f"@{OTHER_COMMIT}", OTHER_COMMIT), (f"@{COMMIT}", COMMIT)])
+def test_a_hub_id_is_its_snapshot_in_the_local_cache(hub_cache, no_network, suffix, commit):
+    """By the hub's default branch, a branch or tag by name, a commit hash: the snapshot, offline."""
+    from xbench.models.checkpoints import checkpoint_folder
+
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}", "weights.bin": b"w"}, OTHER_COMMIT, refs=("v1.1",))
+    folder = checkpoint_folder(f"hf-hub:org/model{suffix}")
+    assert folder == (hub_cache / "models--org--model" / "snapshots" / commit).resolve()
+    assert (folder / "config.json").read_bytes() == b"{}"
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HOME as it is imported
+def test_a_hub_id_follows_hf_home_in_a_fresh_interpreter(tmp_path):
+    """Without ``HF_HUB_CACHE``, the cache is ``$HF_HOME/hub``: the hub library's own rule, read as it starts."""
+    import os
+    import subprocess
+    import sys
+
+    snapshot = write_snapshot(tmp_path / "home" / "hub", "org/model", {"config.json": b"{}"})
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
+    code = "from xbench.models.checkpoints import checkpoint_folder; print(checkpoint_folder('hf-hub:org/model'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**env, "HF_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0 and result.stdout.strip() == str(snapshot.resolve()), result.stderr
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("hf-hub:", "exactly one / between the organisation and the name"),
+    ("hf-hub:a", "exactly one / between the organisation and the name"),
+    ("hf-hub:a/b/c", "exactly one / between the organisation and the name"),
+    ("hf-hub:../b", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/..", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/b@../../../etc", "'../../../etc' is not a branch, tag or commit hash"),
+    ("hf-hub:a/b@", "'' is not a branch, tag or commit hash"),
+])
+def test_a_malformed_hub_id_is_a_usage_error_naming_the_form(phantom_root, hub_cache, tmp_path, capsys, no_network,
+                                                             value, problem):
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 2, f"--model.checkpoint_dir {value!r} is not a hub id", problem,
+                    "Write hf-hub:<org>/<name>[@revision]")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("value", "held", "command"), [
+    ("hf-hub:org/absent", "does not hold org/absent", "hf download org/absent (or"),
+    ("hf-hub:org/model@v9", "holds org/model but not its revision v9", "hf download org/model --revision v9"),
+    (f"hf-hub:org/model@{OTHER_COMMIT}", f"holds org/model but not its revision {OTHER_COMMIT}",
+     f"hf download org/model --revision {OTHER_COMMIT}"),
+])
+def test_a_hub_id_the_cache_lacks_is_named_with_its_download_command(phantom_root, hub_cache, tmp_path, capsys,
+                                                                     no_network, value, held, command):
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 1, f"--model.checkpoint_dir {value}: the Hugging Face cache {hub_cache}", held,
+                    f"Download it where a network is: {command}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_snapshot_lacking_a_needed_file_names_the_command_that_fetches_it(phantom_root, hub_cache, tmp_path,
+                                                                           capsys, no_network):
+    """CLIP's snapshot with its config only (``hf download`` of one file, the wrong one)."""
+    snapshot = write_snapshot(hub_cache, "timm/vit_base_patch16_clip_224.openai", {"open_clip_config.json": b"{}"})
+    status, err = run_cli(quiet_run("clip", "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                    "hf-hub:timm/vit_base_patch16_clip_224.openai"), capsys)
+    assert_one_line(status, err, 1, f"none of open_clip_model.safetensors, open_clip_pytorch_model.bin found in "
+                    f"{snapshot.resolve()}", "Download them into the cache: hf download "
+                    f"timm/vit_base_patch16_clip_224.openai open_clip_model.safetensors --revision {COMMIT}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_file_missing_in_a_snapshot_subfolder_is_named_by_its_path_in_the_repository(hub_cache):
+    from xbench.models.text import require_files
+
+    snapshot = write_snapshot(hub_cache, "org/model", {"Bio_ClinicalBERT/config.json": b"{}"})
+    with pytest.raises(FileNotFoundError, match="hf download org/model Bio_ClinicalBERT/vocab.txt --revision "
+                                                f"{COMMIT}"):
+        require_files(snapshot / "Bio_ClinicalBERT", ("config.json", "vocab.txt"), "a BERT")
+
+
+def test_the_suite_marks_a_hub_id_the_cache_lacks_missing_with_its_command(hub_cache, tmp_path, capsys, monkeypatch,
+                                                                          no_network):
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    model = CONFIGS_DIR / "models" / "medsiglip.yaml"
+    _suite_file(tmp_path, f"[{{config: {model}, settings: {{model.checkpoint_dir: 'hf-hub:google/medsiglip-448'}}}}]")
+    suite_main(["--config", "suite.yaml", "--dry-run"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing" in out and "hf download google/medsiglip-448" in out, out
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HUB_CACHE as it is imported
+def test_a_model_runs_from_a_hub_id_through_python_m_xbench_test(phantom_root, tmp_path, monkeypatch):
+    """A tiny SigLIP folder with random weights as ``google/medsiglip-448``'s snapshot in the cache, run
+    as a user would (``python -m xbench.test``), every socket and name lookup refused; the run is named
+    by its config, and a bare config names it after the repository, not the commit hash."""
+    from test_hf_dual_encoder import TINY
+    from test_offline import run_guarded
+
+    from xbench.models.random_weights import write_hf_dual_encoder
+
+    folder = write_hf_dual_encoder(tmp_path / "tiny", *TINY["siglip"], seed=0)
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    write_snapshot(tmp_path / "hf-cache", "google/medsiglip-448", files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    (tmp_path / "bare.yaml").write_text("model:\n  class_path: xbench.models.hf_dual_encoder.HFDualEncoder\n")
+    for config, name in ((CONFIGS_DIR / "models" / "medsiglip.yaml", "medsiglip"), (tmp_path / "bare.yaml",
+                                                                                    "medsiglip-448")):
+        args = run_args("medsiglip", "phantom", phantom_root, tmp_path / name, "--trainer.logger", "false",
+                        "--model.checkpoint_dir", "hf-hub:google/medsiglip-448", image_size=32)
+        args[1] = str(config)
+        result = run_guarded(f"import runpy, sys\nsys.argv = ['xbench.test', *{args!r}]\n"
+                             "runpy.run_module('xbench.test', run_name='__main__')", tmp_path)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0 and "NETWORK CALL" not in output, output[-3000:]
+        payload = json.loads((only_folder(tmp_path / name) / "metrics.json").read_text())
+        assert payload["model"] == name and payload["data"]["images_evaluated"] == 9

@@ -70,6 +70,7 @@ from xbench.console import print_table
 from xbench.files import open_text, read_yaml
 from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
                            results_lock)
+from xbench.models.checkpoints import checkpoint_folder
 from xbench.results.folder import MODEL_OUTPUT_OPTIONS, SCHEMA, read_results
 from xbench.results.write import check_writable
 
@@ -348,7 +349,11 @@ def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bo
         return
     takes, checkpoint_dir = _argument(model, pair.config["model"], "checkpoint_dir")
     if takes and checkpoint_dir not in (None, ...):
-        folder = Path(checkpoint_dir)
+        try:
+            folder = checkpoint_folder(checkpoint_dir, "model.checkpoint_dir")
+        except FileNotFoundError as error:  # a hub id the local cache lacks, with its download command
+            pair.status, pair.detail = "missing", str(error)
+            return
         if not folder.is_dir() or not any(folder.iterdir()):
             pair.status, pair.detail = "missing", f"checkpoint_dir {folder} (see checkpoints/README.md)"
             return
