@@ -3073,7 +3073,7 @@ OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
                                                 (f"@{OTHER_COMMIT}", OTHER_COMMIT), (f"@{COMMIT}", COMMIT)])
 def test_a_hub_id_is_its_snapshot_in_the_local_cache(hub_cache, no_network, suffix, commit):
     """By the hub's default branch, a branch or tag by name, a commit hash: the snapshot, offline."""
-    from xbench.models.checkpoints import checkpoint_folder
+    from xbench.models.hub import checkpoint_folder
 
     write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
     write_snapshot(hub_cache, "org/model", {"config.json": b"{}", "weights.bin": b"w"}, OTHER_COMMIT, refs=("v1.1",))
@@ -3091,7 +3091,7 @@ def test_a_hub_id_follows_hf_home_in_a_fresh_interpreter(tmp_path):
 
     snapshot = write_snapshot(tmp_path / "home" / "hub", "org/model", {"config.json": b"{}"})
     env = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
-    code = "from xbench.models.checkpoints import checkpoint_folder; print(checkpoint_folder('hf-hub:org/model'))"
+    code = "from xbench.models.hub import checkpoint_folder; print(checkpoint_folder('hf-hub:org/model'))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             env={**env, "HF_HOME": str(tmp_path / "home")})
     assert result.returncode == 0 and result.stdout.strip() == str(snapshot.resolve()), result.stderr

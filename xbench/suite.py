@@ -70,7 +70,7 @@ from xbench.console import print_table
 from xbench.files import open_text, read_yaml
 from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
                            results_lock)
-from xbench.models.checkpoints import checkpoint_folder
+from xbench.models.hub import checkpoint_folder
 from xbench.results.folder import MODEL_OUTPUT_OPTIONS, SCHEMA, read_results
 from xbench.results.write import check_writable
 

@@ -20,9 +20,8 @@ from torch import Tensor, nn
 
 from xbench.files import read_json
 from xbench.models.base import LayerGroup
-from xbench.models.checkpoints import (
-    HUB_PREFIX, CheckpointLayout, DeclaredDrop, checkpoint_folder, is_arange, load_checkpoint, snapshot_hub_id,
-)
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
+from xbench.models.hub import HUB_PREFIX, checkpoint_folder, snapshot_hub_id
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
 from xbench.models.text import require_files

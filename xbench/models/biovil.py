@@ -44,9 +44,8 @@ from transformers import BertConfig, BertModel, BertTokenizer
 from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
-from xbench.models.checkpoints import (
-    CheckpointLayout, DeclaredDrop, checkpoint_folder, has_shape, is_arange, load_checkpoint,
-)
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess

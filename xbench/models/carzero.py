@@ -27,9 +27,8 @@ from transformers import BertModel, PreTrainedTokenizerBase
 
 from xbench.findings import FINDINGS, display_name
 from xbench.models.base import LayerGroup, XBenchModel
-from xbench.models.checkpoints import (
-    CheckpointLayout, DeclaredDrop, checkpoint_folder, is_arange, load_checkpoint, read_hyper_parameters,
-)
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
+from xbench.models.hub import checkpoint_folder
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
 from xbench.geometry.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess

@@ -35,7 +35,8 @@ from torch import Tensor, nn
 
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel
-from xbench.models.checkpoints import CheckpointLayout, checkpoint_folder, first_present, load_checkpoint
+from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.explainers import CamTarget

@@ -59,9 +59,8 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
-from xbench.models.checkpoints import (
-    CheckpointLayout, DeclaredDrop, checkpoint_folder, is_arange, load_checkpoint, read_hyper_parameters,
-)
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
+from xbench.models.hub import checkpoint_folder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess

@@ -53,7 +53,7 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipMod
 
 from xbench.files import present, read_json_object
 from xbench.models.base import LayerGroup
-from xbench.models.checkpoints import snapshot_hub_id
+from xbench.models.hub import snapshot_hub_id
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32

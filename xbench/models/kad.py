@@ -34,9 +34,8 @@ from torchvision.models import resnet50
 from xbench.files import present
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
-from xbench.models.checkpoints import (
-    CheckpointLayout, DeclaredDrop, checkpoint_folder, is_arange, load_state_dicts, safe_load,
-)
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
+from xbench.models.hub import checkpoint_folder
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import NATIVE, CamTarget
 from xbench.models.gpu import ChannelsLast

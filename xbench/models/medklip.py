@@ -26,7 +26,8 @@ from xbench.files import read_json
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
-from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, checkpoint_folder, has_shape, load_checkpoint
+from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.models.gpu import ChannelsLast
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.text import bert_cls_embeddings, require_files

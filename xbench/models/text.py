@@ -20,7 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from xbench.cache import cache_root, check_cache_writable
 from xbench.files import atomic_write, present
-from xbench.models.checkpoints import check_safetensors, missing_files_fix, require_finite
+from xbench.models.checkpoints import check_safetensors, require_finite
+from xbench.models.hub import missing_files_fix
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
