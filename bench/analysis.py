@@ -22,12 +22,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from xbench.analysis.grounding import grounding_statistics
 from xbench.analysis.pipeline import analyze
+from xbench.analysis.runs import GradedPairs
 from xbench.analysis.settings import Settings
 from xbench.analyze import write_analysis
 from xbench.findings import PAPER_CLASSES
 from xbench.metrics.grounding import NUM_THRESHOLDS
-from xbench.results.folder import METRICS, PAIRS, SCHEMA
+from xbench.results.folder import MANIFEST, METRICS, PAIRS, SCHEMA, manifest_of
 from xbench.results.write import write_pairs
 
 MODELS, IMAGES, CLASSES, IMAGE_SIZE = 7, 5000, 20, 224
@@ -56,19 +58,32 @@ def write_folders(workdir: Path, graded_share: float) -> list[Path]:
         inside[:, 0], outside[:, 0] = region, area - region
         payload = {"schema": SCHEMA, "model": f"model{m}", "dataset": "bench", "classes": classes,
                    "data": {"image_size": IMAGE_SIZE},
+                   "grounding": estimates(image, cls, region, inside + outside, inside, classes),
                    "config": {"model": {"class_path": f"bench.Model{m}", "init_args": {}}}}
         write_pairs(
             folder / PAIRS,
             payload,
             {"index": torch.from_numpy(image), "class": torch.from_numpy(cls), "region": torch.from_numpy(region),
              "hit": torch.from_numpy(inside[:, -1] > 0), "predicted": torch.from_numpy(inside + outside),
-             "inter": torch.from_numpy(inside)},
+             "inter": torch.from_numpy(inside), "cnr": torch.full((len(image),), float("nan"), dtype=torch.float64)},
             {"index": torch.arange(IMAGES), "labels": torch.from_numpy(labels).to(torch.int8),
              "logits": torch.from_numpy(labels + rng.normal(0, 1.5, size=labels.shape)).float()},
             image_ids,
         )
         (folder / METRICS).write_text(json.dumps(payload))
+        (folder / MANIFEST).write_text(json.dumps(manifest_of(folder)))
     return folders
+
+
+def estimates(image, cls, region, predicted, inter, classes) -> dict:
+    """``metrics.json``'s grounding estimates, which the analysis checks its own against: taken from
+    the analysis's kernel here (this script times it; the tests prove it)."""
+    pairs = GradedPairs(*(torch.from_numpy(v) for v in (image, cls, region, inter[:, -1] > 0, predicted, inter)),
+                        torch.full((len(image),), float("nan"), dtype=torch.float64))
+    values = grounding_statistics(pairs, len(classes), torch.ones(1, IMAGES, dtype=torch.float64)).per_class
+    keys = ("pointing_game", "dice@0.5", "iou@0.5")
+    return {"macro": {key: float(torch.nanmean(values[key][0])) for key in keys},
+            "per_class": {name: {key: float(values[key][0, c]) for key in keys} for c, name in enumerate(classes)}}
 
 
 def main() -> None:

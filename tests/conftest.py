@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -28,7 +29,7 @@ from pydicom.uid import (
 
 from xbench.data.phantom import generate_phantom
 from xbench.geometry.maps import normalise, place_in_frame, whole_frame
-from xbench.results.folder import find_result_folders
+from xbench.results.folder import MANIFEST, find_result_folders, manifest_of
 from xbench.test import main
 
 REAL_DATA_ENV = "XBENCH_REAL_DATA"
@@ -472,11 +473,14 @@ def results_contents(results: Path) -> dict[str, dict]:
     """Every results folder under ``results`` with its files' contents, keyed by the run's model and
     data settings: what two ways of running the same pairs must write alike. Not compared: when
     each ran (the folder's name, ``metrics.json``'s ``created``, ``summary.md``'s "Run ..." line) and
-    what is not a results folder (a suite's hidden ``.suite`` folder of job logs)."""
+    what is not a results folder (a suite's hidden ``.suite`` folder of job logs), nor the manifest
+    (it hashes ``metrics.json``, so its ``created`` too)."""
     found = {}
     for folder in find_result_folders([results]):
         files = {}
         for path in folder.iterdir():
+            if path.name == MANIFEST:
+                continue
             if path.name == "metrics.json":
                 payload = json.loads(path.read_text())
                 assert payload.pop("created")
@@ -495,6 +499,13 @@ def results_contents(results: Path) -> dict[str, dict]:
         assert key not in found, f"two results folders of one run's settings under {results}"
         found[key] = files
     return found
+
+
+def reseal(folder: Path) -> Path:
+    """Rewrite a results folder's manifest from its files as they now are: an edit the manifest no
+    longer catches, so that a test reaches the checks behind it (ranges, pairs, estimates)."""
+    (Path(folder) / MANIFEST).write_text(json.dumps(manifest_of(folder)))
+    return Path(folder)
 
 
 def run_oracle(data_config: str, root: Path, results: Path, image_size: int) -> dict:
@@ -552,3 +563,41 @@ def assert_cam_declaration(model, model_input: torch.Tensor, native: tuple | Non
 #: A subprocess that has not finished by then has hung: the test fails with its output instead of
 #: running into CI's limit. A safety net, never a budget: a loaded machine takes minutes.
 SUBPROCESS_SAFETY_TIMEOUT = 3600
+
+
+# -- the Hugging Face cache, as hf download writes it ----------------------------------------------
+
+#: The commit of a snapshot :func:`write_snapshot` writes unless told another.
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_snapshot(cache: Path, repo: str, files: dict[str, bytes], commit: str = COMMIT,
+                   refs: tuple[str, ...] = ("main",)) -> Path:
+    """``repo``'s snapshot ``commit`` in ``cache`` as ``hf download`` writes it: ``refs/<ref>`` files
+    holding the commit, ``files`` ({name: bytes}) as links into ``blobs/``; the snapshot folder."""
+    repo_folder = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = repo_folder / "snapshots" / commit
+    for name, content in files.items():
+        blob = repo_folder / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(content)
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).symlink_to(blob)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo_folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo_folder / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache that huggingface_hub reads in this process (``HF_HUB_CACHE`` is
+    read when it is imported, so its constant is set too)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache

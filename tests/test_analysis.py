@@ -15,7 +15,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve, roc_auc_score
 
-from conftest import run_args
+from conftest import reseal, run_args
 from xbench.analysis import Settings, analyze, difference_table, strata_table
 from xbench.metrics.bootstrap import assign_folds, percentile_interval, random_stream, resample_weights
 from xbench.analysis.correlation import r_squared
@@ -67,11 +67,12 @@ def pair_dice(pairs: GradedPairs) -> np.ndarray:
 
 def write_run(folder: Path, model: str, dataset: str, classes: list[str], image_ids: list[str], labels, logits,
               pairs: GradedPairs, image_size: int, model_args: dict | None = None) -> Path:
-    """A results folder with a minimal metrics.json and the real writer's pairs table."""
+    """A results folder with a minimal metrics.json (its grounding estimates computed here from the
+    pairs) and the real writer's pairs table, sealed by its manifest."""
     folder.mkdir(parents=True)
     payload = {
         "schema": SCHEMA, "model": model, "dataset": dataset, "classes": classes,
-        "data": {"image_size": image_size},
+        "data": {"image_size": image_size}, "grounding": grounding_estimates(pairs, classes),
         "config": {"model": {"class_path": f"synthetic.{model}", "init_args": model_args or {}}},
     }
     (folder / "metrics.json").write_text(json.dumps(payload))
@@ -86,7 +87,21 @@ def write_run(folder: Path, model: str, dataset: str, classes: list[str], image_
         image_ids,
         chunk_images=4,  # every analysis test reads a table written across chunk boundaries
     )
-    return folder
+    return reseal(folder)
+
+
+def grounding_estimates(pairs: GradedPairs, classes: list[str]) -> dict:
+    """``metrics.json``'s Pointing Game, Dice and IoU at 0.5 of ``pairs``, per class and macro (the
+    mean over classes with pairs), by the definitions: what the analysis checks its row 0 against."""
+    inter, predicted = pairs.inter[:, 50].numpy().astype(float), pairs.predicted[:, 50].numpy().astype(float)
+    region, cls = pairs.region.numpy().astype(float), pairs.cls.numpy()
+    values = {"pointing_game": pairs.hit.numpy().astype(float), "dice@0.5": 2 * inter / (predicted + region),
+              "iou@0.5": inter / (predicted + region - inter)}
+    per_class = {key: {name: float(value[cls == c].mean()) if (cls == c).any() else None
+                       for name, value in values.items()} for c, key in enumerate(classes)}
+    macro = {name: float(np.mean([v[name] for v in per_class.values() if v[name] is not None] or [np.nan]))
+             for name in values}
+    return {"macro": {name: None if math.isnan(v) else v for name, v in macro.items()}, "per_class": per_class}
 
 
 def write_random_run(folder, model, image_ids, seed, pairs=None, dataset="synthetic", classes=("nodule", "mass"),
@@ -311,6 +326,7 @@ def test_paired_differences_are_narrower_and_identical_models_differ_by_exactly_
     shutil.copytree(tmp_path / "a", tmp_path / "copy")
     payload = json.loads((tmp_path / "copy" / "metrics.json").read_text())
     (tmp_path / "copy" / "metrics.json").write_text(json.dumps({**payload, "model": "copy"}))
+    reseal(tmp_path / "copy")
     analysis = analyze([tmp_path / "a", tmp_path / "b", tmp_path / "copy"], settings=Settings(replicates=500))
     table = difference_table(analysis)
 
@@ -348,6 +364,7 @@ def test_damaged_counts_name_the_file_and_row(tmp_path):
     row = int(np.flatnonzero(table["graded"])[0])
     table.loc[row, "inter_050"] = table.loc[row, "pred_050"] + 1
     table.to_csv(folder / "pairs.csv.gz", index=False, compression="gzip")
+    reseal(folder)  # past the manifest: the counts' own check is what is tested
     with pytest.raises(ValueError, match=rf"data row\(s\) {row + 2}: counts are inconsistent"):
         load_run(folder)
 

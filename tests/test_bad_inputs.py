@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_args, write_chestx_det10
+from conftest import reseal, run_args, write_chestx_det10
 from xbench.test import main
 
 
@@ -1224,6 +1224,7 @@ def test_a_damaged_results_folder_is_named_by_the_analysis(finished_runs, tmp_pa
     shutil.copytree(finished_runs, copy)
     (folder,) = copy.glob("oracle__*")
     damage(folder)
+    reseal(folder)  # past the manifest: the check behind it is what is tested
     code, err = run_command(analyze_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
                             "xbench-analyze", capsys)
     assert_one_line(code, err, 1, str(folder / file_name), named)
@@ -1247,6 +1248,7 @@ def test_a_damaged_results_folder_is_named_by_the_report(finished_runs, tmp_path
     shutil.copytree(finished_runs, copy)
     (folder,) = copy.glob("centreprior__*")
     damage(folder)
+    reseal(folder)  # past the manifest: the check behind it is what is tested
     code, err = run_command(report_main, [str(copy), "--out", str(tmp_path / "out"), "--no-analysis"],
                             "xbench-report", capsys)
     assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
@@ -1694,6 +1696,7 @@ def test_a_damaged_sanity_cascade_is_named_by_the_report(tmp_path, capsys, case)
     file_name, damage, named = SANITY_DAMAGE[case]
     folder = write_sanity_run(tmp_path / "results")
     damage(folder)
+    reseal(folder)  # past the manifest: the check behind it is what is tested
     code, err = run_command(report_main, [str(tmp_path / "results"), "--out", str(tmp_path / "out"),
                                           "--no-analysis"], "xbench-report", capsys)
     assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
@@ -2469,6 +2472,7 @@ def test_a_moved_number_exits_1_and_a_bad_reference_2(finished_runs, tmp_path, c
 # -- only regular files are read; named messages (issue 48) --
 
 import errno  # noqa: E402
+import re  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -2610,9 +2614,10 @@ def test_a_results_folders_metrics_json_that_is_no_regular_file_is_named_by_the_
     (tmp_path / "results" / "old_run").mkdir(parents=True)
     make(tmp_path / "results" / "old_run" / "metrics.json")
     _suite_file(tmp_path, f"[{CONFIGS_DIR / 'models' / 'centre_prior.yaml'}]")
-    with _no_hang():
+    damaged = re.escape(f"{Path('results') / 'old_run' / 'metrics.json'} {named.removeprefix('metrics.json ')}")
+    with _no_hang(), pytest.warns(UserWarning, match=f"damaged, e.g. {damaged}.*count as not done and run again"):
         code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
-    assert_one_line(code, err, 1, str(Path("results") / "old_run" / "metrics.json"), named)
+    assert code == 0, err  # not this version's result: its pair runs again, the warning says why
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads its address space from /proc")
@@ -2819,3 +2824,451 @@ def test_a_radzero_folder_that_does_not_hold_together_is_named(radzero_folder, p
                                   str(folder)), capsys)
     assert_one_line(code, err, 1, *(name.format(folder=folder) for name in named))
     assert left_behind(tmp_path / "results") == []
+
+
+# -- a results folder checks itself (issue 48) ----------------------------------------------------
+#
+# Each edit below was once read and reported with exit 0. Plain, the folder's manifest refuses it;
+# resealed (the manifest rewritten from the edited files, `conftest.reseal`), the check behind the
+# manifest does: a value's range, the graded pairs, the constant maps counted, the estimates re-derived.
+
+def _results_copy(finished_runs, tmp_path):
+    """A copy of the finished runs to damage, and its Centre Prior folder."""
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(finished_runs, copy)
+    (folder,) = copy.glob("centreprior__*")
+    return copy, folder
+
+
+def _set_cell(file: str, column: str, value: str, row: int = 1):
+    """An edit of one cell of a table: data row ``row`` (1: the first) of ``column``."""
+    def change(lines):
+        at = lines[0].split(",").index(column)
+        cells = lines[row].split(",")
+        cells[at] = value
+        return [*lines[:row], ",".join(cells), *lines[row + 1:]]
+    return lambda folder: _edit_table(folder, file, _lines(change))
+
+
+def _move_to_an_ungraded_class(folder):
+    """The first row of ``localisation.csv.gz`` moved to a class its image has no graded pair of."""
+    import pandas as pd
+
+    pairs = pd.read_csv(folder / "pairs.csv.gz", usecols=["image_id", "class", "graded"], dtype=str)
+    classes = json.loads((folder / "metrics.json").read_text())["classes"]
+
+    def change(lines):
+        image_id = lines[1].split(",")[1]
+        graded = set(pairs[(pairs.image_id == image_id) & (pairs.graded == "True")]["class"])
+        other = next(c for c in classes if c not in graded)
+        cells = lines[1].split(",")
+        cells[2] = other
+        return [lines[0], ",".join(cells), *lines[2:]]
+    _edit_table(folder, "localisation.csv.gz", _lines(change))
+
+
+def _double_localisation(payload):
+    section = payload["localisation"]
+    keys = ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc")
+    double = lambda values: {k: 2 * v if k in keys and v is not None else v for k, v in values.items()}  # noqa: E731
+    section["macro"] = double(section["macro"])
+    section["per_class"] = {c: double(values) for c, values in section["per_class"].items()}
+    return payload
+
+
+def _swap_pairs(folder):
+    """``pairs.csv.gz`` swapped with the Oracle's folder beside it."""
+    (other,) = folder.parent.glob("oracle__*")
+    mine = (folder / "pairs.csv.gz").read_bytes()
+    (folder / "pairs.csv.gz").write_bytes((other / "pairs.csv.gz").read_bytes())
+    (other / "pairs.csv.gz").write_bytes(mine)
+
+
+def _graded_cell(column: str, value: str):
+    """An edit of ``pairs.csv.gz``: ``column`` of the first graded pair set to ``value``."""
+    def change(lines):
+        header = lines[0].split(",")
+        row = next(i for i, line in enumerate(lines) if line.split(",")[header.index("graded")] == "True")
+        cells = lines[row].split(",")
+        cells[header.index(column)] = value
+        return [*lines[:row], ",".join(cells), *lines[row + 1:]]
+    return lambda folder: _edit_table(folder, "pairs.csv.gz", _lines(change))
+
+
+#: case -> (the file edited, the edit, the file the check behind the manifest names, what it says).
+EDITS = {
+    "relevance mass 7.5": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "relevance_mass", "7.5"),
+                           "localisation.csv.gz",
+                           "data row 2, column relevance_mass: 7.5 lies outside its range [0, 1]"),
+    "pixel AUC -0.5": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "pixel_auc", "-0.5"),
+                       "localisation.csv.gz", "data row 2, column pixel_auc: -0.5 lies outside its range [0, 1]"),
+    "a row moved to an ungraded class": ("localisation.csv.gz", _move_to_an_ungraded_class, "localisation.csv.gz",
+                                         "data row 2: (00000.png, "),
+    "a constant_map flag flipped": ("localisation.csv.gz", _set_cell("localisation.csv.gz", "constant_map", "True"),
+                                    "localisation.csv.gz", "constant maps of "),
+    "a hit of 2": ("pairs.csv.gz", _graded_cell("hit", "2"), "pairs.csv.gz", "hit must be 0 or 1"),
+    "a region larger than the frame": ("pairs.csv.gz", _graded_cell("region_px", "5000"), "pairs.csv.gz",
+                                       "at most the frame's 1024 pixels"),
+    "the localisation section doubled": ("metrics.json", lambda f: _edit_json(f, _double_localisation), "metrics.json",
+                                         "but the folder's records (localisation.csv.gz) give"),
+    "the Pointing Game set to 0.95": ("metrics.json", lambda f: _edit_json(f, lambda p: {**p, "grounding": {
+        **p["grounding"], "macro": {**p["grounding"]["macro"], "pointing_game": 0.95}}}), "metrics.json",
+        "grounding.macro.pointing_game is 0.95, but the folder's records (pairs.csv.gz) give 0"),
+    "pairs.csv.gz from another model": ("pairs.csv.gz", _swap_pairs, "metrics.json",
+                                        "pointing_game is 0.0, but the folder's records (pairs.csv.gz) give 1"),
+    "a section deleted": ("metrics.json", lambda f: _edit_json(
+        f, lambda p: {k: v for k, v in p.items() if k != "localisation"}), "localisation.csv.gz",
+        "is present, but metrics.json has no applicable localisation section"),
+}
+
+
+def _command(command: str, copy, tmp_path, capsys) -> tuple[int, str]:
+    """One of `COMMANDS` on ``copy`` in-process, writing under ``tmp_path / "out"``: its exit status and stderr."""
+    import importlib
+
+    name, *extra = COMMANDS[command]
+    module = importlib.import_module(f"xbench.{name}")
+    return run_command(module.main, [str(copy), "--out", str(tmp_path / "out"), *extra], f"xbench-{name}", capsys)
+
+
+COMMANDS = {"report": ("report", "--replicates", "5"), "report --no-analysis": ("report", "--no-analysis"),
+            "analyze": ("analyze", "--replicates", "5")}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", EDITS)
+def test_an_edited_results_folder_is_refused_by_its_manifest(finished_runs, tmp_path, capsys, case, command):
+    """The edit is named by the file it changed, before any number of the folder is used."""
+    file_name, edit, _, _ = EDITS[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    edit(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / file_name), "is not the file the run wrote",
+                    "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", ["report", "analyze"])
+@pytest.mark.parametrize("case", EDITS)
+def test_a_resealed_edit_is_refused_by_the_check_behind_the_manifest(finished_runs, tmp_path, capsys, case, command):
+    """With the manifest rewritten to fit (by hand, or a bug of XBench's), the analysis still refuses
+    the folder: each per-pair value in its metric's range, each table's pairs the graded pairs, the
+    constant maps as counted, and the estimates it re-derives equal to metrics.json's."""
+    _, edit, named_file, named = EDITS[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    edit(folder)
+    for each in copy.iterdir():
+        reseal(each)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / named_file), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+def _fifo_in_place_of(name: str):
+    """A named pipe in ``name``'s place (or added, where the folder has none): opening it would wait
+    for a writer for ever."""
+    import os
+
+    def damage(folder):
+        (folder / name).unlink(missing_ok=True)
+        os.mkfifo(folder / name)
+    return damage
+
+
+def _manifest_entry(name: str, change):
+    def damage(folder):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        change(manifest["files"], name)
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return damage
+
+
+#: case -> (the file named, the damage, what the error says).
+MANIFEST_DAMAGE = {
+    "no manifest": ("manifest.json", lambda f: (f / "manifest.json").unlink(), "manifest.json is missing"),
+    "a manifest not JSON": ("manifest.json", lambda f: (f / "manifest.json").write_text("{files"), "is not valid JSON"),
+    "a manifest without files": ("manifest.json", lambda f: (f / "manifest.json").write_text('{"schema": 3}'),
+                                 "'files' is missing or not a dict"),
+    "an entry without its hash": ("manifest.json", _manifest_entry("pairs.csv.gz", lambda files, n: files[n].pop(
+        "sha256")), "files['pairs.csv.gz'] is not a file of the folder with its 'bytes'"),
+    "an entry outside the folder": ("manifest.json", _manifest_entry("../x", lambda files, n: files.update(
+        {n: files["summary.md"]})), "files['../x'] is not a file of the folder"),
+    "a listed file missing": ("summary.md", lambda f: (f / "summary.md").unlink(),
+                              "is missing, but manifest.json lists it"),
+    "a file truncated": ("config.yaml", lambda f: (f / "config.yaml").write_bytes((f / "config.yaml").read_bytes()[:9]),
+                         "is not the file the run wrote (9 bytes"),
+    "a table added by hand": ("sanity.csv.gz", lambda f: (f / "sanity.csv.gz").write_bytes(
+        (f / "complexity.csv.gz").read_bytes()), "is not listed in"),
+    "a named pipe for a table": ("localisation.csv.gz", _fifo_in_place_of("localisation.csv.gz"),
+                                 "localisation.csv.gz is a named pipe, not a file"),
+    "a named pipe for the manifest": ("manifest.json", _fifo_in_place_of("manifest.json"),
+                                      "manifest.json is a named pipe, not a file"),
+    "a named pipe added": ("queries.csv.gz", _fifo_in_place_of("queries.csv.gz"), "is not listed in"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", MANIFEST_DAMAGE)
+def test_a_folder_that_does_not_fit_its_manifest_is_named(finished_runs, tmp_path, capsys, case, command):
+    """Every reader checks the folder against its manifest first: the manifest missing or of the
+    wrong shape, a listed file missing or changed, a file XBench writes present but not listed, and
+    anything but a regular file in a file's place -- refused, never opened (a pipe would hang)."""
+    file_name, damage, named = MANIFEST_DAMAGE[case]
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    damage(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / file_name), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_without_its_metrics_is_named_not_dropped(finished_runs, tmp_path, capsys, command):
+    """A deleted metrics.json once dropped the model from every table without a word."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    (folder / "metrics.json").unlink()
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, f"{folder} holds a run's files but no metrics.json", "re-run that model")
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_folder_of_the_previous_schema_is_refused_as_another_versions(finished_runs, tmp_path, capsys, command):
+    """A folder written before the manifest (schema xbench.results/2, no manifest.json) is named as
+    another version's, with its fix, not as damaged."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    (folder / "manifest.json").unlink()
+    _edit_json(folder, lambda p: {**p, "schema": "xbench.results/2"})
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), "schema 'xbench.results/2', expected "
+                    "'xbench.results/3'; it was written by another XBench version -- re-run that model")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_the_suite_runs_again_a_pair_whose_folder_was_edited(tmp_path):
+    """The suite counts a run done only by a folder that passes `read_results`: an edited one is
+    not this version's result, and the warning names it."""
+    from xbench.suite import existing_results
+
+    results = tmp_path / "results"
+    folder = results / "a__b__1"
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps({"schema": "xbench.results/3", "model": "a", "dataset": "b",
+                                                     "classes": [], "data": {}, "config": {"model": {}}}))
+    reseal(folder)
+    assert existing_results(results) == [(folder, {"model": {}})]
+    (folder / "metrics.json").write_text((folder / "metrics.json").read_text().replace('"a"', '"c"'))
+    with pytest.warns(UserWarning, match=r"written by another XBench version .* or are damaged, e\.g\. .*a__b__1"
+                                         r"/metrics\.json is not the file the run wrote"):
+        assert existing_results(results) == []
+
+
+@pytest.fixture(scope="module")
+def robust_run(phantom_root, tmp_path_factory):
+    """A run with the robustness check (its table: max-sensitivity and the local Lipschitz estimate)."""
+    from conftest import CONFIGS
+
+    results = tmp_path_factory.mktemp("robust") / "results"
+    main(["--model", "test_checks.TinyConv", "--config", str(CONFIGS / "data" / "phantom.yaml"),
+          "--data.root", str(phantom_root), "--data.image_size", "32", "--data.num_workers", "0",
+          "--results.folder", str(results), "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+          "--robustness.images", "2", "--robustness.samples", "2"])
+    return results
+
+
+@pytest.mark.parametrize(("column", "value", "plain"), [
+    ("max_sensitivity", "-1", True), ("max_sensitivity", "-1", False), ("local_lipschitz", "-0.5", False)])
+def test_a_robustness_value_below_zero_is_named(robust_run, tmp_path, capsys, column, value, plain):
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(robust_run, copy)
+    (folder,) = copy.iterdir()
+    _set_cell("robustness.csv.gz", column, value)(folder)
+    if not plain:
+        reseal(folder)
+    code, err = _command("analyze", copy, tmp_path, capsys)
+    named = ("is not the file the run wrote" if plain
+             else f"data row 2, column {column}: {float(value)!r} lies outside its range [0, inf]")
+    assert_one_line(code, err, 1, str(folder / "robustness.csv.gz"), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs, tmp_path):
+    """`read_table` and `read_overlays` check their file against the manifest themselves: a file
+    changed after the folder was verified, or a listed one deleted, is named (never read, or taken
+    for a run that saved none)."""
+    from xbench.results.folder import read_overlays, read_table
+
+    _, folder = _results_copy(finished_runs, tmp_path)
+    _edit_pairs(folder, lambda text: text.replace(b",True,", b",False,", 1))
+    with pytest.raises(ValueError, match="pairs.csv.gz is not the file the run wrote"):
+        read_table(folder / "pairs.csv.gz")
+    (folder / "overlays.npz").unlink()
+    with pytest.raises(ValueError, match="overlays.npz is missing, but manifest.json lists it"):
+        read_overlays(folder)
+    assert read_overlays(folder, "sanity_maps.npz") is None  # none saved, none listed
+
+
+# -- signals set, not inherited (issue 48) --
+
+from xbench import launch  # noqa: E402
+
+#: A process's answer to whether a SIGINT would raise KeyboardInterrupt in it.
+HEARS_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+def hears_sigint(**popen) -> bool:
+    return subprocess.run([sys.executable, "-c", HEARS_SIGINT], capture_output=True, text=True, check=True,
+                          **popen).stdout.strip() == "True"
+
+
+def test_the_jobs_of_a_launcher_that_ignores_sigint_hear_it():
+    """A suite started where SIGINT is ignored (a background job of a shell without job control) keeps
+    ignoring it, while the processes it starts for its jobs -- a local job (`launch._bound_to`),
+    submitit's local job (`launch._starting_with_sigint`) -- begin with SIGINT at its default, so its
+    cancel stops them; a process started otherwise inherits the ignored SIGINT, as exec passes it on."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert not hears_sigint()
+        assert hears_sigint(preexec_fn=launch._bound_to(os.getpid()))
+        with launch._starting_with_sigint():
+            assert hears_sigint()
+            os.kill(os.getpid(), signal.SIGINT)  # caught and dropped: no KeyboardInterrupt here
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- hub ids resolved offline (issue 50) --------------------------------------------------------
+# ``--model.checkpoint_dir hf-hub:<org>/<name>[@revision]`` is the snapshot the local Hugging Face
+# cache holds, found by huggingface_hub's own lookup with sockets blocked; every way it can be
+# wrong is named with its fix, and the download command where the cache lacks something.
+
+from conftest import COMMIT, only_folder, write_snapshot  # noqa: E402
+
+OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.mark.parametrize(("suffix", "commit"), [("", COMMIT), ("@main", COMMIT), ("@v1.1", OTHER_COMMIT),
+                                                (f"@{OTHER_COMMIT}", OTHER_COMMIT), (f"@{COMMIT}", COMMIT)])
+def test_a_hub_id_is_its_snapshot_in_the_local_cache(hub_cache, no_network, suffix, commit):
+    """By the hub's default branch, a branch or tag by name, a commit hash: the snapshot, offline."""
+    from xbench.models.hub import checkpoint_folder
+
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}", "weights.bin": b"w"}, OTHER_COMMIT, refs=("v1.1",))
+    folder = checkpoint_folder(f"hf-hub:org/model{suffix}")
+    assert folder == (hub_cache / "models--org--model" / "snapshots" / commit).resolve()
+    assert (folder / "config.json").read_bytes() == b"{}"
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HOME as it is imported
+def test_a_hub_id_follows_hf_home_in_a_fresh_interpreter(tmp_path):
+    """Without ``HF_HUB_CACHE``, the cache is ``$HF_HOME/hub``: the hub library's own rule, read as it starts."""
+    import os
+    import subprocess
+    import sys
+
+    snapshot = write_snapshot(tmp_path / "home" / "hub", "org/model", {"config.json": b"{}"})
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
+    code = "from xbench.models.hub import checkpoint_folder; print(checkpoint_folder('hf-hub:org/model'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**env, "HF_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0 and result.stdout.strip() == str(snapshot.resolve()), result.stderr
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("hf-hub:", "exactly one / between the organisation and the name"),
+    ("hf-hub:a", "exactly one / between the organisation and the name"),
+    ("hf-hub:a/b/c", "exactly one / between the organisation and the name"),
+    ("hf-hub:../b", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/..", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/b@../../../etc", "'../../../etc' is not a branch, tag or commit hash"),
+    ("hf-hub:a/b@", "'' is not a branch, tag or commit hash"),
+])
+def test_a_malformed_hub_id_is_a_usage_error_naming_the_form(phantom_root, hub_cache, tmp_path, capsys, no_network,
+                                                             value, problem):
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 2, f"--model.checkpoint_dir {value!r} is not a hub id", problem,
+                    "Write hf-hub:<org>/<name>[@revision]")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("value", "held", "command"), [
+    ("hf-hub:org/absent", "does not hold org/absent", "hf download org/absent (or"),
+    ("hf-hub:org/model@v9", "holds org/model but not its revision v9", "hf download org/model --revision v9"),
+    (f"hf-hub:org/model@{OTHER_COMMIT}", f"holds org/model but not its revision {OTHER_COMMIT}",
+     f"hf download org/model --revision {OTHER_COMMIT}"),
+])
+def test_a_hub_id_the_cache_lacks_is_named_with_its_download_command(phantom_root, hub_cache, tmp_path, capsys,
+                                                                     no_network, value, held, command):
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 1, f"--model.checkpoint_dir {value}: the Hugging Face cache {hub_cache}", held,
+                    f"Download it where a network is: {command}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_snapshot_lacking_a_needed_file_names_the_command_that_fetches_it(phantom_root, hub_cache, tmp_path,
+                                                                           capsys, no_network):
+    """CLIP's snapshot with its config only (``hf download`` of one file, the wrong one)."""
+    snapshot = write_snapshot(hub_cache, "timm/vit_base_patch16_clip_224.openai", {"open_clip_config.json": b"{}"})
+    status, err = run_cli(quiet_run("clip", "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                    "hf-hub:timm/vit_base_patch16_clip_224.openai"), capsys)
+    assert_one_line(status, err, 1, f"none of open_clip_model.safetensors, open_clip_pytorch_model.bin found in "
+                    f"{snapshot.resolve()}", "Download them into the cache: hf download "
+                    f"timm/vit_base_patch16_clip_224.openai open_clip_model.safetensors --revision {COMMIT}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_file_missing_in_a_snapshot_subfolder_is_named_by_its_path_in_the_repository(hub_cache):
+    from xbench.models.text import require_files
+
+    snapshot = write_snapshot(hub_cache, "org/model", {"Bio_ClinicalBERT/config.json": b"{}"})
+    with pytest.raises(FileNotFoundError, match="hf download org/model Bio_ClinicalBERT/vocab.txt --revision "
+                                                f"{COMMIT}"):
+        require_files(snapshot / "Bio_ClinicalBERT", ("config.json", "vocab.txt"), "a BERT")
+
+
+def test_the_suite_marks_a_hub_id_the_cache_lacks_missing_with_its_command(hub_cache, tmp_path, capsys, monkeypatch,
+                                                                          no_network):
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    model = CONFIGS_DIR / "models" / "medsiglip.yaml"
+    _suite_file(tmp_path, f"[{{config: {model}, settings: {{model.checkpoint_dir: 'hf-hub:google/medsiglip-448'}}}}]")
+    suite_main(["--config", "suite.yaml", "--dry-run"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing" in out and "hf download google/medsiglip-448" in out, out
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HUB_CACHE as it is imported
+def test_a_model_runs_from_a_hub_id_through_python_m_xbench_test(phantom_root, tmp_path, monkeypatch):
+    """A tiny SigLIP folder with random weights as ``google/medsiglip-448``'s snapshot in the cache, run
+    as a user would (``python -m xbench.test``), every socket and name lookup refused; the run is named
+    by its config, and a bare config names it after the repository, not the commit hash."""
+    from test_hf_dual_encoder import TINY
+    from test_offline import run_guarded
+
+    from xbench.models.random_weights import write_hf_dual_encoder
+
+    folder = write_hf_dual_encoder(tmp_path / "tiny", *TINY["siglip"], seed=0)
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    write_snapshot(tmp_path / "hf-cache", "google/medsiglip-448", files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    (tmp_path / "bare.yaml").write_text("model:\n  class_path: xbench.models.hf_dual_encoder.HFDualEncoder\n")
+    for config, name in ((CONFIGS_DIR / "models" / "medsiglip.yaml", "medsiglip"), (tmp_path / "bare.yaml",
+                                                                                    "medsiglip-448")):
+        args = run_args("medsiglip", "phantom", phantom_root, tmp_path / name, "--trainer.logger", "false",
+                        "--model.checkpoint_dir", "hf-hub:google/medsiglip-448", image_size=32)
+        args[1] = str(config)
+        result = run_guarded(f"import runpy, sys\nsys.argv = ['xbench.test', *{args!r}]\n"
+                             "runpy.run_module('xbench.test', run_name='__main__')", tmp_path)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0 and "NETWORK CALL" not in output, output[-3000:]
+        payload = json.loads((only_folder(tmp_path / name) / "metrics.json").read_text())
+        assert payload["model"] == name and payload["data"]["images_evaluated"] == 9

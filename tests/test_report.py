@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import reseal
 from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark, perturbation_label
 from xbench.reporting.explanations import cascade_figures
@@ -22,6 +23,7 @@ from xbench.reporting.paper_tables import (
 )
 from xbench.reporting.render import to_csv, to_latex, to_markdown
 from xbench.reporting.table import Cell, Column, Row, Table, emphasis
+from xbench.results.folder import SCHEMA
 
 DET10 = ["atelectasis", "calcification", "nodule"]
 THRESHOLDS = [k / 100 for k in range(101)]
@@ -35,7 +37,7 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
     graded = [p for p in pointing if p is not None]
     curve = [max(0.0, dice_best * (1 - abs(t - curve_peak))) for t in THRESHOLDS]
     payload = {
-        "schema": "xbench.results/2", "model": model, "dataset": dataset, "created": created, "classes": classes,
+        "schema": SCHEMA, "model": model, "dataset": dataset, "created": created, "classes": classes,
         "thresholds": THRESHOLDS,
         "grounding": {
             "macro": {"pointing_game": sum(graded) / len(graded) if graded else None, "dice@0.5": dice_fixed,
@@ -52,6 +54,7 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
     path = root / (folder or f"{model}__{dataset}__1")
     path.mkdir(parents=True)
     (path / "metrics.json").write_text(json.dumps(payload))
+    reseal(path)
     return path
 
 
@@ -144,6 +147,7 @@ def test_an_instrument_is_the_ceiling_row_of_every_table_and_no_point_of_fig3(be
                        dice_best=1.0, iou_best=1.0, auroc=1.0)
     payload = json.loads((oracle / "metrics.json").read_text())
     (oracle / "metrics.json").write_text(json.dumps({**payload, "instrument": True}))
+    reseal(oracle)
     bench = Benchmark.from_folders([bench_dir])
     assert bench.models == ["a", "b", "c"] and bench.instruments == ["oracle"]
     grid = markdown_grid(to_markdown(grounding_table(bench)))
@@ -210,6 +214,7 @@ def write_perturbed(root: Path, model: str, augment, *, pointing: float, dice: f
     payload["config"]["data"] = {"class_path": "x.Data", "init_args": {"augment": augment, "augment_seed": 0}}
     payload["data"]["lost_regions"] = {"nodule": lost, "mass": 0}
     (path / "metrics.json").write_text(json.dumps(payload))
+    reseal(path)
     return path
 
 
@@ -398,11 +403,12 @@ def write_sanity_run(root: Path, *, absolute_scale: float = 1.0) -> Path:
     payload["sanity"] = {"applicable": True, "images": 1, "pairs": 1, "seed": 0, "steps": steps, "macro": last,
                          "per_class": {"pneumonia": {"pairs": 1, **last}}}
     (folder / "metrics.json").write_text(json.dumps(payload))
+    reseal(folder)
     rng = np.random.default_rng(0)
     np.savez_compressed(folder / "sanity_maps.npz", image_id=np.array("img1"), finding=np.array("pneumonia"),
                         image=np.full((16, 16), 100, np.uint8), mask=np.zeros((16, 16), np.uint8),
                         maps=rng.integers(0, 256, (len(layers), 16, 16), dtype=np.uint8), layers=np.array(layers))
-    return folder
+    return reseal(folder)
 
 
 @pytest.mark.parametrize(("absolute_scale", "strip"), [(1.0, True), (0.5, True), (1.0, False)])
@@ -413,6 +419,7 @@ def test_sanity_figure_is_legible(tmp_path, absolute_scale, strip):
     folder = write_sanity_run(tmp_path / "results", absolute_scale=absolute_scale)
     if not strip:
         (folder / "sanity_maps.npz").unlink()
+        reseal(folder)
     (plot,) = cascade_figures(Benchmark.from_folders([tmp_path / "results"]))
     assert_texts_apart(plot.figure)
     curves = plot.figure.axes[-1]
@@ -451,6 +458,7 @@ def write_overlays(folder: Path, pairs: list[tuple[str, str]], seed: int) -> Non
         finding=np.array([f for f, _ in pairs]), image=images,
         saliency=rng.integers(0, 256, (n, 8, 8), dtype=np.uint8), mask=np.ones((n, 8, 8), dtype=bool),
     )
+    reseal(folder)
 
 
 def test_overlay_grid_shows_the_same_images_for_every_model(tmp_path):
@@ -524,6 +532,7 @@ def test_report_rejects_another_schema(tmp_path):
     payload = json.loads((folder / "metrics.json").read_text())
     payload["schema"] = "xbench.results/0"
     (folder / "metrics.json").write_text(json.dumps(payload))
+    reseal(folder)
     with pytest.raises(ValueError, match=r"metrics.json: schema 'xbench.results/0'"):
         Benchmark.from_folders([tmp_path])
 
@@ -537,6 +546,7 @@ def test_the_header_counts_every_run_the_report_lists(tmp_path, robustness_dir, 
                            iou_best=0.375, auroc=0.5)
     payload = json.loads((folder / "metrics.json").read_text())
     (folder / "metrics.json").write_text(json.dumps({**payload, "instrument": True}))
+    reseal(folder)
     report_main([str(root), "--out", str(tmp_path / "r"), "--no-analysis"])
     report = (tmp_path / "r" / "report.md").read_text()
     scope = "3 runs: 2 models and 1 ceiling instrument (oracle) on 1 dataset"

@@ -17,6 +17,7 @@ import pytest
 import torch
 from matplotlib.collections import LineCollection
 from sklearn.metrics import roc_auc_score
+from conftest import reseal
 from test_analysis import random_counts
 
 from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
@@ -81,7 +82,8 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
         "thresholds": [k / 100 for k in range(T)],
         "grounding": {
             "macro": macro,
-            "per_class": {key: {"pairs": int((data["cls"] == c).sum()), "pointing_game": pointing[c]}
+            "per_class": {key: {"pairs": int((data["cls"] == c).sum()), "pointing_game": pointing[c],
+                                "dice@0.5": dice_curve[c, 50], "iou@0.5": iou_curve[c, 50]}
                           for c, key in enumerate(CLASSES)},
             "curves": {key: {"dice": dice_curve[c].tolist(), "iou": iou_curve[c].tolist()}
                        for c, key in enumerate(CLASSES)},
@@ -103,7 +105,7 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
               "labels": torch.as_tensor(data["labels"], dtype=torch.int8)}
     image_ids = [f"img{i:02d}" for i in range(N)]  # sorted = index order, as the analysis orders images
     write_pairs(folder / "pairs.csv.gz", payload, records, labels, image_ids)
-    return folder
+    return reseal(folder)
 
 
 @pytest.fixture(scope="module")

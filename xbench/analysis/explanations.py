@@ -11,6 +11,7 @@ is NaN there and left out of that replicate's macro mean.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +20,17 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from xbench.metrics.names import analysed_keys
-from xbench.results.folder import CHECK_TABLES, DAMAGED, read_table
+from xbench.metrics.map_quality import SECTIONS as ALWAYS_ON
+from xbench.metrics.names import analysed_keys, metric
+from xbench.results.folder import CHECK_TABLES, DAMAGED, PAIRS, read_table
 
 #: The analysed values of each check, by its section in ``metrics.json``.
 CHECK_METRICS = {section: analysed_keys(section) for section in CHECK_TABLES}
+#: The sections whose tables flag each pair's constant map (those `xbench.results.payload.pair_section`
+#: builds, with its counts): all but sanity, which scores a map against itself randomised.
+FLAGGED = tuple(section for section in CHECK_TABLES if section != "sanity")
+#: How far past its metric's range (`xbench.metrics.names.Metric.bounds`) a value may lie: float noise.
+RANGE_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -36,15 +43,20 @@ class CheckedPairs:
     values: dict[str, Tensor]
 
 
-def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids: np.ndarray) -> dict[str, CheckedPairs]:
+def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids: np.ndarray, graded: np.ndarray
+                ) -> dict[str, CheckedPairs]:
     """The pairs of each check that ran on the folder's run (``metrics.json``'s section applicable):
-    faithfulness's pairs, and sanity's pairs after its last cascade step (every group randomised)."""
+    faithfulness's pairs, and sanity's pairs after its last cascade step (every group randomised).
+    ``graded``: the run's graded pairs as ``image * C + class`` (`pair_cells`), sorted, which every
+    table's pairs are checked against; a table without its section is an error naming both."""
     found = {}
     for section, file in CHECK_TABLES.items():
         body = metrics.get(section)  # a dict where present (read_results checks it)
-        if not (body or {}).get("applicable"):
-            continue
         path = Path(folder) / file
+        if not (body or {}).get("applicable"):
+            if os.path.lexists(path):
+                raise ValueError(f"{path} is present, but metrics.json has no applicable {section} section; {DAMAGED}")
+            continue
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing, but metrics.json holds a {section} section; {DAMAGED}")
         table = read_table(path, dtype={"image_id": str, "class": str}, keep_default_na=False,
@@ -55,8 +67,42 @@ def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids
         if len(table) != body.get("pairs"):
             raise ValueError(f"{path} holds {len(table)} pairs, but metrics.json's {section} section counts "
                              f"{body.get('pairs')!r}; {DAMAGED}")
-        found[section] = _checked_pairs(path, table, CHECK_METRICS[section], classes, image_ids)
+        checked = _checked_pairs(path, table, CHECK_METRICS[section], classes, image_ids)
+        _check_graded(path, section, table, pair_cells(checked.image, checked.cls, len(classes)), graded)
+        if section in FLAGGED:
+            _check_constant_maps(path, section, table, body, classes)
+        found[section] = checked
     return found
+
+
+def pair_cells(image: Tensor | np.ndarray, cls: Tensor | np.ndarray, num_classes: int) -> np.ndarray:
+    """Each (image row, class) pair as one number, ``image * C + class``."""
+    return np.asarray(image, dtype=np.int64) * num_classes + np.asarray(cls, dtype=np.int64)
+
+
+def _check_graded(path: Path, section: str, table: pd.DataFrame, cells: np.ndarray, graded: np.ndarray) -> None:
+    """The families score exactly the graded pairs of ``pairs.csv.gz``; a run-level check a subset."""
+    foreign = ~np.isin(cells, graded)
+    if foreign.any():
+        first = np.flatnonzero(foreign)[0]
+        raise ValueError(f"{path}, data row {table.index[first] + 2}: ({table['image_id'].iloc[first]}, "
+                         f"{table['class'].iloc[first]}) is not a graded pair of {PAIRS}; {DAMAGED}")
+    if section in ALWAYS_ON and len(cells) != len(graded):
+        raise ValueError(f"{path} holds {len(cells)} pairs, but {PAIRS} grades {len(graded)}: {section} scores "
+                         f"every graded pair; {DAMAGED}")
+
+
+def _check_constant_maps(path: Path, section: str, table: pd.DataFrame, body: dict, classes: tuple[str, ...]) -> None:
+    """The table's ``constant_map`` flags, counted per class, against the section's own counts."""
+    flags = table["constant_map"] if "constant_map" in table.columns else None
+    if flags is None or (len(flags) and flags.dtype != bool):  # a table of no pairs reads as no type
+        raise ValueError(f"{path}: the constant_map column is missing or holds more than True and False; {DAMAGED}")
+    counted = flags.groupby(table["class"]).sum()
+    for key in classes:
+        listed = body["per_class"][key].get("constant_maps")
+        if int(counted.get(key, 0)) != listed:
+            raise ValueError(f"{path}: {int(counted.get(key, 0))} constant maps of {key} flagged, but metrics.json's "
+                             f"{section}.per_class.{key}.constant_maps counts {listed!r}; {DAMAGED}")
 
 
 def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], classes: tuple[str, ...],
@@ -84,6 +130,12 @@ def _checked_pairs(path: Path, table: pd.DataFrame, names: tuple[str, ...], clas
                              f"not a number; {DAMAGED}")
         if np.isinf(column).any():
             raise ValueError(f"{path}: {name} holds an infinite value; {DAMAGED}")
+        low, high = metric(name).bounds
+        outside = (column < low - RANGE_SLACK) | (column > high + RANGE_SLACK)
+        if outside.any():
+            first = np.flatnonzero(outside)[0]
+            raise ValueError(f"{path}, data row {table.index[first] + 2}, column {name}: {float(column[first])!r} lies "
+                             f"outside its range [{low:g}, {high:g}]; {DAMAGED}")
         values[name] = torch.tensor(column)
     return CheckedPairs(torch.from_numpy(image), torch.from_numpy(cls), values)
 

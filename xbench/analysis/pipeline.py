@@ -6,6 +6,7 @@ it); the tables in [`xbench.analysis.tables`][xbench.analysis.tables] read its `
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,17 @@ from xbench.analysis.grounding import (
 from xbench.metrics.recognition import recognition_statistics
 from xbench.analysis.runs import DatasetRuns, Run, find_run_folders, group_runs, load_run
 from xbench.analysis.settings import Settings
+from xbench.results.folder import CHECK_TABLES, DAMAGED, METRICS, PAIRS, QUERIES
+
+#: How far an estimate re-derived from a folder's records may lie from ``metrics.json``'s own:
+#: float noise (the run sums in float64 as the analysis does, in another order), relative to the
+#: value or absolute below 1 -- a hand edit or a swapped table moves it by far more.
+TOLERANCE = 1e-9
+#: The grounding estimates re-derived from ``pairs.csv.gz`` (or a view's ``queries.csv.gz``).
+GROUNDING_ESTIMATES = ("pointing_game", "dice@0.5", "iou@0.5")
+#: Where ``metrics.json`` keeps the grounding estimates of the pairs analysed, by ``Settings.queries``.
+GROUNDING_SECTION = {None: ("grounding",), "query": ("phrase_grounding", "by_query"),
+                     "finding_name": ("phrase_grounding", "by_finding_name")}
 
 
 def stratum_labels(size_bins: Sequence[float]) -> list[str]:
@@ -82,6 +94,45 @@ class Analysis:
     datasets: list[DatasetAnalysis]
 
 
+def check_estimates(run: Run, queries: str | None = None) -> None:
+    """The estimates the analysis re-derives from the run's records -- the bootstrap's row 0: per
+    class and macro Pointing Game, Dice and IoU at 0.5, each explanation family's means -- against
+    ``metrics.json``'s own; a disagreement beyond `TOLERANCE` (a folder edited and resealed, a table
+    from another run, a bug) is an error naming the section, the class and both values."""
+    ones = torch.ones(1, len(run.image_ids), dtype=torch.float64)
+    grounding = grounding_statistics(run.pairs, len(run.classes), ones).per_class
+    path = GROUNDING_SECTION[queries]
+    body: dict | None = run.results
+    for key in path:
+        body = (body or {}).get(key)
+    if not isinstance(body, dict) or not all(isinstance(body.get(part), dict) for part in ("macro", "per_class")):
+        raise ValueError(f"{run.path / METRICS}: {'.'.join(path)} is missing or lacks its macro and per_class "
+                         f"means; {DAMAGED}")
+    derived = [(".".join(path), body, QUERIES if queries else PAIRS,
+                {key: grounding[key][0] for key in GROUNDING_ESTIMATES})]
+    derived += [(section, run.results[section], CHECK_TABLES[section],
+                 {key: value[0] for key, value in check_statistics(checked, len(run.classes), ones).items()})
+                for section, checked in run.checks.items()]
+    for section, body, table, values in derived:
+        for key, per_class in values.items():
+            for c, name in enumerate(run.classes):
+                _compare(run, f"{section}.per_class.{name}.{key}", (body["per_class"].get(name) or {}).get(key),
+                         float(per_class[c]), table)
+            _compare(run, f"{section}.macro.{key}", body["macro"].get(key), float(torch.nanmean(per_class)), table)
+
+
+def _compare(run: Run, where: str, reported, derived: float, table: str) -> None:
+    """One estimate of ``metrics.json`` (``None``: undefined) against the records' (NaN: undefined)."""
+    if reported is None and math.isnan(derived):
+        return
+    agrees = isinstance(reported, (int, float)) and not isinstance(reported, bool) and not math.isnan(derived) and (
+        abs(reported - derived) <= TOLERANCE * max(1.0, abs(derived)))
+    if not agrees:
+        shown = "undefined" if math.isnan(derived) else f"{derived:.6g}"
+        raise ValueError(f"{run.path / METRICS}: {where} is {reported!r}, but the folder's records ({table}) give "
+                         f"{shown}; {DAMAGED}")
+
+
 def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
     """Every run of one dataset, resampled with the same image weights (paired)."""
     num_images, num_classes = len(group.image_ids), len(group.classes)
@@ -119,10 +170,12 @@ def analyze(
     Args:
         results: test-split results folders; models on one dataset must cover the same images.
         validation: results folders of the same models on the dataset's validation split; each
-            calibrates its model's tau. Without them, tau is cross-fitted over the test images.
+            calibrates its model's τ. Without them, τ is cross-fitted over the test images.
     """
     settings = settings or Settings()
     runs = [load_run(folder, settings.queries) for folder in find_run_folders(results)]
     validation = list(validation)
     validation_runs = [load_run(folder, settings.queries) for folder in find_run_folders(validation)] if validation else []
+    for run in (*runs, *validation_runs):
+        check_estimates(run, settings.queries)
     return Analysis(settings, [analyze_dataset(group, settings) for group in group_runs(runs, validation_runs)])

@@ -19,11 +19,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from xbench.analysis.explanations import CheckedPairs, load_checks
+from xbench.analysis.explanations import CheckedPairs, load_checks, pair_cells
 from xbench.metrics.grounding import NUM_THRESHOLDS
 from xbench.results.folder import (
-    METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
-    read_results, read_table,
+    DAMAGED, METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
+    holds_results, read_results, read_table,
 )
 
 PREDICTED_COLUMNS, INTER_COLUMNS = count_columns(NUM_THRESHOLDS)
@@ -65,6 +65,8 @@ class Run:
     instrument: bool = False
     #: The pairs the run's sanity and faithfulness checks scored, by section (``xbench.checks``).
     checks: dict[str, CheckedPairs] = field(default_factory=dict)
+    #: The folder's ``metrics.json``: the estimates the records are checked against (`check_estimates`).
+    results: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -72,15 +74,16 @@ class Run:
 
 
 def find_run_folders(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path is a results folder (it holds ``metrics.json``) or a folder of them."""
+    """Each path is a results folder (it holds ``metrics.json``) or a folder of them; a folder with
+    a run's files but no ``metrics.json`` is an error naming it (`holds_results`)."""
     folders: list[Path] = []
     for path in map(Path, paths):
-        if (path / METRICS_FILE).is_file():
+        if path.is_dir() and holds_results(path):
             folders.append(path)
             continue
         if not path.is_dir():
             raise FileNotFoundError(f"{path}: no such results folder")
-        children = sorted(p for p in path.iterdir() if not p.name.startswith(".") and (p / METRICS_FILE).is_file())
+        children = sorted(p for p in path.iterdir() if not p.name.startswith(".") and p.is_dir() and holds_results(p))
         if not children:
             raise FileNotFoundError(
                 f"{path}: neither a results folder (no {METRICS_FILE}) nor a folder of results folders; "
@@ -101,7 +104,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     for path in (metrics_path, pairs_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: is {folder} a complete results folder?")
-    metrics = read_results(folder, {"data": (dict, ("image_size",))})
+    metrics = read_results(folder, {"data": (dict, ("image_size",)), "grounding": (dict, ("macro", "per_class"))})
     classes = tuple(metrics["classes"])
     table = read_table(pairs_path, dtype={"image_id": str, "class": str}, keep_default_na=False,
                         na_values={c: [""] for c in PAIR_COLUMNS if c not in ("image_id", "class")})
@@ -134,11 +137,13 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     if not np.isfinite(logits).all():
         raise ValueError(f"{where(~np.isfinite(table['logit'].to_numpy(dtype=np.float64)))}: logit is not a finite number")
 
-    if queries is None:
-        graded = table["graded"].to_numpy(dtype=bool)
-        pairs = _graded_pairs(table[graded], image_row[graded], class_index[graded], where, np.flatnonzero(graded))
-    else:
-        pairs = _query_pairs(folder, queries, classes, image_ids)
+    frame_pixels = int(metrics["data"]["image_size"]) ** 2
+    graded = table["graded"].to_numpy(dtype=bool)
+    pairs = _graded_pairs(table[graded], image_row[graded], class_index[graded], where, np.flatnonzero(graded),
+                          frame_pixels)
+    graded_cells = np.sort(pair_cells(pairs.image, pairs.cls, len(classes)))
+    if queries is not None:
+        pairs = _query_pairs(folder, queries, classes, image_ids, frame_pixels)
     model_section = metrics["config"]["model"]
     return Run(
         path=folder,
@@ -155,37 +160,45 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         logits=torch.from_numpy(logits),
         pairs=pairs,
         instrument=bool(metrics.get("instrument")),
-        checks=load_checks(folder, metrics, classes, image_ids),
+        checks=load_checks(folder, metrics, classes, image_ids, graded_cells),
+        results=metrics,
     )
 
 
-def _graded_pairs(rows: pd.DataFrame, image_row: np.ndarray, class_index: np.ndarray, where, line: np.ndarray
-                  ) -> GradedPairs:
+def _graded_pairs(rows: pd.DataFrame, image_row: np.ndarray, class_index: np.ndarray, where, line: np.ndarray,
+                  frame_pixels: int) -> GradedPairs:
     """Graded pairs from table ``rows`` (their images and classes given), checked: ``where(mask)``
-    names the rows of the file where ``mask`` (over the file's rows) is set; ``line``: each row's."""
+    names the rows of the file where ``mask`` (over the file's rows) is set; ``line``: each row's;
+    a hit is 0 or 1 and no count exceeds the frame's ``frame_pixels``."""
     counts = rows[["region_px", "hit", *PREDICTED_COLUMNS, *INTER_COLUMNS]].to_numpy(dtype=np.float64)
     bad = np.zeros(int(line.max()) + 1 if len(line) else 0, dtype=bool)
     if np.isnan(counts).any():
         bad[line[np.isnan(counts).any(1)]] = True
         raise ValueError(f"{where(bad)}: a graded pair lacks region_px, hit or a pred_/inter_ count")
+    outside = ~np.isin(counts[:, 1], (0, 1)) | (counts[:, [0, *range(2, 2 + NUM_THRESHOLDS)]] > frame_pixels).any(1)
+    if outside.any():
+        bad[line[outside]] = True
+        raise ValueError(f"{where(bad)}: hit must be 0 or 1, and region_px and every pred_ count at most the frame's "
+                         f"{frame_pixels} pixels; {DAMAGED}")
     counts = torch.from_numpy(counts.astype(np.int64))
     region, hit = counts[:, 0], counts[:, 1].bool()
     predicted, inter = counts[:, 2:2 + NUM_THRESHOLDS], counts[:, 2 + NUM_THRESHOLDS:]
     consistent = (
-        (inter[:, 0] == region) & (region > 0) & (inter <= predicted).all(1)
+        (inter[:, 0] == region) & (region > 0) & (inter[:, -1] >= 0) & (inter <= predicted).all(1)
         & (predicted[:, 1:] <= predicted[:, :-1]).all(1) & (inter[:, 1:] <= inter[:, :-1]).all(1)
     )
     if not bool(consistent.all()):
         bad[line[~consistent.numpy()]] = True
         raise ValueError(
-            f"{where(bad)}: counts are inconsistent (need inter_000 = region_px > 0, inter_k <= pred_k, "
+            f"{where(bad)}: counts are inconsistent (need inter_000 = region_px > 0, 0 <= inter_k <= pred_k, "
             "both non-increasing in k); the file was edited or damaged"
         )
     return GradedPairs(image=torch.from_numpy(image_row), cls=torch.from_numpy(class_index), region=region, hit=hit,
                        predicted=predicted, inter=inter, cnr=torch.tensor(rows["cnr"].to_numpy(dtype=np.float64)))
 
 
-def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: np.ndarray) -> GradedPairs:
+def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: np.ndarray, frame_pixels: int
+                 ) -> GradedPairs:
     """The (image, query) pairs of ``queries.csv.gz`` in ``view``, as graded pairs of their findings."""
     path = folder / QUERIES_FILE
     if not path.is_file():
@@ -208,7 +221,7 @@ def _query_pairs(folder: Path, view: str, classes: tuple[str, ...], image_ids: n
         bad = np.zeros(len(table), dtype=bool)
         bad[chosen[(class_index < 0) | ~known]] = True
         raise ValueError(f"{where(bad)}: finding or image_id not among the run's classes and images")
-    return _graded_pairs(rows, image_row, class_index, where, chosen)
+    return _graded_pairs(rows, image_row, class_index, where, chosen, frame_pixels)
 
 
 @dataclass(frozen=True)

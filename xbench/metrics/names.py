@@ -1,16 +1,23 @@
-"""Every metric XBench reports, once: its key, its labels, its unit and where it appears.
+r"""Every metric XBench reports, once: its key, its labels, its unit and where it appears.
 
 The key is the name in ``metrics.json``, ``per_class.csv``, W&B and the analysis tables; ``short``
 heads table columns (console summary, ``summary.md``, the report, the analysis summary) and
 ``long`` labels figure axes and legends. A metric chosen on the evaluated set itself (the best
-threshold tau*, max-F1) carries a ``*`` in its short label. Every list of metrics elsewhere is a
+threshold τ\*, max-F1) carries a ``*`` in its short label. Every list of metrics elsewhere is a
 selection of keys from this table, so a label or a unit changes here and nowhere else.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
+
+#: The ranges a metric's value of one pair (and so its means) can take, for ``Metric.bounds``.
+FRACTION = (0.0, 1.0)
+NON_NEGATIVE = (0.0, math.inf)
+CORRELATION = (-1.0, 1.0)
+ANY = (-math.inf, math.inf)
 
 Section = Literal["grounding", "classification", "faithfulness", "sanity", "localisation", "complexity",
                   "randomisation", "robustness"]
@@ -18,10 +25,11 @@ Section = Literal["grounding", "classification", "faithfulness", "sanity", "loca
 
 @dataclass(frozen=True)
 class Metric:
-    """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a tau or probability, shown
+    """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a τ or probability, shown
     as is), ``ratio`` (shown as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
     ``per_class``: it has a per-class value; ``analysed``: the bootstrap analysis gives it intervals
-    (per class, and as a macro mean where ``macro``)."""
+    (per class, and as a macro mean where ``macro``). ``bounds``: the closed range its value takes
+    by its definition (a reader refuses a value outside it as damage)."""
 
     key: str
     section: Section
@@ -32,6 +40,7 @@ class Metric:
     macro: bool = True
     per_class: bool = True
     analysed: bool = False
+    bounds: tuple[float, float] = FRACTION
 
 
 def _grounding_curves() -> list[Metric]:
@@ -52,22 +61,26 @@ def _grounding_curves() -> list[Metric]:
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("pairs", "grounding", "Pairs", "graded (image, class) pairs", unit="count", macro=False),
-    Metric("hits", "grounding", "Hits", "Pointing Game hits", unit="count", macro=False),
+    Metric("pairs", "grounding", "Pairs", "graded (image, class) pairs", unit="count",
+           macro=False, bounds=NON_NEGATIVE),
+    Metric("hits", "grounding", "Hits", "Pointing Game hits", unit="count", macro=False, bounds=NON_NEGATIVE),
     Metric("pointing_game", "grounding", "PG", "Pointing Game", analysed=True),
     *_grounding_curves(),
     Metric("dice@calibrated", "grounding", "Dice@τcal", "Dice at the calibrated threshold τcal", analysed=True),
     Metric("iou@calibrated", "grounding", "IoU@τcal", "IoU at the calibrated threshold τcal", analysed=True),
-    Metric("cnr", "grounding", "CNR", "contrast-to-noise ratio", unit="ratio", analysed=True),
-    Metric("cnr_pairs", "grounding", "CNR pairs", "graded pairs with a defined CNR", unit="count", macro=False),
+    Metric("cnr", "grounding", "CNR", "contrast-to-noise ratio", unit="ratio", analysed=True, bounds=ANY),
+    Metric("cnr_pairs", "grounding", "CNR pairs", "graded pairs with a defined CNR", unit="count",
+           macro=False, bounds=NON_NEGATIVE),
     Metric("constant_maps", "grounding", "Constant maps", "constant maps (a Pointing Game miss)", unit="count",
-           macro=False),
-    Metric("tied_maxima", "grounding", "Tied maxima", "maps whose maximum is tied", unit="count", macro=False),
+           macro=False, bounds=NON_NEGATIVE),
+    Metric("tied_maxima", "grounding", "Tied maxima", "maps whose maximum is tied", unit="count",
+           macro=False, bounds=NON_NEGATIVE),
     Metric("empty_masks", "grounding", "Empty masks", "pairs with an empty region (left out)", unit="count",
-           macro=False),
-    Metric("positives", "classification", "Pos", "positive images", unit="count", macro=False),
-    Metric("negatives", "classification", "Neg", "negative images", unit="count", macro=False),
-    Metric("unknown", "classification", "Unknown", "images with an unknown label", unit="count", macro=False),
+           macro=False, bounds=NON_NEGATIVE),
+    Metric("positives", "classification", "Pos", "positive images", unit="count", macro=False, bounds=NON_NEGATIVE),
+    Metric("negatives", "classification", "Neg", "negative images", unit="count", macro=False, bounds=NON_NEGATIVE),
+    Metric("unknown", "classification", "Unknown", "images with an unknown label", unit="count",
+           macro=False, bounds=NON_NEGATIVE),
     Metric("auroc", "classification", "AUROC", "AUROC", analysed=True),
     Metric("auprc", "classification", "AUPRC", "AUPRC (average precision)", analysed=True),
     Metric("f1@0.5", "classification", "F1@p≥0.5", "F1 at p ≥ 0.5", analysed=True),
@@ -77,26 +90,27 @@ METRICS: tuple[Metric, ...] = (
     Metric("max_f1_threshold", "classification", "p* (max-F1)", "probability threshold of max-F1",
            unit="threshold", chosen=True, macro=False),
     Metric("max_f1_logit", "classification", "logit* (max-F1)", "logit threshold of max-F1", unit="logit",
-           chosen=True, macro=False),
+           chosen=True, macro=False, bounds=ANY),
     Metric("accuracy@max_f1", "classification", "Acc@max-F1*", "accuracy at the max-F1 threshold", chosen=True,
            analysed=True),
     # faithfulness (xbench.checks.faithfulness): the class's logit as the map's pixels are removed or inserted
     Metric("deletion_auc", "faithfulness", "Del AUC", "deletion AUC (logit; lower is more faithful)", unit="logit",
-           analysed=True),
+           analysed=True, bounds=ANY),
     Metric("insertion_auc", "faithfulness", "Ins AUC", "insertion AUC (logit; higher is more faithful)",
-           unit="logit", analysed=True),
+           unit="logit", analysed=True, bounds=ANY),
     Metric("road_morf", "faithfulness", "ROAD MoRF", "ROAD, most relevant first (logit change)", unit="logit",
-           analysed=True),
+           analysed=True, bounds=ANY),
     Metric("road_lerf", "faithfulness", "ROAD LeRF", "ROAD, least relevant first (logit change)", unit="logit",
-           analysed=True),
+           analysed=True, bounds=ANY),
     Metric("road", "faithfulness", "ROAD", "ROAD, (LeRF − MoRF) / 2 (logit; higher is more faithful)", unit="logit",
-           analysed=True),
+           analysed=True, bounds=ANY),
     # sanity (xbench.checks.sanity): the map after every layer group is randomised, against the original
     Metric("spearman", "sanity", "Spearman", "Spearman correlation with the original map (lower passes)",
-           unit="ratio", analysed=True),
+           unit="ratio", analysed=True, bounds=CORRELATION),
     Metric("spearman_abs", "sanity", "Spearman (abs)", "Spearman correlation of absolute values with the original map",
-           unit="ratio", analysed=True),
-    Metric("ssim", "sanity", "SSIM", "SSIM with the original map (lower passes)", unit="ratio", analysed=True),
+           unit="ratio", analysed=True, bounds=CORRELATION),
+    Metric("ssim", "sanity", "SSIM", "SSIM with the original map (lower passes)", unit="ratio",
+           analysed=True, bounds=CORRELATION),
     # Quantus' families (docs/explanations.md): localisation, complexity and random logit on every graded pair
     # (xbench.metrics.map_quality), robustness on a subset (xbench.checks.robustness)
     Metric("relevance_mass", "localisation", "Mass", "relevance mass accuracy (= attribution localisation)",
@@ -107,13 +121,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("sparseness", "complexity", "Gini", "sparseness (Gini index; higher is sparser)", unit="ratio",
            analysed=True),
     Metric("complexity", "complexity", "Entropy", "complexity (entropy in nats; lower is simpler)", unit="ratio",
-           analysed=True),
+           analysed=True, bounds=NON_NEGATIVE),
     Metric("random_logit", "randomisation", "Random logit",
-           "random logit: SSIM with another class's map (lower passes)", unit="ratio", analysed=True),
+           "random logit: SSIM with another class's map (lower passes)", unit="ratio",
+           analysed=True, bounds=CORRELATION),
     Metric("max_sensitivity", "robustness", "Max-sens", "max-sensitivity (lower is more robust)", unit="ratio",
-           analysed=True),
+           analysed=True, bounds=NON_NEGATIVE),
     Metric("local_lipschitz", "robustness", "Lipschitz", "local Lipschitz estimate (lower is more robust)",
-           unit="ratio", analysed=True),
+           unit="ratio", analysed=True, bounds=NON_NEGATIVE),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
 #: Metrics the analysis adds (a threshold chosen where it is not scored); not in metrics.json.

@@ -56,6 +56,7 @@ from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.carzero import prompt_for
 from xbench.models.checkpoints import check_safetensors, damaged_safetensors, load_state_dict_strict, require_finite
 from xbench.models.explainers import CamTarget
+from xbench.models.hub import checkpoint_folder
 from xbench.models.text import require_files
 
 CONFIG_FILE = "config.json"
@@ -259,8 +260,9 @@ class RadZero(XBenchModel):
     """RadZero from the folder its authors publish (see the module docstring for the recipe).
 
     Args:
-        checkpoint_dir: the folder: ``config.json``, ``model.safetensors``, ``preprocessor_config.json``
-            and all-mpnet-base-v2's tokenizer files (docs/models/radzero.md).
+        checkpoint_dir: the folder (or its hub id, ``hf-hub:Deepnoid/RadZero``): ``config.json``,
+            ``model.safetensors``, ``preprocessor_config.json`` and all-mpnet-base-v2's tokenizer
+            files (docs/models/radzero.md).
     """
 
     query_mode = "phrase"
@@ -278,7 +280,7 @@ class RadZero(XBenchModel):
 
     def __init__(self, checkpoint_dir: str = "checkpoints/radzero", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.net: RadZeroNet | None = None
         self.tokenizer = None
         self._preprocess: RadZeroPreprocess | None = None

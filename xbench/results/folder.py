@@ -1,4 +1,5 @@
-"""The layout of a results folder (file names, schema) and reading it back.
+"""The layout of a results folder (file names, schema, its manifest) and reading it back, every
+file checked against the manifest first (`verify_folder`, `check_file`).
 
 Kept apart from the writer (`xbench.results.write`) and free of torch, so that the suite
 starts quickly.
@@ -6,19 +7,26 @@ starts quickly.
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
 
-from xbench.files import read_json_object
+from xbench.files import read_json_object, regular_file
 
-SCHEMA = "xbench.results/2"
+SCHEMA = "xbench.results/3"
 METRICS = "metrics.json"
+#: Every file of the folder with its size and SHA-256, written last by the run (`manifest_of`).
+MANIFEST = "manifest.json"
 OVERLAYS = "overlays.npz"
 #: What an error about a damaged results file tells the user to do.
 DAMAGED = "the file was edited or damaged: re-run that model on that dataset (or restore the folder)"
 PAIRS = "pairs.csv.gz"
 QUERIES = "queries.csv.gz"
+PER_CLASS = "per_class.csv"
+SUMMARY = "summary.md"
+CONFIG = "config.yaml"
 #: The per-pair tables of the explanation sections, by their section in ``metrics.json``: the run-level
 #: checks' (``xbench.checks``: faithfulness, sanity, robustness) and the families every run scores on
 #: its graded pairs (``xbench.metrics.map_quality``: localisation, complexity, randomisation).
@@ -26,6 +34,10 @@ CHECK_TABLES = {section: f"{section}.csv.gz" for section in (
     "faithfulness", "sanity", "robustness", "localisation", "complexity", "randomisation")}
 #: The sanity check's saved cascade of one pair: its radiograph, region and map at every step.
 SANITY_MAPS = "sanity_maps.npz"
+#: Every file a run may write beside the manifest: one present but not listed was added by hand.
+WRITTEN = (METRICS, PER_CLASS, SUMMARY, PAIRS, CONFIG, OVERLAYS, QUERIES, *CHECK_TABLES.values(), SANITY_MAPS)
+#: Bytes hashed at a time: a table of any size is streamed, never read whole.
+HASH_CHUNK = 1 << 20
 #: Where the output went, not which model ran: options that folders written before the output
 #: became a callback (``xbench.reporting.writer``) record among the model's ``init_args``.
 MODEL_OUTPUT_OPTIONS = ("results_dir", "overlay_pairs")
@@ -36,8 +48,13 @@ def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:
     return [f"pred_{k:03d}" for k in range(num_thresholds)], [f"inter_{k:03d}" for k in range(num_thresholds)]
 
 
+#: The files by which a folder is known as a run's results.
+RUN_FILES = (METRICS, MANIFEST, PAIRS)
+
+
 def find_result_folders(paths: list[Path]) -> list[Path]:
-    """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted.
+    """Every results folder at or below ``paths`` (a folder holding ``metrics.json``), sorted; a
+    folder holding a run's other files but no ``metrics.json`` is an error naming it (`holds_results`).
 
     Hidden folders (a run still being written is staged under a ``.name``) are not looked into.
     """
@@ -45,11 +62,98 @@ def find_result_folders(paths: list[Path]) -> list[Path]:
     for path in map(Path, paths):
         if not path.is_dir():
             raise FileNotFoundError(f"no results folder at {path}")
-        for metrics in path.rglob(METRICS):
-            relative = metrics.parent.relative_to(path).parts
-            if not any(part.startswith(".") for part in relative):
-                found.add(metrics.parent)
-    return sorted(found)
+        for name in RUN_FILES:
+            for file in path.rglob(name):
+                if not any(part.startswith(".") for part in file.parent.relative_to(path).parts):
+                    found.add(file.parent)
+    return sorted(folder for folder in found if holds_results(folder))
+
+
+def holds_results(folder: Path) -> bool:
+    """Whether ``folder`` holds a run's files; one that holds some but no ``metrics.json`` is an
+    error naming it, never skipped (the run would drop out of every table unnamed)."""
+    if not any(os.path.lexists(Path(folder) / name) for name in RUN_FILES):
+        return False
+    if not os.path.lexists(Path(folder) / METRICS):
+        raise ValueError(f"{folder} holds a run's files but no {METRICS}; {DAMAGED}")
+    return True
+
+
+def file_digest(path: Path) -> dict:
+    """``{"bytes", "sha256"}`` of a file, hashed in chunks; anything but a regular file (a named pipe
+    would block the read for ever) is refused before it is opened."""
+    digest = hashlib.sha256()
+    with open(regular_file(path), "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return {"bytes": os.stat(path).st_size, "sha256": digest.hexdigest()}
+
+
+def manifest_of(folder: Path) -> dict:
+    """The manifest of a finished folder: every file in it but the manifest, with its digest."""
+    files = sorted(p for p in Path(folder).iterdir() if p.name != MANIFEST)
+    return {"files": {path.name: file_digest(path) for path in files}}
+
+
+def read_manifest(folder: Path) -> dict[str, dict]:
+    """The manifest's files (name -> ``{"bytes", "sha256"}``), checked for its shape."""
+    path = Path(folder) / MANIFEST
+    if not os.path.lexists(path):
+        raise ValueError(f"{path} is missing (every folder this XBench version writes has one); {DAMAGED}")
+    try:
+        manifest = read_json_object(path, "a results folder's manifest", DAMAGED)
+    except ValueError as error:
+        raise _damage(error) from None
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: 'files' is missing or not a dict of file name -> bytes and sha256; {DAMAGED}")
+    for name, entry in files.items():
+        bytes_, sha = (entry.get("bytes"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        if (name in ("", ".", "..", MANIFEST) or Path(name).name != name or not isinstance(bytes_, int)
+                or isinstance(bytes_, bool) or not isinstance(sha, str)):
+            raise ValueError(f"{path}: files[{name!r}] is not a file of the folder with its 'bytes' (an integer) "
+                             f"and 'sha256' (a string); {DAMAGED}")
+    return files
+
+
+def check_file(folder: Path, name: str, files: dict[str, dict]) -> None:
+    """One file of ``folder`` against the manifest's ``files``: listed, present, a regular file of
+    the listed size and SHA-256."""
+    path = Path(folder) / name
+    if name not in files:
+        raise ValueError(f"{path} is not listed in {Path(folder) / MANIFEST} (added to the folder by hand?); {DAMAGED}")
+    try:
+        found = file_digest(path)
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing, but {MANIFEST} lists it; {DAMAGED}") from None
+    except ValueError as error:  # not a regular file (xbench.files.regular_file)
+        raise _damage(error) from None
+    listed = files[name]
+    if found["bytes"] != listed["bytes"] or found["sha256"] != listed["sha256"]:
+        raise ValueError(f"{path} is not the file the run wrote ({found['bytes']} bytes, SHA-256 "
+                         f"{found['sha256'][:16]}...; {MANIFEST} lists {listed['bytes']} bytes, "
+                         f"{listed['sha256'][:16]}...); {DAMAGED}")
+
+
+#: The fixes `xbench.files` gives a file the user supplies, which a results folder's file replaces by `DAMAGED`.
+GENERIC_FIXES = (": was it truncated?", ": name the file itself")
+
+
+def _damage(error: ValueError) -> ValueError:
+    """A file error of `xbench.files` (not JSON, not a regular file) with a results folder's fix."""
+    what = str(error)
+    for fix in GENERIC_FIXES:
+        what = what.split(fix)[0]
+    return ValueError(what if DAMAGED in what else f"{what}; {DAMAGED}")
+
+
+def verify_folder(folder: Path) -> None:
+    """Every file the manifest lists, and every file XBench writes that is present, checked against
+    the manifest (`check_file`): what a reader uses is what the run wrote."""
+    files = read_manifest(folder)
+    present = {name for name in WRITTEN if os.path.lexists(Path(folder) / name)}
+    for name in sorted(set(files) | present):
+        check_file(folder, name, files)
 
 
 #: What every reader of ``metrics.json`` relies on: key -> (type, the keys it must hold).
@@ -61,13 +165,13 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
     """The ``metrics.json`` payload of a results folder, checked for its schema, the core sections
     and the reader's own ``sections`` (key -> (type, keys it must hold)); a file that is not a
     run's results is an error naming it."""
-    path = Path(folder) / METRICS
+    folder = Path(folder)
+    path = folder / METRICS
+    if not os.path.lexists(folder / MANIFEST):  # an older version's folder has none: say so first
+        _check_schema(path, read_json_object(path, "a run's results", DAMAGED))
+    verify_folder(folder)
     payload = read_json_object(path, "a run's results", DAMAGED)
-    if payload.get("schema") != SCHEMA:
-        raise ValueError(
-            f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
-            "XBench version -- re-run that model or read it with the version that wrote it"
-        )
+    _check_schema(path, payload)
     for key, (kind, inner) in {**CORE_SECTIONS, **(sections or {})}.items():
         value = payload.get(key)
         if not isinstance(value, kind) or any(name not in value for name in inner):
@@ -86,12 +190,21 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
     return payload
 
 
+def _check_schema(path: Path, payload: dict) -> None:
+    if payload.get("schema") != SCHEMA:
+        raise ValueError(
+            f"{path}: schema {payload.get('schema')!r}, expected {SCHEMA!r}; it was written by another "
+            "XBench version -- re-run that model or read it with the version that wrote it"
+        )
+
+
 def read_overlays(folder: Path, file: str = OVERLAYS) -> dict[str, np.ndarray] | None:
     """The saved overlay pairs of a results folder, or another of its arrays files (``file``:
-    `SANITY_MAPS`); ``None`` if it has none."""
-    path = Path(folder) / file
-    if not path.is_file():
+    `SANITY_MAPS`); ``None`` if it has none (and its manifest lists none)."""
+    path, files = Path(folder) / file, read_manifest(folder)
+    if file not in files and not os.path.lexists(path):
         return None
+    check_file(folder, file, files)
     try:
         with np.load(path, allow_pickle=False) as arrays:
             return {name: arrays[name] for name in arrays.files}
@@ -101,9 +214,11 @@ def read_overlays(folder: Path, file: str = OVERLAYS) -> dict[str, np.ndarray] |
 
 def read_table(path: Path, **options):
     """``pandas.read_csv`` of a results table (``pairs.csv.gz``, ``queries.csv.gz``); a truncated,
-    damaged or foreign file is an error naming it."""
+    damaged or foreign file, or one its folder's manifest does not list as it is, is an error naming it."""
     import pandas as pd  # noqa: PLC0415 -- the report's and the suite's start stay free of pandas
 
+    path = Path(path)
+    check_file(path.parent, path.name, read_manifest(path.parent))
     try:
         return pd.read_csv(path, **options)
     except Exception as error:  # noqa: BLE001 -- gzip, zlib, pandas' parser and codecs each raise their own

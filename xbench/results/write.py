@@ -14,7 +14,9 @@
   at every cascade step (the report's strip of maps);
 - ``config.yaml``: the resolved configuration;
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
-  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry.
+  ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry;
+- ``manifest.json``, written last: every other file with its byte size and SHA-256, which every
+  reader checks the folder against (`xbench.results.folder.verify_folder`).
 
 Every file is written to a temporary name and renamed, inside a folder that is itself renamed
 into place at the end: an interrupted run leaves no half file and no half folder.
@@ -35,7 +37,10 @@ import yaml
 
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.findings import display_name
-from xbench.results.folder import CHECK_TABLES, METRICS, OVERLAYS, PAIRS, QUERIES, SANITY_MAPS, count_columns
+from xbench.results.folder import (
+    CHECK_TABLES, CONFIG, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY, count_columns,
+    manifest_of,
+)
 
 
 #: Images per chunk of ``pairs.csv.gz``: the table is built and written this many images at a time,
@@ -180,12 +185,12 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
              **{f"classification/{k}": v for k, v in results["classification"]["per_class"][key].items()}}
             for key in results["classes"]
         ])
-        atomic_write(staging / "per_class.csv", lambda p: per_class.to_csv(p, index=False))
-        atomic_write(staging / "summary.md", lambda p: p.write_text(summary))
+        atomic_write(staging / PER_CLASS, lambda p: per_class.to_csv(p, index=False))
+        atomic_write(staging / SUMMARY, lambda p: p.write_text(summary))
         image_ids = datamodule.image_ids()
         atomic_write(staging / PAIRS, lambda p: write_pairs(p, results, records["grounding"], records["classification"],
                                                             image_ids))
-        atomic_write(staging / "config.yaml", lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
+        atomic_write(staging / CONFIG, lambda p: p.write_text(yaml.safe_dump(results["config"], sort_keys=False)))
         if overlays is not None:
             atomic_write(staging / OVERLAYS, lambda p: _write_overlays(p, overlays))
         if records.get("queries"):
@@ -197,6 +202,8 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
                 atomic_write(staging / file, lambda p, t=checked: t.to_csv(p, index=False, compression="gzip"))
         if (records.get("sanity") or {}).get("arrays"):
             atomic_write(staging / SANITY_MAPS, lambda p: _write_overlays(p, records["sanity"]["arrays"]))
+        manifest = manifest_of(staging)  # last: it lists every file above, as written
+        atomic_write(staging / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
         final = claim_folder(staging, results_dir, name)
     except WriteFailed as error:  # named as the user will look for it, not by the staging folder's name
         shutil.rmtree(staging, ignore_errors=True)
