@@ -248,7 +248,7 @@ CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfuln
 #: channels); the others on the authors' architectures at full size too (CheXzero: two ViT-B/32 blocks).
 CLI_EXPLAINERS = {"medklip": "gradcam++", "mavl": "hirescam", "kad": "xgradcam", "devide": "layercam",
                   "gloria": "eigencam", "biovil": "gradcam", "biovil_t": "gradcam++", "chexzero": "xgradcam",
-                  "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam"}
+                  "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam", "radzero": "gradcam"}
 
 
 def explainer_args(model: str) -> tuple[str, ...]:

@@ -2744,6 +2744,88 @@ def test_a_saved_map_that_is_no_regular_file_is_named_not_missing(wide_det10, tm
     assert left_behind(tmp_path / "results") == []
 
 
+# -- RadZero's folder (issue 52) --
+# The folder is read only when every file is there, readable and RadZero's: each damage below stops
+# the run with one line naming the folder, the file or the tensor, and the fix.
+
+@pytest.fixture(scope="module")
+def radzero_folder(tmp_path_factory):
+    """A RadZero folder with one vision block, the two extra blocks and one text block."""
+    from xbench.models.random_weights import write_radzero
+
+    return write_radzero(tmp_path_factory.mktemp("radzero_folder"), vision_layers=1, text_layers=1)
+
+
+def _rz_state_edit(edit):
+    def damage(folder):
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(folder / "model.safetensors"))
+        edit(state)
+        save_file(state, str(folder / "model.safetensors"))
+    return damage
+
+
+def _rz_nan(state):
+    state["loss_fns.RadZeroLoss.layer_norm.weight"][3] = float("nan")
+
+
+def _rz_another_architecture(folder):
+    """A BERT's weights where RadZero's should be (another model's checkpoint under the name)."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    bert = BertModel(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+    save_file({key: value.contiguous() for key, value in bert.state_dict().items()}, str(folder / "model.safetensors"))
+
+
+RADZERO_CASES = {
+    "no tokenizer files": (_hf_remove("vocab.txt"),
+                           ("RadZero: no tokenizer in {folder}", "tokenizer.json or vocab.txt", "copy them there")),
+    "no preprocessor_config.json": (_hf_remove("preprocessor_config.json"),
+                                    ("RadZero: preprocessor_config.json not found in {folder}",)),
+    "no model.safetensors": (_hf_remove("model.safetensors"), ("RadZero: model.safetensors not found in {folder}",)),
+    "another architecture's weights": (_rz_another_architecture,
+                                       ("checkpoint {folder}/model.safetensors does not match RadZeroNet",
+                                        "missing in the file", "unexpected in the file", "config.json")),
+    "another model's config.json": (_hf_write("config.json", json.dumps({"model_type": "clip", "projection_dim": 512})),
+                                    ("RadZero: {folder}/config.json is not the published RadZero recipe",
+                                     "compute_logits_type is missing")),
+    "a text_config without MPNet's architecture": (
+        _hf_edit("config.json", lambda c: c.update(text_config={"use_text_projection": False, "use_cls_token": False,
+                                                        "pretrained_name_or_path": "all-mpnet-base-v2"})),
+        ("RadZero: {folder}/config.json has no text_config with hidden_size", "docs/models/radzero.md")),
+    "NaN weights": (_rz_state_edit(_rz_nan),
+                    ("RadZero: {folder}/model.safetensors: NaN or inf in loss_fns.RadZeroLoss.{{layer_norm.weight}}",
+                     "fetch the checkpoint again")),
+    "a truncated model.safetensors": (_hf_truncate("model.safetensors"),
+                                      ("cannot read checkpoint {folder}/model.safetensors",
+                                       "damaged or truncated .safetensors file")),
+    "another model's tokenizer": (_hf_edit("config.json", lambda c: c["text_config"].update(pad_token_id=0)),
+                                  ("the tokenizer in {folder} (pad id 1", "is not the text tower's (pad id 0",
+                                   "use the checkpoint's own tokenizer files")),
+    "another image processor": (_hf_edit("preprocessor_config.json",
+                                         lambda c: c.update(image_processor_type="BitImageProcessor")),
+                                ("RadZero: {folder}/preprocessor_config.json: image_processor_type 'BitImageProcessor'",
+                                 "XrayDINOv2's BlipImageProcessor")),
+    "a damaged config.json": (_hf_truncate("config.json", keep=40), ("{folder}/config.json",)),
+}
+
+
+@pytest.mark.parametrize("case", RADZERO_CASES)
+def test_a_radzero_folder_that_does_not_hold_together_is_named(radzero_folder, phantom_root, tmp_path, capsys, case):
+    import shutil
+
+    damage, named = RADZERO_CASES[case]
+    folder = shutil.copytree(radzero_folder, tmp_path / "radzero")
+    damage(folder)
+    code, err = run_cli(quiet_run("radzero", "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                  str(folder)), capsys)
+    assert_one_line(code, err, 1, *(name.format(folder=folder) for name in named))
+    assert left_behind(tmp_path / "results") == []
+
+
 # -- a results folder checks itself (issue 48) ----------------------------------------------------
 #
 # Each edit below was once read and reported with exit 0. Plain, the folder's manifest refuses it;

@@ -338,7 +338,7 @@ def test_jobs_that_run_at_once_start_longest_first():
     images = sum(costs.SPLIT_IMAGES.values())
     for job in found[:7]:
         assert job.estimate == pytest.approx(images / costs.IMAGES_PER_SECOND[job.label])
-    # chexzero, biovil, biovil_t, gloria and the transformers dual encoders: not recorded
+    # chexzero, biovil, biovil_t, gloria, the transformers dual encoders and radzero: not recorded
     assert [job.estimate for job in found[7:]] == [None] * (len(suite.models) - 7)
     order = [found[i].label for i in costs.longest_first([job.estimate for job in found])]
     # those not recorded first, in the suite's order; then the slowest rate first

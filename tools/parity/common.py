@@ -51,8 +51,11 @@ UPSAMPLED_CLASSES = (0,)
 #: `HF_LAYERS` vision and text blocks and seeded random weights.
 HF_MODELS = ("medsiglip", "xray_clip", "xray_siglip")
 HF_LAYERS = 1
+#: RadZero's parity weights: its published config with this many vision blocks (the two extra blocks as
+#: published) and one text block.
+RADZERO_VISION_LAYERS = 2
 MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", "chexzero", "biovil", "biovil_t",
-          "gloria", *HF_MODELS)
+          "gloria", *HF_MODELS, "radzero")
 
 
 def classes() -> list[str]:
@@ -144,6 +147,8 @@ def write_weights(model: str, folder: Path) -> Path:
     if model in HF_MODELS:
         config, preprocessor = random_weights.published_hf_dual_encoder(model, HF_LAYERS, HF_LAYERS)
         return random_weights.write_hf_dual_encoder(folder, config, preprocessor, seed=SEED)
+    if model == "radzero":
+        return random_weights.write_radzero(folder, vision_layers=RADZERO_VISION_LAYERS, text_layers=1, seed=SEED)
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
@@ -164,7 +169,7 @@ def prompts(model: str) -> list | dict:
         if index != list(range(len(keys))):
             raise ValueError(f"KAD decodes {query} for {keys}: the golden files assume one query per class, in order")
         return query
-    if model == "carzero":
+    if model in ("carzero", "radzero"):  # RadZero evaluates with CARZero's prompt files
         from xbench.models.carzero import prompt_for
 
         return [prompt_for(key) for key in keys]
@@ -233,7 +238,7 @@ class Tolerance:
 #: the transformers dual encoders, absolute bounds for the other beyond-the-paper models, whose maps are cosines.
 TOLERANCES = {
     **{model: Tolerance()
-       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS)},
+       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS, "radzero")},
     **{model: Tolerance(logits=1e-5, map_atol=1e-5, map_rtol_of_spread=0.0, window=1e-4)
        for model in ("chexzero", "biovil", "biovil_t", "gloria")},
 }
@@ -246,7 +251,7 @@ SETTINGS = ((True, 2), (False, 0))
 #: resize rule, processor). For the others, the cache-off batch is the cache-on batch bit for bit
 #: (``tests/test_cache_exact.py``: every shipped model's transform on these very inputs, workers 0
 #: and 2), so their second run could not differ; ``run_path.compare`` runs every model under both.
-BOTH_SETTINGS = ("medklip", "carzero", "clip", "chexzero", "biovil", "medsiglip")
+BOTH_SETTINGS = ("medklip", "carzero", "clip", "chexzero", "biovil", "medsiglip", "radzero")
 
 
 def settings(model: str) -> tuple[tuple[bool, int], ...]:
@@ -268,10 +273,11 @@ def xbench_class(model: str):
     from xbench.models.kad import KAD
     from xbench.models.mavl import MAVL
     from xbench.models.medklip import MedKLIP
+    from xbench.models.radzero import RadZero
 
     return {"medklip": MedKLIP, "mavl": MAVL, "kad-224": KAD, "kad-512": KAD, "carzero": CARZero, "clip": CLIP,
             "biomedclip": BiomedCLIP, "chexzero": CheXzero, "biovil": BioViL, "biovil_t": BioViLT,
-            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder)}[model]
+            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder), "radzero": RadZero}[model]
 
 
 def build_xbench(model: str, folder: Path):
