@@ -56,6 +56,7 @@ from xbench.models.gloria import GLoRIA
 from xbench.models.kad import KAD
 from xbench.models.mavl import MAVL
 from xbench.models.medklip import MedKLIP
+from xbench.models.radzero import RadZero
 from xbench.models.random_weights import (
     write_bert,
     write_biomedclip,
@@ -69,6 +70,7 @@ from xbench.models.random_weights import (
     write_kad,
     write_mavl,
     write_medklip,
+    write_radzero,
 )
 from xbench.reporting.writer import ResultsWriter
 from timing import synchronize
@@ -98,12 +100,13 @@ BUILDERS: dict[str, Callable[[Path, list[str]], XBenchModel]] = {
     "biovil": lambda folder, classes: BioViL(checkpoint_dir=str(write_biovil(folder))),
     "biovil_t": lambda folder, classes: BioViLT(checkpoint_dir=str(write_biovil_t(folder))),
     "gloria": lambda folder, classes: GLoRIA(checkpoint_dir=str(write_gloria(folder))),
+    "radzero": lambda folder, classes: RadZero(checkpoint_dir=str(write_radzero(folder))),
     "random": lambda folder, classes: RandomSaliency(),
     "centre_prior": lambda folder, classes: CentrePrior(),
 }
 PAPER_MODELS = ("clip", "biomedclip", "medklip", "mavl", "kad", "devide", "carzero")
 #: Every model with a network: the paper's and the newer ones.
-NETWORK_MODELS = (*PAPER_MODELS, "chexzero", "biovil", "biovil_t", "gloria")
+NETWORK_MODELS = (*PAPER_MODELS, "chexzero", "biovil", "biovil_t", "gloria", "radzero")
 
 
 class LoopClock(L.Callback):

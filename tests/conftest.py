@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -248,7 +249,7 @@ CHECK_ARGS = ("--sanity.images", "1", "--faithfulness.images", "1", "--faithfuln
 #: channels); the others on the authors' architectures at full size too (CheXzero: two ViT-B/32 blocks).
 CLI_EXPLAINERS = {"medklip": "gradcam++", "mavl": "hirescam", "kad": "xgradcam", "devide": "layercam",
                   "gloria": "eigencam", "biovil": "gradcam", "biovil_t": "gradcam++", "chexzero": "xgradcam",
-                  "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam"}
+                  "clip": "scorecam", "biomedclip": "gradcam", "carzero": "hirescam", "radzero": "gradcam"}
 
 
 def explainer_args(model: str) -> tuple[str, ...]:
@@ -571,3 +572,41 @@ def assert_cam_declaration(model, model_input: torch.Tensor, native: tuple | Non
 #: A subprocess that has not finished by then has hung: the test fails with its output instead of
 #: running into CI's limit. A safety net, never a budget: a loaded machine takes minutes.
 SUBPROCESS_SAFETY_TIMEOUT = 3600
+
+
+# -- the Hugging Face cache, as hf download writes it ----------------------------------------------
+
+#: The commit of a snapshot :func:`write_snapshot` writes unless told another.
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def write_snapshot(cache: Path, repo: str, files: dict[str, bytes], commit: str = COMMIT,
+                   refs: tuple[str, ...] = ("main",)) -> Path:
+    """``repo``'s snapshot ``commit`` in ``cache`` as ``hf download`` writes it: ``refs/<ref>`` files
+    holding the commit, ``files`` ({name: bytes}) as links into ``blobs/``; the snapshot folder."""
+    repo_folder = cache / ("models--" + repo.replace("/", "--"))
+    snapshot = repo_folder / "snapshots" / commit
+    for name, content in files.items():
+        blob = repo_folder / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(content)
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).symlink_to(blob)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo_folder / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo_folder / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache that huggingface_hub reads in this process (``HF_HUB_CACHE`` is
+    read when it is imported, so its constant is set too)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache

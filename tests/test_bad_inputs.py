@@ -2472,6 +2472,7 @@ def test_a_moved_number_exits_1_and_a_bad_reference_2(finished_runs, tmp_path, c
 # -- only regular files are read; named messages (issue 48) --
 
 import errno  # noqa: E402
+import re  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -2613,9 +2614,10 @@ def test_a_results_folders_metrics_json_that_is_no_regular_file_is_named_by_the_
     (tmp_path / "results" / "old_run").mkdir(parents=True)
     make(tmp_path / "results" / "old_run" / "metrics.json")
     _suite_file(tmp_path, f"[{CONFIGS_DIR / 'models' / 'centre_prior.yaml'}]")
-    with _no_hang():
+    damaged = re.escape(f"{Path('results') / 'old_run' / 'metrics.json'} {named.removeprefix('metrics.json ')}")
+    with _no_hang(), pytest.warns(UserWarning, match=f"damaged, e.g. {damaged}.*count as not done and run again"):
         code, err = run_command(suite_main, ["--config", "suite.yaml", "--dry-run"], "xbench-suite", capsys)
-    assert_one_line(code, err, 1, str(Path("results") / "old_run" / "metrics.json"), named)
+    assert code == 0, err  # not this version's result: its pair runs again, the warning says why
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads its address space from /proc")
@@ -2739,6 +2741,88 @@ def test_a_saved_map_that_is_no_regular_file_is_named_not_missing(wide_det10, tm
     with _no_hang():
         code, err = _saved_run(wide_det10, tmp_path / "saved", tmp_path / "results", capsys)
     assert_one_line(code, err, 1, f"{saved} {named}")
+    assert left_behind(tmp_path / "results") == []
+
+
+# -- RadZero's folder (issue 52) --
+# The folder is read only when every file is there, readable and RadZero's: each damage below stops
+# the run with one line naming the folder, the file or the tensor, and the fix.
+
+@pytest.fixture(scope="module")
+def radzero_folder(tmp_path_factory):
+    """A RadZero folder with one vision block, the two extra blocks and one text block."""
+    from xbench.models.random_weights import write_radzero
+
+    return write_radzero(tmp_path_factory.mktemp("radzero_folder"), vision_layers=1, text_layers=1)
+
+
+def _rz_state_edit(edit):
+    def damage(folder):
+        from safetensors.torch import load_file, save_file
+
+        state = load_file(str(folder / "model.safetensors"))
+        edit(state)
+        save_file(state, str(folder / "model.safetensors"))
+    return damage
+
+
+def _rz_nan(state):
+    state["loss_fns.RadZeroLoss.layer_norm.weight"][3] = float("nan")
+
+
+def _rz_another_architecture(folder):
+    """A BERT's weights where RadZero's should be (another model's checkpoint under the name)."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertModel
+
+    bert = BertModel(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64))
+    save_file({key: value.contiguous() for key, value in bert.state_dict().items()}, str(folder / "model.safetensors"))
+
+
+RADZERO_CASES = {
+    "no tokenizer files": (_hf_remove("vocab.txt"),
+                           ("RadZero: no tokenizer in {folder}", "tokenizer.json or vocab.txt", "copy them there")),
+    "no preprocessor_config.json": (_hf_remove("preprocessor_config.json"),
+                                    ("RadZero: preprocessor_config.json not found in {folder}",)),
+    "no model.safetensors": (_hf_remove("model.safetensors"), ("RadZero: model.safetensors not found in {folder}",)),
+    "another architecture's weights": (_rz_another_architecture,
+                                       ("checkpoint {folder}/model.safetensors does not match RadZeroNet",
+                                        "missing in the file", "unexpected in the file", "config.json")),
+    "another model's config.json": (_hf_write("config.json", json.dumps({"model_type": "clip", "projection_dim": 512})),
+                                    ("RadZero: {folder}/config.json is not the published RadZero recipe",
+                                     "compute_logits_type is missing")),
+    "a text_config without MPNet's architecture": (
+        _hf_edit("config.json", lambda c: c.update(text_config={"use_text_projection": False, "use_cls_token": False,
+                                                        "pretrained_name_or_path": "all-mpnet-base-v2"})),
+        ("RadZero: {folder}/config.json has no text_config with hidden_size", "docs/models/radzero.md")),
+    "NaN weights": (_rz_state_edit(_rz_nan),
+                    ("RadZero: {folder}/model.safetensors: NaN or inf in loss_fns.RadZeroLoss.{{layer_norm.weight}}",
+                     "fetch the checkpoint again")),
+    "a truncated model.safetensors": (_hf_truncate("model.safetensors"),
+                                      ("cannot read checkpoint {folder}/model.safetensors",
+                                       "damaged or truncated .safetensors file")),
+    "another model's tokenizer": (_hf_edit("config.json", lambda c: c["text_config"].update(pad_token_id=0)),
+                                  ("the tokenizer in {folder} (pad id 1", "is not the text tower's (pad id 0",
+                                   "use the checkpoint's own tokenizer files")),
+    "another image processor": (_hf_edit("preprocessor_config.json",
+                                         lambda c: c.update(image_processor_type="BitImageProcessor")),
+                                ("RadZero: {folder}/preprocessor_config.json: image_processor_type 'BitImageProcessor'",
+                                 "XrayDINOv2's BlipImageProcessor")),
+    "a damaged config.json": (_hf_truncate("config.json", keep=40), ("{folder}/config.json",)),
+}
+
+
+@pytest.mark.parametrize("case", RADZERO_CASES)
+def test_a_radzero_folder_that_does_not_hold_together_is_named(radzero_folder, phantom_root, tmp_path, capsys, case):
+    import shutil
+
+    damage, named = RADZERO_CASES[case]
+    folder = shutil.copytree(radzero_folder, tmp_path / "radzero")
+    damage(folder)
+    code, err = run_cli(quiet_run("radzero", "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                  str(folder)), capsys)
+    assert_one_line(code, err, 1, *(name.format(folder=folder) for name in named))
     assert left_behind(tmp_path / "results") == []
 
 
@@ -2976,7 +3060,8 @@ def test_the_suite_runs_again_a_pair_whose_folder_was_edited(tmp_path):
     reseal(folder)
     assert existing_results(results) == [(folder, {"model": {}})]
     (folder / "metrics.json").write_text((folder / "metrics.json").read_text().replace('"a"', '"c"'))
-    with pytest.warns(UserWarning, match=r"written by another XBench version .* or are damaged, e\.g\. a__b__1"):
+    with pytest.warns(UserWarning, match=r"written by another XBench version .* or are damaged, e\.g\. .*a__b__1"
+                                         r"/metrics\.json is not the file the run wrote"):
         assert existing_results(results) == []
 
 
@@ -3106,3 +3191,166 @@ def test_an_unknown_published_value_is_a_usage_error(finished_runs, tmp_path, ca
     assert_one_line(code, err, 2, f"--published {value!r} is neither 'paper' nor a file",
                     "give '--published paper' (the paper's Tables 1-5) or a CSV with the columns table, dataset")
     assert left_behind(tmp_path / "out") == []
+
+
+# -- signals set, not inherited (issue 48) --
+
+from xbench import launch  # noqa: E402
+
+#: A process's answer to whether a SIGINT would raise KeyboardInterrupt in it.
+HEARS_SIGINT = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+def hears_sigint(**popen) -> bool:
+    return subprocess.run([sys.executable, "-c", HEARS_SIGINT], capture_output=True, text=True, check=True,
+                          **popen).stdout.strip() == "True"
+
+
+def test_the_jobs_of_a_launcher_that_ignores_sigint_hear_it():
+    """A suite started where SIGINT is ignored (a background job of a shell without job control) keeps
+    ignoring it, while the processes it starts for its jobs -- a local job (`launch._bound_to`),
+    submitit's local job (`launch._starting_with_sigint`) -- begin with SIGINT at its default, so its
+    cancel stops them; a process started otherwise inherits the ignored SIGINT, as exec passes it on."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert not hears_sigint()
+        assert hears_sigint(preexec_fn=launch._bound_to(os.getpid()))
+        with launch._starting_with_sigint():
+            assert hears_sigint()
+            os.kill(os.getpid(), signal.SIGINT)  # caught and dropped: no KeyboardInterrupt here
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- hub ids resolved offline (issue 50) --------------------------------------------------------
+# ``--model.checkpoint_dir hf-hub:<org>/<name>[@revision]`` is the snapshot the local Hugging Face
+# cache holds, found by huggingface_hub's own lookup with sockets blocked; every way it can be
+# wrong is named with its fix, and the download command where the cache lacks something.
+
+from conftest import COMMIT, only_folder, write_snapshot  # noqa: E402
+
+OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+@pytest.mark.parametrize(("suffix", "commit"), [("", COMMIT), ("@main", COMMIT), ("@v1.1", OTHER_COMMIT),
+                                                (f"@{OTHER_COMMIT}", OTHER_COMMIT), (f"@{COMMIT}", COMMIT)])
+def test_a_hub_id_is_its_snapshot_in_the_local_cache(hub_cache, no_network, suffix, commit):
+    """By the hub's default branch, a branch or tag by name, a commit hash: the snapshot, offline."""
+    from xbench.models.hub import checkpoint_folder
+
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}", "weights.bin": b"w"}, OTHER_COMMIT, refs=("v1.1",))
+    folder = checkpoint_folder(f"hf-hub:org/model{suffix}")
+    assert folder == (hub_cache / "models--org--model" / "snapshots" / commit).resolve()
+    assert (folder / "config.json").read_bytes() == b"{}"
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HOME as it is imported
+def test_a_hub_id_follows_hf_home_in_a_fresh_interpreter(tmp_path):
+    """Without ``HF_HUB_CACHE``, the cache is ``$HF_HOME/hub``: the hub library's own rule, read as it starts."""
+    import os
+    import subprocess
+    import sys
+
+    snapshot = write_snapshot(tmp_path / "home" / "hub", "org/model", {"config.json": b"{}"})
+    env = {key: value for key, value in os.environ.items() if key != "HF_HUB_CACHE"}
+    code = "from xbench.models.hub import checkpoint_folder; print(checkpoint_folder('hf-hub:org/model'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**env, "HF_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0 and result.stdout.strip() == str(snapshot.resolve()), result.stderr
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    ("hf-hub:", "exactly one / between the organisation and the name"),
+    ("hf-hub:a", "exactly one / between the organisation and the name"),
+    ("hf-hub:a/b/c", "exactly one / between the organisation and the name"),
+    ("hf-hub:../b", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/..", "Repo id must use alphanumeric chars"),
+    ("hf-hub:a/b@../../../etc", "'../../../etc' is not a branch, tag or commit hash"),
+    ("hf-hub:a/b@", "'' is not a branch, tag or commit hash"),
+])
+def test_a_malformed_hub_id_is_a_usage_error_naming_the_form(phantom_root, hub_cache, tmp_path, capsys, no_network,
+                                                             value, problem):
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 2, f"--model.checkpoint_dir {value!r} is not a hub id", problem,
+                    "Write hf-hub:<org>/<name>[@revision]")
+    assert left_behind(tmp_path / "results") == []
+
+
+@pytest.mark.parametrize(("value", "held", "command"), [
+    ("hf-hub:org/absent", "does not hold org/absent", "hf download org/absent (or"),
+    ("hf-hub:org/model@v9", "holds org/model but not its revision v9", "hf download org/model --revision v9"),
+    (f"hf-hub:org/model@{OTHER_COMMIT}", f"holds org/model but not its revision {OTHER_COMMIT}",
+     f"hf download org/model --revision {OTHER_COMMIT}"),
+])
+def test_a_hub_id_the_cache_lacks_is_named_with_its_download_command(phantom_root, hub_cache, tmp_path, capsys,
+                                                                     no_network, value, held, command):
+    write_snapshot(hub_cache, "org/model", {"config.json": b"{}"})
+    status, err = run_cli(quiet_run("medsiglip", "phantom", phantom_root, tmp_path / "results",
+                                    "--model.checkpoint_dir", value), capsys)
+    assert_one_line(status, err, 1, f"--model.checkpoint_dir {value}: the Hugging Face cache {hub_cache}", held,
+                    f"Download it where a network is: {command}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_snapshot_lacking_a_needed_file_names_the_command_that_fetches_it(phantom_root, hub_cache, tmp_path,
+                                                                           capsys, no_network):
+    """CLIP's snapshot with its config only (``hf download`` of one file, the wrong one)."""
+    snapshot = write_snapshot(hub_cache, "timm/vit_base_patch16_clip_224.openai", {"open_clip_config.json": b"{}"})
+    status, err = run_cli(quiet_run("clip", "phantom", phantom_root, tmp_path / "results", "--model.checkpoint_dir",
+                                    "hf-hub:timm/vit_base_patch16_clip_224.openai"), capsys)
+    assert_one_line(status, err, 1, f"none of open_clip_model.safetensors, open_clip_pytorch_model.bin found in "
+                    f"{snapshot.resolve()}", "Download them into the cache: hf download "
+                    f"timm/vit_base_patch16_clip_224.openai open_clip_model.safetensors --revision {COMMIT}")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_file_missing_in_a_snapshot_subfolder_is_named_by_its_path_in_the_repository(hub_cache):
+    from xbench.models.text import require_files
+
+    snapshot = write_snapshot(hub_cache, "org/model", {"Bio_ClinicalBERT/config.json": b"{}"})
+    with pytest.raises(FileNotFoundError, match="hf download org/model Bio_ClinicalBERT/vocab.txt --revision "
+                                                f"{COMMIT}"):
+        require_files(snapshot / "Bio_ClinicalBERT", ("config.json", "vocab.txt"), "a BERT")
+
+
+def test_the_suite_marks_a_hub_id_the_cache_lacks_missing_with_its_command(hub_cache, tmp_path, capsys, monkeypatch,
+                                                                          no_network):
+    from xbench.suite import main as suite_main
+
+    monkeypatch.chdir(tmp_path)
+    model = CONFIGS_DIR / "models" / "medsiglip.yaml"
+    _suite_file(tmp_path, f"[{{config: {model}, settings: {{model.checkpoint_dir: 'hf-hub:google/medsiglip-448'}}}}]")
+    suite_main(["--config", "suite.yaml", "--dry-run"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "missing" in out and "hf download google/medsiglip-448" in out, out
+
+
+@pytest.mark.slow  # a fresh interpreter: the hub library reads HF_HUB_CACHE as it is imported
+def test_a_model_runs_from_a_hub_id_through_python_m_xbench_test(phantom_root, tmp_path, monkeypatch):
+    """A tiny SigLIP folder with random weights as ``google/medsiglip-448``'s snapshot in the cache, run
+    as a user would (``python -m xbench.test``), every socket and name lookup refused; the run is named
+    by its config, and a bare config names it after the repository, not the commit hash."""
+    from test_hf_dual_encoder import TINY
+    from test_offline import run_guarded
+
+    from xbench.models.random_weights import write_hf_dual_encoder
+
+    folder = write_hf_dual_encoder(tmp_path / "tiny", *TINY["siglip"], seed=0)
+    files = {path.name: path.read_bytes() for path in folder.iterdir()}
+    write_snapshot(tmp_path / "hf-cache", "google/medsiglip-448", files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    (tmp_path / "bare.yaml").write_text("model:\n  class_path: xbench.models.hf_dual_encoder.HFDualEncoder\n")
+    for config, name in ((CONFIGS_DIR / "models" / "medsiglip.yaml", "medsiglip"), (tmp_path / "bare.yaml",
+                                                                                    "medsiglip-448")):
+        args = run_args("medsiglip", "phantom", phantom_root, tmp_path / name, "--trainer.logger", "false",
+                        "--model.checkpoint_dir", "hf-hub:google/medsiglip-448", image_size=32)
+        args[1] = str(config)
+        result = run_guarded(f"import runpy, sys\nsys.argv = ['xbench.test', *{args!r}]\n"
+                             "runpy.run_module('xbench.test', run_name='__main__')", tmp_path)
+        output = result.stdout + result.stderr
+        assert result.returncode == 0 and "NETWORK CALL" not in output, output[-3000:]
+        payload = json.loads((only_folder(tmp_path / name) / "metrics.json").read_text())
+        assert payload["model"] == name and payload["data"]["images_evaluated"] == 9

@@ -191,3 +191,27 @@ def test_cli_grounds_ms_cxr_phrases(tiny_folder, tmp_path, no_network):
     from conftest import CHECK_ARGS, run_on_ms_cxr
 
     run_on_ms_cxr("biomedclip", tmp_path, "phrase", "--model.checkpoint_dir", str(tiny_folder), *CHECK_ARGS)
+
+
+def test_a_hub_id_reads_the_text_towers_config_from_the_repository_its_json_names(tiny_folder, hub_cache,
+                                                                                  no_network):
+    """BiomedCLIP's hub repository holds no BiomedBERT ``config.json``: it comes from the cache's
+    snapshot of the repository ``open_clip_config.json`` names, as open_clip would fetch it."""
+    from conftest import write_snapshot
+    from xbench.models.random_weights import BIOMEDBERT_HUB_NAME
+
+    repository = "microsoft/BiomedCLIP-PubMedBERT_256-vit_base_patch16_224"
+    names = ("open_clip_config.json", "open_clip_pytorch_model.bin", "vocab.txt")
+    files = {name: (tiny_folder / name).read_bytes() for name in names}
+    write_snapshot(hub_cache, repository, files)
+    with pytest.raises(FileNotFoundError, match=f"hf download {repository} tokenizer_config.json --revision"):
+        load(f"hf-hub:{repository}")
+    tokenizer = b'{"tokenizer_class": "BertTokenizer", "do_lower_case": true}'
+    write_snapshot(hub_cache, repository, {"tokenizer_config.json": tokenizer})  # a file more, the same snapshot
+    missing_bert = f"does not hold {BIOMEDBERT_HUB_NAME}.*hf download {BIOMEDBERT_HUB_NAME}"
+    with pytest.raises(FileNotFoundError, match=missing_bert):
+        load(f"hf-hub:{repository}")
+    write_snapshot(hub_cache, BIOMEDBERT_HUB_NAME, {"config.json": (tiny_folder / "config.json").read_bytes()})
+    from_hub, from_folder = load(f"hf-hub:{repository}"), load(tiny_folder)
+    image = torch.rand(1, 3, 160, 160)
+    assert all(torch.equal(a, b) for a, b in zip(from_hub(image), from_folder(image)))

@@ -66,15 +66,28 @@ def _published_processors() -> list[Preprocess]:
     return transforms
 
 
+def _radzero_processor() -> list[Preprocess]:
+    """RadZero's transform is its folder's processor config's: the published one's."""
+    from xbench.models.radzero import processor_preprocess
+    from xbench.models.random_weights import RADZERO_PREPROCESSOR
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "preprocessor_config.json").write_text(json.dumps(RADZERO_PREPROCESSOR))
+        return [processor_preprocess(Path(folder))]
+
+
 def _transforms_of(cls: type) -> list[Preprocess]:
     """The transforms a model class can run: its class-level ``preprocess``; an open_clip model's,
-    which its loaded weights size; a transformers folder's, its processor config's; or the one its
-    ``__init__`` builds, for every ``variant`` it lists and both histogram settings (built on the
-    meta device: no weights)."""
+    which its loaded weights size; a transformers folder's or RadZero's, its processor config's; or
+    the one its ``__init__`` builds, for every ``variant`` it lists and both histogram settings (built
+    on the meta device: no weights)."""
     from xbench.models.hf_dual_encoder import HFDualEncoder
+    from xbench.models.radzero import RadZero
 
     if issubclass(cls, HFDualEncoder):
         return _published_processors()
+    if issubclass(cls, RadZero):
+        return _radzero_processor()
     static = inspect.getattr_static(cls, "preprocess", None)
     if isinstance(static, Preprocess):
         return [static]
@@ -129,7 +142,8 @@ RULES = one_per_rule(TRANSFORMS)
 def test_every_shipped_model_is_collected():
     assert WITHOUT_TRANSFORM == NO_TRANSFORM, "a model class whose transform this test cannot collect"
     names = set(TRANSFORMS)
-    for model in ("OpenClipDualEncoder", "CheXzero", "BioViL", "BioViLT", "CARZero", "KAD", "GLoRIA", "MedKLIP"):
+    for model in ("OpenClipDualEncoder", "CheXzero", "BioViL", "BioViLT", "CARZero", "KAD", "GLoRIA", "MedKLIP",
+                  "RadZero"):
         assert any(name.startswith(f"{model}-") for name in names), model
     assert {"KAD-224", "KAD-512", "KAD-1024", "MedKLIP-224-equalize"} <= names
 

@@ -1,6 +1,8 @@
 """The documentation site as a reader gets it: docstrings in the Markdown that mkdocstrings renders,
 and the built pages free of raw Sphinx roles, lost ``τ*`` marks and unresolved cross-references,
-with wide tables that scroll."""
+with wide tables that scroll; and what a newcomer's pages render: the home page's results as
+tables, τ and ≥ in the API's prose, code keys in tables whole, the pairs matrix's scroll hint, a
+name found by search inside its dotted path."""
 
 from __future__ import annotations
 
@@ -96,3 +98,88 @@ def test_wide_tables_scroll(site):
     (bundle,) = (site / "assets/javascripts").glob("bundle.*.min.js")
     script = bundle.read_text(encoding="utf-8")
     assert "table:not([class])" in script and "md-typeset__scrollwrap" in script
+
+
+# -- what a newcomer's pages render (issue 50) --------------------------------------------------
+
+#: What a page's script and style elements hold: never shown as text.
+SCRIPTS = re.compile(r"<(script|style)\b.*?</\1>", re.DOTALL)
+TAG = re.compile(r"<[^>]+>")
+
+
+def shown_text(html: str, code: bool = True) -> str:
+    """The text a reader sees: scripts and tags gone, entities read (``&lt;br&gt;`` is the text
+    ``<br>``); without ``code`` also without code spans and blocks."""
+    import html as entities
+
+    html = SCRIPTS.sub(" ", html)
+    return entities.unescape(TAG.sub(" ", html if code else CODE.sub(" ", html)))
+
+
+@pytest.mark.slow
+def test_the_home_page_renders_its_results_excerpt(site):
+    """README's excerpt of the demo's report is tables on the home page, not Markdown shown raw."""
+    html = (site / "index.html").read_text(encoding="utf-8")
+    text = shown_text(html)
+    assert "<br>" not in text and "**" not in text, "raw Markdown on the home page"
+    assert "<strong>17.5 [16.3, 19.0]</strong>" in html and "Phantom<br>PG" in html
+    assert "Dice@τ*" in text
+
+
+@pytest.mark.slow
+def test_the_api_pages_write_tau_and_comparisons_as_the_site_does(site):
+    """Docstrings write τ, ≥ and ≤ in their prose, as the pages written by hand do (code keeps ``>=``)."""
+    found = [f"{name}: …{text[max(0, m.start() - 60):m.end() + 30]}…"
+             for name, html in pages(site).items() if name.startswith("api/")
+             for text in [shown_text(html, code=False)]
+             for m in re.finditer(r"\btau\b|>=|<=", text)]
+    assert not found, "write τ, ≥, ≤ in docstrings:\n" + "\n".join(found)
+
+
+def specificity(selector: str) -> tuple[int, int]:
+    """A compound selector's (classes, elements) count, enough to order the rules compared here."""
+    return selector.count("."), len(re.findall(r"(?:^|\s)[a-z]+", selector))
+
+
+@pytest.mark.slow
+def test_a_code_key_in_a_table_never_breaks_inside_a_word(site):
+    """The theme lets code break anywhere (``word-break: break-word``), so a narrow column split
+    ``relevance_m|ass``; the tables' style undoes it for table cells, with a selector that wins."""
+    css = (site / TABLES_CSS).read_text(encoding="utf-8")
+    rules = {selector.strip(): body for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", css)
+             for selector in selectors.split(",")}
+    ours = [s for s, body in rules.items() if s.endswith("td code")
+            and re.search(r"word-break:\s*normal", body) and re.search(r"overflow-wrap:\s*normal", body)]
+    (theme_css,) = (site / "assets/stylesheets").glob("main.*.min.css")
+    theme = re.search(r"(\.md-typeset code)\{[^}]*word-break:break-word", theme_css.read_text(encoding="utf-8"))
+    assert ours and theme, (ours, theme)
+    assert specificity(ours[0]) > specificity(theme[1])
+    metrics = (site / "metrics/index.html").read_text(encoding="utf-8")
+    assert re.search(r"<td><code>relevance_mass</code></td>", metrics)  # the key seen broken, in a table
+
+
+@pytest.mark.slow
+def test_the_pairs_matrix_says_it_scrolls(site):
+    """The matrix is wider than the page at 1280 px: the line above it says how to see its last columns."""
+    html = (site / "pairs/index.html").read_text(encoding="utf-8")
+    before = html[:html.index("<table")]
+    last_paragraph = before[before.rindex("<p>"):]
+    assert "scrolls" in last_paragraph and "sideways" in last_paragraph, last_paragraph
+
+
+@pytest.mark.slow
+def test_search_finds_a_name_inside_its_dotted_path(site):
+    """The search index splits words as the site's search does (its ``separator``), so "XBenchModel"
+    finds Your own model / dataset, which names the class by its path."""
+    import json
+
+    index = json.loads((site / "search/search_index.json").read_text(encoding="utf-8"))
+    separator = re.compile(index["config"]["separator"])
+
+    def words(location: str) -> set[str]:
+        return {word.lower() for doc in index["docs"] if doc["location"].startswith(location)
+                for word in separator.split(TAG.sub(" ", doc["title"] + " " + doc["text"])) if word}
+
+    assert "xbenchmodel" in words("your-own/")
+    assert {"xbench", "models", "base"} <= words("your-own/")
+    assert "0.5" in words("metrics/")  # a number keeps its dot

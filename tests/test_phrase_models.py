@@ -39,6 +39,7 @@ from xbench.models.kad import KAD
 from xbench.models.mavl import MAVL
 from xbench.models.medklip import MedKLIP
 from xbench.models.precomputed import PrecomputedSaliency
+from xbench.models.radzero import RadZero
 
 CLASSES = ["pneumonia", "pleural_effusion", "nodule"]
 PHRASE = "small left apical pneumothorax"
@@ -244,7 +245,8 @@ def test_a_cam_explains_each_phrase_decoded_alone(query_model):
 
 
 @pytest.mark.parametrize("model, mode", [
-    *((model, "phrase") for model in (CLIP, BiomedCLIP, CheXzero, BioViL, BioViLT, CARZero, GLoRIA, KAD, DeViDe)),
+    *((model, "phrase") for model in (CLIP, BiomedCLIP, CheXzero, BioViL, BioViLT, CARZero, GLoRIA, KAD, DeViDe,
+                                                 RadZero)),
     *((model, "finding") for model in (MedKLIP, MAVL, RandomSaliency, CentrePrior, Oracle, PrecomputedSaliency)),
 ])
 def test_query_mode(model, mode):

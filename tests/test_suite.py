@@ -132,7 +132,7 @@ def test_extended_suite_is_the_paper_suite_plus_the_baselines_and_ms_cxr_beside_
     paper, extended = (load_suite(CONFIGS / "suites" / f"{name}.yaml") for name in ("paper", "extended"))
     paper_models = [m.label for m in paper.models]
     assert [m.label for m in extended.models] == [*paper_models, "chexzero", "biovil", "biovil_t", "gloria",
-                                                  "medsiglip", "xray_clip", "xray_siglip"]
+                                                  "medsiglip", "xray_clip", "xray_siglip", "radzero"]
     assert extended.datasets[:-1] == paper.datasets and extended.settings == paper.settings
     assert extended.datasets[-1].label == "ms_cxr"
     assert extended.datasets[-1].settings["data.images_root"] == "datasets/mimic-cxr-jpg"

@@ -2,7 +2,8 @@
 ``--devices N`` write what a serial run writes; a job that dies loses only its own pairs; a re-run
 skips what finished; Ctrl-C cancels what was started; the sbatch script states the suite file's
 resources, as the plan prints them; jobs that run at once start longest first; a job dies with its
-launcher, which holds its results folder till then; Ctrl-C ends a worker on one line."""
+launcher, which holds its results folder till then; Ctrl-C ends a worker on one line; a launcher that
+ignores SIGINT (a script's background job) still cancels its jobs."""
 
 from __future__ import annotations
 
@@ -187,19 +188,22 @@ def test_devices_2_runs_two_pinned_jobs_at_once_and_writes_what_a_serial_run_wri
         assert files == serial[key], key
 
 
-@pytest.fixture
-def terminal_ctrl_c():
-    """SIGINT handled as in a terminal, where a user presses Ctrl-C. A process started in the background
-    by a non-interactive shell (``pytest &`` in a script) ignores SIGINT, and so would the jobs it starts:
-    they would finish before the SIGKILL that follows an ignored SIGINT after 10 s."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
+@pytest.fixture(params=["default", "ignored"])
+def launcher_sigint(request):
+    """The launcher's SIGINT as in a terminal, or ignored as a background job of a shell without job
+    control inherits it (a script's ``&``, a CI runner's): either way its jobs hear a cancel, as they
+    set SIGINT rather than inherit it -- inherited, a local job would end only by the SIGKILL 10 s
+    later and submitit's local job would run its pair to the end. Set here, whatever pytest itself
+    was started with."""
+    handler = signal.default_int_handler if request.param == "default" else signal.SIG_IGN
+    previous = signal.signal(signal.SIGINT, handler)
+    yield request.param
     signal.signal(signal.SIGINT, previous)
 
 
 @pytest.mark.slow  # jobs' processes, cancelled
 @pytest.mark.parametrize("options", [["--launcher", "slurm"], ["--devices", "2"]])
-def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch, capsys, options, terminal_ctrl_c):
+def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch, capsys, options, launcher_sigint):
     monkeypatch.setattr(launch, "CLUSTER", "local")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     if len(os.sched_getaffinity(0)) < 2:
@@ -223,6 +227,8 @@ def test_ctrl_c_cancels_every_job_started(user_models, phantom_root, monkeypatch
     for run in cancelled:
         process = run.process if isinstance(run, launch.LocalRun) else run.handle._process
         assert process.wait(timeout=60) is not None
+        if isinstance(run, launch.SubmititRun):  # its controller ended on the cancel's SIGINT, not on its pair's end
+            assert process.returncode == -signal.SIGINT
     assert not list((user_models / "results").glob("*/metrics.json"))
 
 
@@ -332,7 +338,7 @@ def test_jobs_that_run_at_once_start_longest_first():
     images = sum(costs.SPLIT_IMAGES.values())
     for job in found[:7]:
         assert job.estimate == pytest.approx(images / costs.IMAGES_PER_SECOND[job.label])
-    # chexzero, biovil, biovil_t, gloria and the transformers dual encoders: not recorded
+    # chexzero, biovil, biovil_t, gloria, the transformers dual encoders and radzero: not recorded
     assert [job.estimate for job in found[7:]] == [None] * (len(suite.models) - 7)
     order = [found[i].label for i in costs.longest_first([job.estimate for job in found])]
     # those not recorded first, in the suite's order; then the slowest rate first
@@ -444,9 +450,11 @@ def test_a_job_dies_with_its_launcher_and_holds_its_results_folder_till_then(use
 
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["while it imports", "while it runs a pair"])
-def test_ctrl_c_ends_a_worker_on_one_line(user_models, phantom_root, moment):
+def test_ctrl_c_ends_a_worker_on_one_line(user_models, phantom_root, moment, launcher_sigint):
     """Issue 41.2: SIGINT during a worker's imports printed a KeyboardInterrupt traceback. Started as
-    the launcher starts it, SIGINT to its session (as a cancel sends it) ends it with one line."""
+    the launcher starts it, SIGINT to its session (as a cancel sends it) ends it with one line.
+    Issue 48.5: also from a launcher that ignores SIGINT, which the worker ignored too (and slept on);
+    during a pair, before the SIGKILL a launcher sends ``CANCEL_SECONDS`` after its cancel."""
     write_suite(user_models, phantom_root, ["Sleeps"], [PHANTOM])
     suite = load_suite(Path("suite.yaml"))
     (job,) = jobs(suite, plan(suite), "per-model")
@@ -457,7 +465,10 @@ def test_ctrl_c_ends_a_worker_on_one_line(user_models, phantom_root, moment):
     if moment == "while it runs a pair":
         wait_for(Path("job.pid").exists, "the worker to run its pair")
     os.killpg(run.process.pid, signal.SIGINT)
+    cancelled = time.monotonic()
     wait_for(lambda: run.process.poll() is not None, "the worker to end")
+    if moment == "while it runs a pair":
+        assert time.monotonic() - cancelled < launch.CANCEL_SECONDS
     log = run.log.read_text()
     assert run.process.returncode == 130 and "Traceback" not in log, log
     assert [line for line in log.splitlines() if "interrupted" in line] == ["xbench-suite-worker: interrupted"], log

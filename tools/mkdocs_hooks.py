@@ -160,10 +160,15 @@ def slug(text: str) -> str:
     return slugify(text, "-")
 
 
+#: Said above the pairs matrix, wider than the page on a laptop's screen: its box scrolls sideways.
+SCROLL_HINT = ("*One column per dataset: where the table is wider than the page (a laptop's screen), it scrolls "
+               "sideways (shift + wheel, or swipe) to the last ones.*")
+
+
 def suite_pairs(root: Path, docs: Path, suite_files: list[str], page: str) -> str:
-    """A table of every model and dataset of the suites, then the command of each pair: the
-    arguments ``xbench.suite`` gives the pair's ``python -m xbench.test`` (from the first suite
-    that lists the pair)."""
+    """A table of every model and dataset of the suites (below `SCROLL_HINT`), then the command of
+    each pair: the arguments ``xbench.suite`` gives the pair's ``python -m xbench.test`` (from the
+    first suite that lists the pair)."""
     from xbench.suite import Pair, load_suite, run_arguments
 
     suites = [(name, load_suite(root / name)) for name in suite_files]
@@ -211,7 +216,7 @@ def suite_pairs(root: Path, docs: Path, suite_files: list[str], page: str) -> st
                          f"Data: {titles[dataset][1]}. In the suites: {', '.join(f'`{n}`' for n in names)}.", "",
                          "```bash", text, "```", ""]
         table.append(f"| {model_link} | " + " | ".join(cells) + " |")
-    return "\n".join([*table, "", *sections])
+    return "\n".join([SCROLL_HINT, "", *table, "", *sections])
 
 
 # -- the metric names ---------------------------------------------------------------------------

@@ -111,8 +111,8 @@ def quiet_notices() -> None:
 
 def run(main: Callable[[], object], name: str) -> None:
     """Run a command's ``main`` and exit: 0, ``main``'s own status when it returns an int, 2 on a
-    usage error or an `InputError`, 1 on any other error (message only, unless debugging), 130 when
-    interrupted."""
+    usage error or an `InputError` (also one a library re-raised as the cause of its own), 1 on any
+    other error (message only, unless debugging), 130 when interrupted."""
     debug = os.environ.get("XBENCH_DEBUG") == "1" or DEBUG_FLAG in sys.argv
     if DEBUG_FLAG in sys.argv:
         sys.argv.remove(DEBUG_FLAG)
@@ -126,7 +126,8 @@ def run(main: Callable[[], object], name: str) -> None:
         interrupts.append(signum)
         raise KeyboardInterrupt
 
-    # not where SIGINT is ignored, nor off the main thread (where no handler can be set)
+    # not where SIGINT is ignored (a shell's background job: the shell's choice, kept; a suite's jobs
+    # start with it at its default, xbench.launch._bound_to), nor off the main thread (no handler there)
     noted = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
         threading.current_thread() is threading.main_thread()
     if noted:
@@ -164,7 +165,8 @@ def run(main: Callable[[], object], name: str) -> None:
         if debug:
             raise
         print(error_line(name, error), file=sys.stderr)
-        sys.exit(1)
+        # jsonargparse re-raises what a model's or a dataset's __init__ raised as a ValueError from it
+        sys.exit(2 if isinstance(error.__cause__, InputError) else 1)
     finally:
         if noted:
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -326,16 +326,21 @@ PR_SET_PDEATHSIG = 1
 def _bound_to(launcher: int):
     """What a job's process does before it runs its command (in the child, between fork and exec).
 
-    It holds SIGINT back (a signal mask survives exec) until the command's wrapper is ready to end
-    on one line ([`run`][xbench.cli.run] lets it through): a ``Ctrl-C`` that cancels a job while
-    Python starts or imports is pending, not a traceback. And on Linux it asks for SIGKILL when the
-    launcher's thread ends, by a ``kill -9`` too: a job never outlives its launcher. SIGKILL, not
-    SIGTERM, as Lightning's trainer notes a SIGTERM and runs on; the parent's id is compared after
-    the call, for a launcher that died before it."""
+    It sets SIGINT to its default and holds it back (the default and a signal mask survive exec)
+    until the command's wrapper is ready to end on one line ([`run`][xbench.cli.run] lets it
+    through): a ``Ctrl-C`` that cancels a job while Python starts or imports is pending, not a
+    traceback. Set, not inherited: a launcher started where SIGINT is ignored (a background job of
+    a shell without job control: a script's ``&``, a CI runner's) would pass that on through exec,
+    and its jobs would hear a cancel only as the SIGKILL after it; a job's own session keeps a
+    terminal's ``Ctrl-C`` from it either way, so the one SIGINT it hears is the cancel. And on
+    Linux it asks for SIGKILL when the launcher's thread ends, by a ``kill -9`` too: a job never
+    outlives its launcher. SIGKILL, not SIGTERM, as Lightning's trainer notes a SIGTERM and runs
+    on; the parent's id is compared after the call, for a launcher that died before it."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
     def before_exec() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         if prctl is not None:
             prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             if os.getppid() != launcher:
@@ -424,7 +429,7 @@ class LocalRun:
 
     def reap(self, deadline: float) -> None:
         """Wait for the cancelled job until ``deadline`` (``time.monotonic``), then SIGKILL its session
-        (a job ignores SIGINT where the suite itself does and it passed on: a background job of a script)."""
+        (a job that does not end on its SIGINT: stuck in native code, or in a pair's own handler)."""
         if self.process is None:
             return
         try:
@@ -439,6 +444,28 @@ class LocalRun:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:  # it has ended
                 pass
+
+
+@contextmanager
+def _starting_with_sigint() -> Iterator[None]:
+    """While it lasts, the processes this one starts begin with SIGINT at its default, as
+    `_bound_to` gives a local job, where XBench does not start them itself (submitit's local job,
+    which its cancel stops by SIGINT). Where this process ignores SIGINT it catches it instead, with
+    a handler that does nothing: to this process the same, but exec resets a caught signal to its
+    default where it passes an ignored one on. (submitit's local jobs stay in this process's group,
+    so a terminal's ``Ctrl-C`` reaches them too: the tests' path, not a cluster's.)"""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, _unheard)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _unheard(signum, frame) -> None:
+    """SIGINT caught and dropped: ignored, but not passed on through exec (`_starting_with_sigint`)."""
 
 
 class SubmititRun:
@@ -457,7 +484,8 @@ class SubmititRun:
         from xbench.suite_worker import run_submitted  # the job's entry point (imports Lightning)
 
         self.executor.update_parameters(name=f"xbench-{_safe_name(self.job.label)}")
-        self.handle = self.executor.submit(run_submitted, self.request)
+        with _starting_with_sigint():  # submitit's local executor starts the job's processes here
+            self.handle = self.executor.submit(run_submitted, self.request)
         self.log = self.handle.paths.stdout
         return f"submitted as job {self.handle.job_id}"
 

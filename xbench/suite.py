@@ -70,6 +70,7 @@ from xbench.console import print_table
 from xbench.files import open_text, read_yaml
 from xbench.launch import (LAUNCHERS, Job, SlurmResources, describe, launch, parse_slurm, result_folders,
                            results_lock)
+from xbench.models.hub import checkpoint_folder
 from xbench.results.folder import MODEL_OUTPUT_OPTIONS, SCHEMA, read_results
 from xbench.results.write import check_writable
 
@@ -320,14 +321,14 @@ def existing_results(results_dir: Path) -> list[tuple[Path, dict]]:
     for folder in result_folders(results_dir):
         try:
             payload = read_results(folder)
-        except ValueError:  # another version's, or damaged: not this version's result (the warning says which)
-            older.append(folder)
+        except ValueError as error:  # another version's, or damaged: not this version's result (the warning says why)
+            older.append(error)
             continue
         found.append((folder, payload["config"]))
     if older:
         warnings.warn(
             f"{len(older)} results folder(s) under {results_dir} were written by another XBench version (not schema "
-            f"{SCHEMA}) or are damaged, e.g. {older[0].name}: their pairs count as not done and run again",
+            f"{SCHEMA}) or are damaged, e.g. {older[0]}: their pairs count as not done and run again",
             stacklevel=2,
         )
     return found
@@ -348,7 +349,11 @@ def check(suite: Suite, pair: Pair, existing: list[tuple[Path, dict]], force: bo
         return
     takes, checkpoint_dir = _argument(model, pair.config["model"], "checkpoint_dir")
     if takes and checkpoint_dir not in (None, ...):
-        folder = Path(checkpoint_dir)
+        try:
+            folder = checkpoint_folder(checkpoint_dir, "model.checkpoint_dir")
+        except FileNotFoundError as error:  # a hub id the local cache lacks, with its download command
+            pair.status, pair.detail = "missing", str(error)
+            return
         if not folder.is_dir() or not any(folder.iterdir()):
             pair.status, pair.detail = "missing", f"checkpoint_dir {folder} (see checkpoints/README.md)"
             return

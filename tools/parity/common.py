@@ -1,17 +1,14 @@
 """What the golden parity scripts and tests share: the seed, the five inputs (three radiographs and
 two extreme-aspect crops), the seeded random checkpoint folders, the prompts XBench sends, the
-golden file format, and XBench's side: the path a run takes (``run_path.run_xbench``) compared with
-a golden file at each model's tolerances.
+golden file format, and what XBench's side needs of a model: its class, its tolerances and the
+differences of a run's outputs from a golden file. The run itself, and its comparison with a
+golden file, are ``run_path.py``'s, which imports this module (never the other way round).
 
 Runs in XBench's environment. The authors' side of a model may need another one (old library
 pins), so it reaches these through the command line:
 
     python tools/parity/common.py weights MODEL FOLDER   # the seeded random checkpoint folder
     python tools/parity/common.py prompts MODEL          # {"classes": [...], "prompts": [...]} as JSON
-
-and compares XBench with a golden file made from any weights and radiographs:
-
-    python tools/parity/common.py compare MODEL GOLDEN.npz --checkpoint-dir DIR --real-data ROOT
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +51,11 @@ UPSAMPLED_CLASSES = (0,)
 #: `HF_LAYERS` vision and text blocks and seeded random weights.
 HF_MODELS = ("medsiglip", "xray_clip", "xray_siglip")
 HF_LAYERS = 1
+#: RadZero's parity weights: its published config with this many vision blocks (the two extra blocks as
+#: published) and one text block.
+RADZERO_VISION_LAYERS = 2
 MODELS = ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", "chexzero", "biovil", "biovil_t",
-          "gloria", *HF_MODELS)
+          "gloria", *HF_MODELS, "radzero")
 
 
 def classes() -> list[str]:
@@ -148,6 +147,8 @@ def write_weights(model: str, folder: Path) -> Path:
     if model in HF_MODELS:
         config, preprocessor = random_weights.published_hf_dual_encoder(model, HF_LAYERS, HF_LAYERS)
         return random_weights.write_hf_dual_encoder(folder, config, preprocessor, seed=SEED)
+    if model == "radzero":
+        return random_weights.write_radzero(folder, vision_layers=RADZERO_VISION_LAYERS, text_layers=1, seed=SEED)
     raise ValueError(f"unknown model {model!r}; one of {MODELS}")
 
 
@@ -168,7 +169,7 @@ def prompts(model: str) -> list | dict:
         if index != list(range(len(keys))):
             raise ValueError(f"KAD decodes {query} for {keys}: the golden files assume one query per class, in order")
         return query
-    if model == "carzero":
+    if model in ("carzero", "radzero"):  # RadZero evaluates with CARZero's prompt files
         from xbench.models.carzero import prompt_for
 
         return [prompt_for(key) for key in keys]
@@ -237,7 +238,7 @@ class Tolerance:
 #: the transformers dual encoders, absolute bounds for the other beyond-the-paper models, whose maps are cosines.
 TOLERANCES = {
     **{model: Tolerance()
-       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS)},
+       for model in ("medklip", "mavl", "kad-224", "kad-512", "carzero", "clip", "biomedclip", *HF_MODELS, "radzero")},
     **{model: Tolerance(logits=1e-5, map_atol=1e-5, map_rtol_of_spread=0.0, window=1e-4)
        for model in ("chexzero", "biovil", "biovil_t", "gloria")},
 }
@@ -249,8 +250,8 @@ SETTINGS = ((True, 2), (False, 0))
 #: The models the tests also run under the second setting: one per input transform family (library,
 #: resize rule, processor). For the others, the cache-off batch is the cache-on batch bit for bit
 #: (``tests/test_cache_exact.py``: every shipped model's transform on these very inputs, workers 0
-#: and 2), so their second run could not differ; ``compare`` runs every model under both.
-BOTH_SETTINGS = ("medklip", "carzero", "clip", "chexzero", "biovil", "medsiglip")
+#: and 2), so their second run could not differ; ``run_path.compare`` runs every model under both.
+BOTH_SETTINGS = ("medklip", "carzero", "clip", "chexzero", "biovil", "medsiglip", "radzero")
 
 
 def settings(model: str) -> tuple[tuple[bool, int], ...]:
@@ -272,10 +273,11 @@ def xbench_class(model: str):
     from xbench.models.kad import KAD
     from xbench.models.mavl import MAVL
     from xbench.models.medklip import MedKLIP
+    from xbench.models.radzero import RadZero
 
     return {"medklip": MedKLIP, "mavl": MAVL, "kad-224": KAD, "kad-512": KAD, "carzero": CARZero, "clip": CLIP,
             "biomedclip": BiomedCLIP, "chexzero": CheXzero, "biovil": BioViL, "biovil_t": BioViLT,
-            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder)}[model]
+            "gloria": GLoRIA, **dict.fromkeys(HF_MODELS, HFDualEncoder), "radzero": RadZero}[model]
 
 
 def build_xbench(model: str, folder: Path):
@@ -333,28 +335,6 @@ def check_inputs(inputs: list[GoldenInput], golden: Path, meta: dict) -> None:
                              "(another JPEG decoder?)")
 
 
-def compare(model_name: str, golden: Path, folder: Path, root: Path, scratch: Path
-            ) -> dict[tuple[bool, int], dict[str, dict[str, float]]]:
-    """XBench's run (``run_path.run_xbench``: datamodule, ``trainer.test``) on the golden file's
-    inputs, under each of `SETTINGS`, against the file: ``{(cache, workers): {input name:
-    `differences`}}``. The crops are written into ``scratch``."""
-    from run_path import run_xbench
-
-    per_image, _, meta = load_golden(golden)
-    inputs = golden_inputs(root, [record["file"] for record in meta["images"]], scratch)
-    check_inputs(inputs, golden, meta)
-    model = build_xbench(model_name, folder)
-    result = {}
-    for cache, workers in SETTINGS:
-        found = run_xbench(model, {item.key: item.path for item in inputs}, cache=cache, num_workers=workers,
-                           batch_size=BATCH_SIZE)
-        result[cache, workers] = {
-            item.name: differences(model_name, found[item.key], per_image[item.key], model.map_upsample)
-            for item in inputs
-        }
-    return result
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -363,24 +343,11 @@ def main(argv: list[str] | None = None) -> None:
     weights.add_argument("folder", type=Path)
     prompt = sub.add_parser("prompts", help="print the classes and XBench's prompts as JSON")
     prompt.add_argument("model", choices=MODELS)
-    check = sub.add_parser("compare", help="XBench's run against a golden file, per setting and image")
-    check.add_argument("model", choices=MODELS)
-    check.add_argument("golden", type=Path)
-    check.add_argument("--checkpoint-dir", type=Path, required=True)
-    check.add_argument("--real-data", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.command == "weights":
         write_weights(args.model, args.folder)
-    elif args.command == "prompts":
-        json.dump({"classes": classes(), "prompts": prompts(args.model)}, sys.stdout)
     else:
-        with tempfile.TemporaryDirectory() as scratch:
-            results = compare(args.model, args.golden, args.checkpoint_dir, args.real_data, Path(scratch))
-        for (cache, workers), per_image in results.items():
-            for name, shares in per_image.items():
-                verdict = "ok" if max(shares.values()) <= 1 else "DIFFERS"
-                print(f"cache {'on ' if cache else 'off'} workers {workers} {name}: {verdict} "
-                      + " ".join(f"{key} {value:.2g}" for key, value in shares.items()))
+        json.dump({"classes": classes(), "prompts": prompts(args.model)}, sys.stdout)
 
 
 if __name__ == "__main__":

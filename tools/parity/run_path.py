@@ -5,19 +5,25 @@ or regions) and runs ``trainer.test`` with the trainer settings of ``python -m x
 images go through everything a run does -- the decoded-image cache (or the file), the DataLoader
 workers that make the model's input and window, batching, the base's ``test_step`` -- and records,
 per image, what the model's ``forward`` returned in that run (logits, raw maps) and the window its
-batch carried. ``tools/parity/common.py compare`` and ``tests/test_parity.py`` both call it.
+batch carried. ``tests/test_parity.py`` calls it, and `compare` holds it against a golden file made
+from any weights and radiographs:
 
-Runs in XBench's environment.
+    python tools/parity/run_path.py MODEL GOLDEN.npz --checkpoint-dir DIR --real-data ROOT
+
+Runs in XBench's environment; it imports ``common.py``, which the authors' side imports too.
 """
 
 from __future__ import annotations
 
+import argparse
+import tempfile
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 
-from common import DATASET, FRAME, classes
+from common import (BATCH_SIZE, DATASET, FRAME, MODELS, SETTINGS, build_xbench, check_inputs, classes, differences,
+                    golden_inputs, load_golden)
 from xbench.data.base import Sample, XBenchDataModule
 from xbench.models.base import XBenchModel
 from xbench.test import TRAINER_DEFAULTS, TRAINER_INVARIANTS
@@ -80,3 +86,43 @@ def run_xbench(model: XBenchModel, files: dict[str, Path], *, cache: bool, num_w
     if missing:
         raise RuntimeError(f"the run produced no outputs for {sorted(missing)}")
     return recorder.outputs
+
+
+def compare(model_name: str, golden: Path, folder: Path, root: Path, scratch: Path
+            ) -> dict[tuple[bool, int], dict[str, dict[str, float]]]:
+    """XBench's run (`run_xbench`: datamodule, ``trainer.test``) on the golden file's inputs, under
+    each of ``SETTINGS``, against the file: ``{(cache, workers): {input name: differences}}``. The
+    crops are written into ``scratch``."""
+    per_image, _, meta = load_golden(golden)
+    inputs = golden_inputs(root, [record["file"] for record in meta["images"]], scratch)
+    check_inputs(inputs, golden, meta)
+    model = build_xbench(model_name, folder)
+    result = {}
+    for cache, workers in SETTINGS:
+        found = run_xbench(model, {item.key: item.path for item in inputs}, cache=cache, num_workers=workers,
+                           batch_size=BATCH_SIZE)
+        result[cache, workers] = {
+            item.name: differences(model_name, found[item.key], per_image[item.key], model.map_upsample)
+            for item in inputs
+        }
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="XBench's run against a golden file, per setting and image")
+    parser.add_argument("model", choices=MODELS)
+    parser.add_argument("golden", type=Path)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--real-data", type=Path, required=True)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        results = compare(args.model, args.golden, args.checkpoint_dir, args.real_data, Path(scratch))
+    for (cache, workers), per_image in results.items():
+        for name, shares in per_image.items():
+            verdict = "ok" if max(shares.values()) <= 1 else "DIFFERS"
+            print(f"cache {'on ' if cache else 'off'} workers {workers} {name}: {verdict} "
+                  + " ".join(f"{key} {value:.2g}" for key, value in shares.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -170,7 +170,7 @@ def analyze(
     Args:
         results: test-split results folders; models on one dataset must cover the same images.
         validation: results folders of the same models on the dataset's validation split; each
-            calibrates its model's tau. Without them, tau is cross-fitted over the test images.
+            calibrates its model's τ. Without them, τ is cross-fitted over the test images.
     """
     settings = settings or Settings()
     runs = [load_run(folder, settings.queries) for folder in find_run_folders(results)]

@@ -86,9 +86,9 @@ def difference_table(analysis: Analysis) -> pd.DataFrame:
 
 
 def calibration_table(analysis: Analysis) -> pd.DataFrame:
-    """Per (dataset, model, class or ``macro``, curve): the value at tau = 0.5, at the best tau
-    chosen on the test set itself (and that tau), at the calibrated tau (with its interval, the
-    tau or per-fold taus chosen, and how), and the two gaps over tau = 0.5 (the paper's
+    """Per (dataset, model, class or ``macro``, curve): the value at τ = 0.5, at the best τ
+    chosen on the test set itself (and that τ), at the calibrated τ (with its interval, the
+    τ or per-fold τs chosen, and how), and the two gaps over τ = 0.5 (the paper's
     ``best - 0.5`` and its honest twin ``calibrated - 0.5``), each with a paired interval."""
     rows = []
     confidence = analysis.settings.confidence

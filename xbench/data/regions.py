@@ -17,14 +17,7 @@ from PIL import Image, ImageDraw
 from pycocotools import mask as coco_mask
 
 from xbench.files import regular_file
-
-
-def aspect_matches(stated: tuple[int, int], actual: tuple[int, int]) -> bool:
-    """Whether a stated ``(height, width)`` has the aspect ratio of an image of ``actual`` size, up
-    to the rounding of a resize: with each side rounded to a whole pixel, ``h * W - w * H`` stays
-    within half a pixel times the larger height plus the larger width."""
-    (h, w), (height, width) = stated, actual
-    return abs(h * width - w * height) <= 0.5 * (max(h, height) + max(w, width))
+from xbench.geometry.image import aspect_matches
 
 
 class Region(Protocol):

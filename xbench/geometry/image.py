@@ -3,6 +3,8 @@
 Made by `xbench.data.io` (from a file) or the decoded-image cache, read by a model's
 [`Preprocess`][xbench.geometry.preprocess.Preprocess]: any pointwise step (8-bit rounding, a table)
 runs on the levels and is looked up by the codes, so both sources give the same input bit for bit.
+And `aspect_matches`: whether a size a file states is the image's, up to a resize's rounding (a
+dataset's box grid, a saved output's image size).
 """
 
 from __future__ import annotations
@@ -38,3 +40,11 @@ class CodedImage:
             padded[: len(table)] = table[:256]
             return cv2.LUT(self.codes, padded)
         return table[self.codes]
+
+
+def aspect_matches(stated: tuple[int, int], actual: tuple[int, int]) -> bool:
+    """Whether a stated ``(height, width)`` has the aspect ratio of an image of ``actual`` size, up
+    to the rounding of a resize: with each side rounded to a whole pixel, ``h * W - w * H`` stays
+    within half a pixel times the larger height plus the larger width."""
+    (h, w), (height, width) = stated, actual
+    return abs(h * width - w * height) <= 0.5 * (max(h, height) + max(w, width))

@@ -83,7 +83,7 @@ def classification_scores(logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
 
 
 class ClassificationMetrics(RecordsMetric):
-    """Per-class and macro AUROC, AUPRC, F1 and accuracy at p >= 0.5, Hamming accuracy, max-F1.
+    """Per-class and macro AUROC, AUPRC, F1 and accuracy at p ≥ 0.5, Hamming accuracy, max-F1.
 
     ``update(logits [B, C], labels [B, C], index [B])``. AUROC/AUPRC of a class whose known labels
     are all one value are NaN and left out of the macro mean (``single_label_value_classes`` counts

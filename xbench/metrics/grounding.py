@@ -383,7 +383,7 @@ def summarise_curves(
 
 
 class GroundingMetrics(RecordsMetric):
-    """Pointing Game, Dice and IoU (per-image mean and pooled) at tau = 0.5 and at the best tau, and CNR.
+    """Pointing Game, Dice and IoU (per-image mean and pooled) at τ = 0.5 and at the best τ, and CNR.
 
     ``update(saliency, masks, has_mask, index, pair_class, seen)``:
         saliency: float [B, K, H, W] in [0, 1], min-max normalised per pair so that a non-constant

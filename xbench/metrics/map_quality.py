@@ -24,7 +24,9 @@ uniform), against its region ``R`` of ``|R|`` of the frame's ``n`` pixels:
 Equal values at a cut of the top ``|R|`` or top ``k`` share its remaining places: a tie straddling
 the cut adds ``places x (tied pixels inside R) / (tied pixels)`` hits, the mean over every order of
 the tied pixels. (Quantus breaks such ties by NumPy's unstable sort; the two agree wherever no tie
-straddles the cut.) One sort per pair serves ranks, cuts and the Gini index.
+straddles the cut.) One sort per pair serves ranks, cuts and the Gini index. Every sum over the
+frame's pixels is float64, or int64 where it counts (a rank sum reaches 10^9 at 224 x 224, where
+float32 keeps 7 digits).
 """
 
 from __future__ import annotations
@@ -96,10 +98,7 @@ def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, other: Tensor | Non
         "relevance_rank": _top_share(ordered, below, size),
         "top_k_intersection": _top_share(ordered, below, torch.full_like(size, min(k, pixels))),
     }
-    rank_sum = (sorted_mean_ranks(ordered) * inside).sum(-1)
-    outside = pixels - size
-    values["pixel_auc"] = torch.where(
-        outside > 0, (rank_sum - size * (size + 1) / 2) / (size * outside).double(), torch.nan)
+    values["pixel_auc"] = _pixel_auc(sorted_mean_ranks(ordered), inside, size)
     shifted = ordered.double() + GINI_OFFSET
     weights = 2 * torch.arange(1, pixels + 1, dtype=torch.float64, device=maps.device) - pixels - 1
     values["sparseness"] = (shifted * weights).sum(-1) / (pixels * shifted.sum(-1))
@@ -109,6 +108,18 @@ def pair_values(maps: Tensor, regions: Tensor, mass: Tensor, other: Tensor | Non
                               if other is not None else torch.full((count,), torch.nan, dtype=torch.float64,
                                                                      device=maps.device))
     return values
+
+
+def _pixel_auc(ranks: Tensor, inside: Tensor, size: Tensor) -> Tensor:
+    """float64 [P]: the Mann-Whitney AUROC of the region's pixels, ``(rank sum - |R| (|R| + 1) / 2) /
+    (|R| (n - |R|))``, NaN where ``R`` covers the frame. ``ranks``: float64 mean ranks of the sorted
+    places [P, n]; ``inside``: whether each sorted place is in the region; ``size``: int64 ``|R|``.
+    The least rank sum stays in int64, where it is exact: in float32 (torch's quotient of integers) it
+    loses digits past 2**24, 3e-5 of AUC on a region of most of a 224 x 224 frame."""
+    outside = ranks.shape[-1] - size
+    least = size * (size + 1) // 2  # a product of consecutive integers is even
+    rank_sum = (ranks * inside).sum(-1)
+    return torch.where(outside > 0, (rank_sum - least) / (size * outside), torch.nan)
 
 
 def _top_share(ordered: Tensor, below: Tensor, places: Tensor) -> Tensor:

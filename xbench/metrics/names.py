@@ -1,9 +1,9 @@
-"""Every metric XBench reports, once: its key, its labels, its unit and where it appears.
+r"""Every metric XBench reports, once: its key, its labels, its unit and where it appears.
 
 The key is the name in ``metrics.json``, ``per_class.csv``, W&B and the analysis tables; ``short``
 heads table columns (console summary, ``summary.md``, the report, the analysis summary) and
 ``long`` labels figure axes and legends. A metric chosen on the evaluated set itself (the best
-threshold tau*, max-F1) carries a ``*`` in its short label. Every list of metrics elsewhere is a
+threshold τ\*, max-F1) carries a ``*`` in its short label. Every list of metrics elsewhere is a
 selection of keys from this table, so a label or a unit changes here and nowhere else.
 """
 
@@ -25,7 +25,7 @@ Section = Literal["grounding", "classification", "faithfulness", "sanity", "loca
 
 @dataclass(frozen=True)
 class Metric:
-    """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a tau or probability, shown
+    """``unit``: ``percent`` (a fraction, shown x100), ``threshold`` (a τ or probability, shown
     as is), ``ratio`` (shown as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
     ``per_class``: it has a per-class value; ``analysed``: the bootstrap analysis gives it intervals
     (per class, and as a macro mean where ``macro``). ``bounds``: the closed range its value takes

@@ -4,12 +4,15 @@ The official ``open_clip_config.json`` is used unedited except that its text tow
 the checkpoint folder: the json names the hub repository of BiomedBERT, which open_clip would
 ask the network for even when the weights are local. The folder therefore also holds BiomedBERT's
 ``config.json`` and the tokenizer's ``vocab.txt``; no BERT weights are read from it, they are
-part of the BiomedCLIP checkpoint. Recognition and maps follow `OpenClipDualEncoder`.
+part of the BiomedCLIP checkpoint. Given as a hub id (``hf-hub:microsoft/BiomedCLIP-...``), the
+snapshot lacks that ``config.json``: it is read from the cache's snapshot of the repository the
+json names, as open_clip would fetch it. Recognition and maps follow `OpenClipDualEncoder`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import ClassVar
 
 import open_clip
@@ -18,6 +21,7 @@ from torch import Tensor, nn
 from xbench.files import read_json
 from xbench.models.base import LayerGroup
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint
+from xbench.models.hub import HUB_PREFIX, checkpoint_folder, snapshot_hub_id
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
 from xbench.models.text import require_files
@@ -38,8 +42,12 @@ class BiomedCLIP(OpenClipDualEncoder):
         LayerGroup("text tower", ("model.text.*",), blocks="model.text.transformer.encoder.layer", text=True),
     )
     weights_file: ClassVar[str] = "open_clip_pytorch_model.bin"
+    #: BiomedBERT's architecture file, which BiomedCLIP's hub repository does not hold.
+    text_config_file: ClassVar[str] = "config.json"
+    #: In a hub snapshot, what tells transformers the tokenizer's class in that file's place.
+    tokenizer_config_file: ClassVar[str] = "tokenizer_config.json"
     #: Everything read from ``checkpoint_dir``: the CLIP config and weights, BiomedBERT's config, the vocabulary.
-    files: ClassVar[tuple[str, ...]] = (config_file, weights_file, "config.json", "vocab.txt")
+    files: ClassVar[tuple[str, ...]] = (config_file, weights_file, text_config_file, "vocab.txt")
     layout: ClassVar[CheckpointLayout] = CheckpointLayout(
         drops=(
             DeclaredDrop(
@@ -65,7 +73,10 @@ class BiomedCLIP(OpenClipDualEncoder):
         super().__init__(checkpoint_dir, pos_template, neg_template, **kwargs)
 
     def load_model(self) -> tuple[nn.Module, Callable[[list[str]], Tensor]]:
-        folder = require_files(self.checkpoint_dir, self.files, "BiomedCLIP").resolve()
+        from_hub = snapshot_hub_id(self.checkpoint_dir.resolve()) is not None
+        needed = tuple(self.tokenizer_config_file if from_hub and name == self.text_config_file else name
+                       for name in self.files)
+        folder = require_files(self.checkpoint_dir, needed, "BiomedCLIP").resolve()
         config_path = folder / self.config_file
         try:
             model_cfg = read_json(config_path)["model_cfg"]
@@ -81,7 +92,9 @@ class BiomedCLIP(OpenClipDualEncoder):
                 f"BiomedCLIP: {config_path} sets {wrong}, expected {self.text_tower}. It is not the current official "
                 "config (older copies used `proj`/`pooler_type`); download it again from the pinned revision"
             )
-        local_text = {**text_cfg, "hf_model_name": str(folder), "hf_tokenizer_name": str(folder), "hf_model_pretrained": False}
+        text_folder = self.text_tower_folder(text_cfg, config_path) if from_hub else folder
+        local_text = {**text_cfg, "hf_model_name": str(text_folder), "hf_tokenizer_name": str(folder),
+                      "hf_model_pretrained": False}
         model = open_clip.CustomTextCLIP(**{**model_cfg, "text_cfg": local_text})
         load_checkpoint(model, folder / self.weights_file, self.layout)
         tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
@@ -92,6 +105,17 @@ class BiomedCLIP(OpenClipDualEncoder):
                 "vocab.txt and BiomedBERT's config.json"
             )
         return model, tokenizer
+
+    def text_tower_folder(self, text_cfg: dict, config_path: Path) -> Path:
+        """The cache's snapshot of the repository ``text_cfg`` names for the text tower (its ``config.json``),
+        for a BiomedCLIP snapshot, whose repository holds none."""
+        repository = text_cfg.get("hf_model_name")
+        if not isinstance(repository, str):
+            raise ValueError(f"BiomedCLIP: {config_path} names no text tower repository (model_cfg.text_cfg."
+                             "hf_model_name); download the official file again")
+        folder = checkpoint_folder(HUB_PREFIX + repository,
+                                   f"BiomedCLIP's text tower ({config_path.name}'s hf_model_name)")
+        return require_files(folder, (self.text_config_file,), "BiomedCLIP's text tower")
 
     @property
     def input_size(self) -> int:

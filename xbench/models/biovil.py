@@ -45,6 +45,7 @@ from xbench.geometry.image import CodedImage
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, is_arange, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
@@ -227,7 +228,7 @@ class BioViL(PromptPairs, XBenchModel):
     ) -> None:
         super().__init__(**kwargs)
         self.set_templates(pos_template, neg_template)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.image_model: nn.Module | None = None
         #: CXR-BERT's tokenizer and text tower, loaded by the first ``build`` (a tuple: not a submodule,
         #: so it stays on the CPU and out of the state dict).

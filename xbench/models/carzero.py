@@ -18,7 +18,6 @@ import re
 import warnings
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -29,6 +28,7 @@ from transformers import BertModel, PreTrainedTokenizerBase
 from xbench.findings import FINDINGS, display_name
 from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
+from xbench.models.hub import checkpoint_folder
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
 from xbench.geometry.preprocess import CXR_MAE_MEAN, CXR_MAE_STD, Preprocess
@@ -366,7 +366,7 @@ class CARZero(XBenchModel):
 
     def __init__(self, checkpoint_dir: str = "checkpoints/carzero", **kwargs) -> None:
         super().__init__(**kwargs)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.network: CARZeroNetwork | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self.prompts: list[str] = []
@@ -374,7 +374,7 @@ class CARZero(XBenchModel):
     def build(self, classes: list[str]) -> None:
         if self.network is None:
             self.load_weights()
-        self.tokenizer = load_tokenizer(Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER,
+        self.tokenizer = load_tokenizer(self.checkpoint_dir / TEXT_FOLDER,
                                         "CARZero's BioClinicalMPBERT")
         self.prompts = [prompt_for(key) for key in classes]
         for name, value in self.encode_prompts(self.prompts).items():
@@ -382,7 +382,7 @@ class CARZero(XBenchModel):
 
     def load_weights(self) -> None:
         """The three towers from the checkpoint, strictly: once per model, whatever the class sets."""
-        folder = Path(self.checkpoint_dir).expanduser()
+        folder = self.checkpoint_dir
         file = require_files(folder, (CHECKPOINT_FILE,), "CARZero") / CHECKPOINT_FILE
         text_folder = require_files(folder / TEXT_FOLDER, ("vocab.txt", "config.json"), "CARZero's BioClinicalMPBERT")
         bert = bert_from_config(text_folder, "CARZero's BioClinicalMPBERT")

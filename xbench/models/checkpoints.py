@@ -17,10 +17,14 @@
   values a model hard-codes (CARZero, GLoRIA).
 - A tensor the module registers under two names (a submodule reused inside another) must hold
   the same values under both names in the file; it is checked, not silently overwritten.
+- Every model's ``checkpoint_dir`` is first resolved by
+  [`checkpoint_folder`][xbench.models.hub.checkpoint_folder] (a folder, or a hub id in the local
+  Hugging Face cache).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -32,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from xbench.files import present, regular_file
+from xbench.models.hub import missing_files_fix
 
 
 class InertObject:
@@ -351,9 +356,7 @@ def first_present(folder: str | Path, names: tuple[str, ...], what: str) -> Path
         if present(folder / name):
             return folder / name
     where = f"in {folder}" if folder.is_dir() else f"(folder {folder} not found)"
-    raise FileNotFoundError(
-        f"{what}: none of {', '.join(names)} found {where}. Place the files listed in checkpoints/README.md there."
-    )
+    raise FileNotFoundError(f"{what}: none of {', '.join(names)} found {where}. {missing_files_fix(folder, names[:1])}")
 
 
 def read_hyper_parameters(loaded: Any, file: Path | str, expected: Mapping[str, Any]) -> None:

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel
 from xbench.models.checkpoints import CheckpointLayout, first_present, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, Preprocess
 from xbench.models.explainers import CamTarget
@@ -50,7 +51,8 @@ class OpenClipDualEncoder(PromptPairs, XBenchModel):
     """A CLIP-style dual encoder built with open_clip (see the module docstring for the recipe).
 
     Args:
-        checkpoint_dir: the folder holding the model's files (``checkpoints/README.md``).
+        checkpoint_dir: the folder holding the model's files (``checkpoints/README.md``), or a hub id
+            ``hf-hub:<org>/<name>[@revision]`` in the local Hugging Face cache (`checkpoint_folder`).
         pos_template, neg_template: prompt templates; ``{}`` is replaced by the finding's text
             (or a report phrase, in phrase grounding).
     """
@@ -60,7 +62,7 @@ class OpenClipDualEncoder(PromptPairs, XBenchModel):
     def __init__(self, checkpoint_dir: str, pos_template: str, neg_template: str, **kwargs) -> None:
         super().__init__(**kwargs)
         self.set_templates(pos_template, neg_template)
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.model: nn.Module | None = None
         self.tokenizer: Callable[[list[str]], Tensor] | None = None
         #: class key -> (positive prompt, negative prompt), set by ``build``.

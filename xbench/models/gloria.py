@@ -48,7 +48,6 @@ What the authors' code does (``marshuang80/gloria`` at 416466a), and XBench with
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
@@ -61,6 +60,7 @@ from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.carzero import TEXT_LAYERS, TEXT_SLOTS, TextEncoder, clean_text, tokenize_prompts
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_checkpoint, read_hyper_parameters
+from xbench.models.hub import checkpoint_folder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
 from xbench.geometry.preprocess import Preprocess
@@ -201,7 +201,7 @@ class GLoRIA(XBenchModel):
         if attention_map not in ("zero_shot", "figure"):
             raise ValueError(f"--model.attention_map must be zero_shot or figure; got {attention_map!r}")
         self.attention_map = attention_map
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.template = template
         self.network: GLoRIANetwork | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
@@ -215,7 +215,7 @@ class GLoRIA(XBenchModel):
     def load_weights(self) -> None:
         """Both towers from the checkpoint, strictly; BERT shaped by the local ``config.json``; the
         file's training config checked against what XBench hard-codes."""
-        folder = Path(self.checkpoint_dir).expanduser()
+        folder = self.checkpoint_dir
         file = require_files(folder, (CHECKPOINT_FILE,), "GLoRIA") / CHECKPOINT_FILE
         bert = bert_from_config(folder / TEXT_FOLDER, "GLoRIA's Bio_ClinicalBERT")
         if bert.config.hidden_size != WIDTH:
@@ -231,7 +231,7 @@ class GLoRIA(XBenchModel):
     def build(self, classes: list[str]) -> None:
         if self.network is None:
             self.load_weights()
-        self.tokenizer = load_tokenizer(Path(self.checkpoint_dir).expanduser() / TEXT_FOLDER,
+        self.tokenizer = load_tokenizer(self.checkpoint_dir / TEXT_FOLDER,
                                         "GLoRIA's Bio_ClinicalBERT")
         self.prompts = [self.template.format(finding_text(key)) for key in classes]
         text = self.encode_prompts(self.prompts)

@@ -53,6 +53,7 @@ from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel, SiglipMod
 
 from xbench.files import present, read_json_object
 from xbench.models.base import LayerGroup
+from xbench.models.hub import snapshot_hub_id
 from xbench.models.clip import PAIR_LOGIT, OpenClipDualEncoder
 from xbench.models.explainers import CamTarget
 from xbench.geometry.precision import float32
@@ -201,12 +202,20 @@ def pooling_head_tokens(head: nn.Module, tokens: Tensor) -> Tensor:
     return pooled + head.mlp(head.layernorm(pooled))
 
 
+def folder_name(folder: Path) -> str:
+    """A folder's name for a run: a hub snapshot's is its repository's, not its commit hash."""
+    found = snapshot_hub_id(folder.resolve())
+    return found[0].repo.rpartition("/")[2] if found else folder.resolve().name
+
+
 class HFDualEncoder(OpenClipDualEncoder):
     """A transformers ``CLIPModel`` or ``SiglipModel`` folder (see the module docstring for the recipe).
 
     Args:
-        checkpoint_dir: the folder as ``save_pretrained`` wrote it (or the hub's snapshot of it).
-        name: the model's name in results folders, tables and reports; default: the folder's name.
+        checkpoint_dir: the folder as ``save_pretrained`` wrote it, or a hub id ``hf-hub:<org>/<name>[@revision]``
+            in the local Hugging Face cache.
+        name: the model's name in results folders, tables and reports; default: the folder's name (a hub
+            snapshot's: the repository's name).
         pos_template: the positive prompt; ``{}`` is replaced by the finding's text (or a phrase).
         neg_template: a CLIP folder's negative prompt (default ``"no {}"``); a SigLIP folder refuses one.
     """
@@ -238,7 +247,7 @@ class HFDualEncoder(OpenClipDualEncoder):
     ) -> None:
         super().__init__(checkpoint_dir, pos_template, neg_template or CLIP_NEGATIVE, **kwargs)
         self.negative_given = neg_template is not None
-        self.label = name or Path(checkpoint_dir).expanduser().resolve().name
+        self.label = name or folder_name(self.checkpoint_dir)
         self.model_type: str | None = None
         self._preprocess: Preprocess | None = None
 

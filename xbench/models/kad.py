@@ -35,6 +35,7 @@ from xbench.files import present
 from xbench.findings import finding_text
 from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, is_arange, load_state_dicts, safe_load
+from xbench.models.hub import checkpoint_folder
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import NATIVE, CamTarget
 from xbench.models.gpu import ChannelsLast
@@ -284,7 +285,7 @@ class QueryDecoderModel(XBenchModel):
 
     def __init__(self, checkpoint_dir: str, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.checkpoint_dir = Path(checkpoint_dir).expanduser()
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.query_decoder = QueryDecoder()
         #: The prompts decoded together, in order, and each class's position among them.
         self.prompts: list[str] = []

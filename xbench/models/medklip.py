@@ -27,6 +27,7 @@ from xbench.models.base import LayerGroup, XBenchModel, resnet_stages
 from xbench.models.decoder import PreNormQueryLayer
 from xbench.models.explainers import CamTarget
 from xbench.models.checkpoints import CheckpointLayout, DeclaredDrop, has_shape, load_checkpoint
+from xbench.models.hub import checkpoint_folder
 from xbench.models.gpu import ChannelsLast
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.text import bert_cls_embeddings, require_files
@@ -236,9 +237,10 @@ class MedKLIP(ChannelsLast, XBenchModel):
     ) -> None:
         super().__init__(**kwargs)
         self.channels_last = channels_last
-        self.checkpoint_dir = Path(checkpoint_dir).expanduser()
+        self.checkpoint_dir = checkpoint_folder(checkpoint_dir)
         self.checkpoint_file = "checkpoint_final.pth"
-        self.bert_dir = Path(bert_dir).expanduser() if bert_dir else self.checkpoint_dir / "Bio_ClinicalBERT"
+        self.bert_dir = (checkpoint_folder(bert_dir, "--model.bert_dir") if bert_dir
+                         else self.checkpoint_dir / "Bio_ClinicalBERT")
         self.equalize_histogram = equalize_histogram
         # The authors' test transform: PIL ``Resize([224, 224])`` (bilinear, squashed) of the 8-bit
         # image, ToTensor, ImageNet's mean/std.

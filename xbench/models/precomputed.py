@@ -58,11 +58,11 @@ from safetensors import safe_open
 from torch import Tensor
 
 from xbench.files import open_text, present, regular_file
-from xbench.data.regions import aspect_matches
 from xbench.findings import finding_key
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
+from xbench.geometry.image import aspect_matches
 from xbench.geometry.maps import as_float32, place_in_frame, whole_frame
 
 Layout = Literal["per_image", "per_pair", "chexlocalize", "boxes"]

@@ -630,3 +630,88 @@ def published_hf_dual_encoder(name: str, vision_layers: int = 2, text_layers: in
     entry["config"]["vision_config"]["num_hidden_layers"] = vision_layers
     entry["config"]["text_config"]["num_hidden_layers"] = text_layers
     return entry["config"], entry["preprocessor"]
+
+
+# -- RadZero ----------------------------------------------------------------------------------------
+
+#: MPNet's special tokens (all-mpnet-base-v2's: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, its ``[UNK]``) and
+#: single letters as WordPiece, so every prompt tokenises to known, distinct pieces.
+MPNET_VOCAB = ["<s>", "<pad>", "</s>", "<unk>", "[UNK]", *"abcdefghijklmnopqrstuvwxyz",
+               *(f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"), "<mask>"]
+MPNET_SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "cls_token": "<s>",
+                        "unk_token": "[UNK]", "pad_token": "<pad>", "mask_token": "<mask>"}
+#: The published recipe's settings beside the architectures (``exp/cxr_pt/configs/radzero.yaml``).
+RADZERO_LOSS = {"apply": ["RadZeroLoss"], "ratio": [1.0], "RadZeroLoss": {
+    "hidden_dim": 768, "mpnce_row_sum": False, "mpnce_col_sum": False, "attn_temperature": None,
+    "loss_temperature": 0.07, "text_features_l2_norm": False, "sim_op": "cos"}}
+
+
+def radzero_config(vision_layers: int = 12, text_layers: int = 12, vision_image_size: int = 224,
+                   vocab_size: int = 30527) -> dict:
+    """RadZero's ``config.json`` in the layout of the authors' ``CxrAlignConfig.save_pretrained``:
+    XrayDINOv2's architecture (ViT-B/14; its side ``vision_image_size``) with the experiment's keys,
+    all-mpnet-base-v2's in ``text_config`` (docs/models/radzero.md: what XBench infers there), the two
+    extra blocks and the loss settings; ``vision_layers``/``text_layers`` blocks in the towers."""
+    from transformers import Dinov2Config, MPNetConfig
+
+    vision = Dinov2Config(image_size=vision_image_size, patch_size=14, num_hidden_layers=vision_layers).to_dict()
+    text = MPNetConfig(vocab_size=vocab_size, num_hidden_layers=text_layers, max_position_embeddings=514,
+                       layer_norm_eps=1e-5).to_dict()
+    align = Dinov2Config(hidden_size=768, num_hidden_layers=2).to_dict()
+    return {
+        "architectures": ["CxrAlignModel"],
+        "vision_config": {**vision, "pretrained_name_or_path": "StanfordAIMI/dinov2-base-xray-224", "img_size": 518},
+        "text_config": {**text, "use_text_projection": False,
+                        "pretrained_name_or_path": "sentence-transformers/all-mpnet-base-v2",
+                        "pretrained_tokenizer_name_or_path": "sentence-transformers/all-mpnet-base-v2",
+                        "use_cls_token": False},
+        "align_transformer_config": {**align, "model_type": "align_transformer", "projector_config": None,
+                                     "use_layer_norm": False},
+        "loss": RADZERO_LOSS,
+        "compute_logits_type": "radzero",
+        "module_to_update": ["align_transformer", "text_model", "loss_fns"],
+    }
+
+
+#: XrayDINOv2's ``BlipImageProcessor`` at the experiment's ``img_size`` 518 (``adapt_img_size``), with
+#: BLIP's defaults (CLIP's mean/std, bicubic): what ``save_pretrained`` writes for it.
+RADZERO_PREPROCESSOR = {
+    "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": list(OPENAI_CLIP_MEAN), "image_std": list(OPENAI_CLIP_STD),
+    "image_processor_type": "BlipImageProcessor", "resample": 3, "rescale_factor": 1 / 255,
+    "size": {"height": 518, "width": 518},
+}
+
+
+def write_mpnet_tokenizer(folder: Path) -> None:
+    """``vocab.txt``, ``tokenizer_config.json`` and ``special_tokens_map.json`` of an MPNet WordPiece
+    tokenizer over `MPNET_VOCAB`, readable by every transformers version."""
+    (folder / "vocab.txt").write_text("\n".join(MPNET_VOCAB) + "\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "MPNetTokenizer", "do_lower_case": True, "model_max_length": 512,
+         **MPNET_SPECIAL_TOKENS}, indent=2))
+    (folder / "special_tokens_map.json").write_text(json.dumps(MPNET_SPECIAL_TOKENS, indent=2))
+
+
+def write_radzero(folder: Path, vision_layers: int = 12, text_layers: int = 12, seed: int = 0) -> Path:
+    """``checkpoints/radzero/``: ``config.json`` (`radzero_config`, the vocabulary `MPNET_VOCAB`'s),
+    ``preprocessor_config.json``, the tokenizer's files and ``model.safetensors`` with seeded random
+    weights under the published file's names (the shared layer norm and the temperature drawn too, so
+    that a test sees them used)."""
+    from xbench.models.radzero import RadZeroNet, architecture, published_key
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = radzero_config(vision_layers, text_layers, vocab_size=len(MPNET_VOCAB))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps(RADZERO_PREPROCESSOR, indent=2))
+    write_mpnet_tokenizer(folder)
+    torch.manual_seed(seed)
+    net = RadZeroNet(*architecture(folder))
+    head = net.loss_fns["RadZeroLoss"]
+    with torch.no_grad():
+        head.layer_norm.weight.uniform_(0.5, 1.5)
+        head.layer_norm.bias.normal_(0, 0.1)
+        head.loss_temperature.fill_(math.log(0.05))
+    save_file({published_key(key): value.contiguous() for key, value in net.state_dict().items()},
+              str(folder / "model.safetensors"))
+    return folder

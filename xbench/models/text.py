@@ -21,6 +21,7 @@ from transformers.utils import logging as hf_logging
 from xbench.cache import cache_root, check_cache_writable
 from xbench.files import atomic_write, present
 from xbench.models.checkpoints import check_safetensors, require_finite
+from xbench.models.hub import missing_files_fix
 
 #: Keys a BERT checkpoint may carry beyond ``BertModel``: its pre-training heads and the
 #: ``position_ids`` buffer that transformers < 4.31 saved.
@@ -30,12 +31,12 @@ BERT_EXTRA_KEYS = ("cls.", "embeddings.position_ids", "bert.embeddings.position_
 def require_files(folder: str | Path, names: tuple[str, ...], what: str) -> Path:
     """``folder`` if it holds every file in ``names``; else an error listing what is missing."""
     folder = Path(folder).expanduser()
-    hint = "Place the files listed in checkpoints/README.md there."
     if not folder.is_dir():
-        raise FileNotFoundError(f"{what}: folder {folder} not found. {hint}")
-    missing = [name for name in names if not present(folder / name)]
+        raise FileNotFoundError(f"{what}: folder {folder} not found. {missing_files_fix(folder, names)}")
+    missing = tuple(name for name in names if not present(folder / name))
     if missing:
-        raise FileNotFoundError(f"{what}: {', '.join(missing)} not found in {folder}. {hint}")
+        raise FileNotFoundError(
+            f"{what}: {', '.join(missing)} not found in {folder}. {missing_files_fix(folder, missing)}")
     return folder
 
 
