@@ -28,6 +28,7 @@ from pydicom.uid import (
 )
 
 from xbench.data.phantom import generate_phantom
+from xbench.findings import FINDINGS, dataset_name
 from xbench.geometry.maps import normalise, place_in_frame, whole_frame
 from xbench.results.folder import MANIFEST, find_result_folders, manifest_of
 from xbench.test import main
@@ -499,6 +500,14 @@ def results_contents(results: Path) -> dict[str, dict]:
         assert key not in found, f"two results folders of one run's settings under {results}"
         found[key] = files
     return found
+
+
+def names(model: str, dataset: str, classes: list[str]) -> dict:
+    """A fabricated ``metrics.json``'s ``names``: the model shown as ``model``, the dataset and each
+    class by XBench's table where it has them, else by the key itself (short name upper-cased)."""
+    return {"model": model, "dataset": dataset_name(dataset),
+            "findings": {key: {"display": FINDINGS[key].display, "short": FINDINGS[key].short} if key in FINDINGS
+                         else {"display": key, "short": key.upper()} for key in classes}}
 
 
 def reseal(folder: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score, f1_score, precision_recall_curve, roc_auc_score
 
-from conftest import reseal, run_args
+from conftest import names, reseal, run_args
 from xbench.analysis import Settings, analyze, difference_table, strata_table
 from xbench.metrics.bootstrap import assign_folds, percentile_interval, random_stream, resample_weights
 from xbench.analysis.correlation import r_squared
@@ -74,6 +74,7 @@ def write_run(folder: Path, model: str, dataset: str, classes: list[str], image_
         "schema": SCHEMA, "model": model, "dataset": dataset, "classes": classes,
         "data": {"image_size": image_size}, "grounding": grounding_estimates(pairs, classes),
         "config": {"model": {"class_path": f"synthetic.{model}", "init_args": model_args or {}}},
+        "names": names(model, dataset, classes),
     }
     (folder / "metrics.json").write_text(json.dumps(payload))
     index = torch.arange(len(image_ids))
@@ -459,7 +460,7 @@ def test_cli_on_baseline_folders_reproduces_metrics_and_calibrates_on_validation
     calibration = pd.read_csv(out / "calibration.csv")
     random_test = json.loads((baseline_runs["random-test"] / "metrics.json").read_text())
     random_val = json.loads((baseline_runs["random-train"] / "metrics.json").read_text())
-    rows = calibration[(calibration.model == "randomsaliency") & (calibration.curve == "dice")].set_index("class")
+    rows = calibration[(calibration.model == "random") & (calibration.curve == "dice")].set_index("class")
     for key, values in random_val["grounding"]["per_class"].items():
         if values["pairs"] == 0 or random_test["grounding"]["per_class"][key]["pairs"] == 0:
             continue
@@ -467,7 +468,7 @@ def test_cli_on_baseline_folders_reproduces_metrics_and_calibrates_on_validation
         assert float(rows.loc[key, "calibrated_tau"]) == pytest.approx(tau, abs=1e-7)
         curve = random_test["grounding"]["curves"][key]["dice"]
         assert rows.loc[key, "at_calibrated"] == pytest.approx(curve[round(100 * tau)], abs=1e-12)
-        assert rows.loc[key, "method"].startswith("validation (randomsaliency__chestx_det10__")
+        assert rows.loc[key, "method"].startswith("validation (random__chestx_det10__")
     # the Oracle is an instrument: analysed (its ceiling has intervals) but never compared or fitted
     assert pd.read_csv(out / "differences.csv").empty
     assert pd.read_csv(out / "correlation.csv").points.eq(1).all()

@@ -1246,7 +1246,7 @@ def test_a_damaged_results_folder_is_named_by_the_report(finished_runs, tmp_path
 
     copy = tmp_path / "results"
     shutil.copytree(finished_runs, copy)
-    (folder,) = copy.glob("centreprior__*")
+    (folder,) = copy.glob("centre_prior__*")
     damage(folder)
     reseal(folder)  # past the manifest: the check behind it is what is tested
     code, err = run_command(report_main, [str(copy), "--out", str(tmp_path / "out"), "--no-analysis"],
@@ -1993,7 +1993,7 @@ def test_a_config_file_name_cannot_reach_the_job_script(tmp_path):
 # -- the report's references: the paper's numbers, --reference and --fail-outside-interval (issue 41) --
 
 REFERENCE_HEADER = "table,dataset,model,finding,metric,value_percent,decimals\n"
-GOOD_ROW = "mine,phantom,centreprior,mean,pointing_game,{value},2\n"
+GOOD_ROW = "mine,phantom,centre_prior,mean,pointing_game,{value},2\n"
 
 
 def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
@@ -2007,11 +2007,11 @@ def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
     (None, "cannot be read (No such file or directory)"),
     ("", "is empty; its first line must be the header table,dataset,model,finding,metric,value_percent"),
     (REFERENCE_HEADER, "has a header but no values"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean\n", "line 2: 4 fields, expected 7"),
-    ("table,dataset,model,finding,metric\nmine,phantom,centreprior,mean,pointing_game\n",
+    (REFERENCE_HEADER + "mine,phantom,centre_prior,mean\n", "line 2: 4 fields, expected 7"),
+    ("table,dataset,model,finding,metric\nmine,phantom,centre_prior,mean,pointing_game\n",
      "line 1: the header is 'table,dataset,model,finding,metric'; expected table,dataset,model,finding,metric,"
      "value_percent,decimals (missing: value_percent, decimals)"),
-    ("table,dataset,model,finding,metric,value_percent\nmine,phantom,centreprior,mean,pointing_game,5\n",
+    ("table,dataset,model,finding,metric,value_percent\nmine,phantom,centre_prior,mean,pointing_game,5\n",
      "(missing: decimals)"),
     (REFERENCE_HEADER.replace("\n", ",extra\n") + GOOD_ROW.format(value="5").replace("\n", ",1\n"),
      "(unknown: 'extra')"),
@@ -2024,23 +2024,23 @@ def _report(runs, tmp_path, capsys, *extra) -> tuple[int, str]:
     (REFERENCE_HEADER + GOOD_ROW.format(value="-1"), "line 2: value_percent '-1' is not a number from 0 to 100"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="nan"), "line 2: value_percent 'nan' is not a number"),
     (REFERENCE_HEADER + GOOD_ROW.format(value="5") + GOOD_ROW.format(value="6"),
-     "line 3: the cell phantom, centreprior, mean, pointing_game is given again (table 'mine': 6), line 2 gives it "
+     "line 3: the cell phantom, centre_prior, mean, pointing_game is given again (table 'mine': 6), line 2 gives it "
      "already (table 'mine': 5); a reference gives each cell once: keep one of the two rows"),
     (REFERENCE_HEADER + "mine,phantom,gpt,mean,pointing_game,5,2\n",
-     "line 2: these results have no run of model 'gpt' on phantom (models run on it: centreprior)"),
-    (REFERENCE_HEADER + "mine,rsna,centreprior,mean,pointing_game,5,2\n",
-     "line 2: these results have no run of model 'centreprior' on rsna (no run on it)"),
-    (REFERENCE_HEADER + "mine,mnist,centreprior,mean,pointing_game,5,2\n", "line 2: unknown dataset 'mnist'"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,bronchiectasis,pointing_game,5,2\n",
+     "line 2: these results have no run of model 'gpt' on phantom (models run on it: centre_prior)"),
+    (REFERENCE_HEADER + "mine,rsna,centre_prior,mean,pointing_game,5,2\n",
+     "line 2: these results have no run of model 'centre_prior' on rsna (no run on it)"),
+    (REFERENCE_HEADER + "mine,mnist,centre_prior,mean,pointing_game,5,2\n", "line 2: unknown dataset 'mnist'"),
+    (REFERENCE_HEADER + "mine,phantom,centre_prior,bronchiectasis,pointing_game,5,2\n",
      "line 2: 'bronchiectasis' is not a finding of phantom; give 'mean' or one of"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,accuracy,5,2\n", "line 2: unknown metric 'accuracy'"),
-    (REFERENCE_HEADER + "mine,phantom,centreprior,mean,pointing_game_tau,5,2\n", "unknown metric 'pointing_game_tau'"),
-    (REFERENCE_HEADER + 'mine,phantom,"centreprior\nrm -rf /",mean,pointing_game,5,2\n',
-     "line 2: these results have no run of model 'centreprior\\nrm -rf /'"),
-    (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centreprior,mean,pointing_game,5,2\n",
+    (REFERENCE_HEADER + "mine,phantom,centre_prior,mean,accuracy,5,2\n", "line 2: unknown metric 'accuracy'"),
+    (REFERENCE_HEADER + "mine,phantom,centre_prior,mean,pointing_game_tau,5,2\n", "unknown metric 'pointing_game_tau'"),
+    (REFERENCE_HEADER + 'mine,phantom,"centre_prior\nrm -rf /",mean,pointing_game,5,2\n',
+     "line 2: these results have no run of model 'centre_prior\\nrm -rf /'"),
+    (REFERENCE_HEADER + "mine,=cmd|' /C calc'!A0,centre_prior,mean,pointing_game,5,2\n",
      "unknown dataset \"=cmd|' /C calc'!A0\""),
     (REFERENCE_HEADER.encode() + b"mine,phantom,\xff\xfe,mean,pointing_game,5,2\n", "is not UTF-8 text (byte"),
-    (REFERENCE_HEADER + ",phantom,centreprior,mean,pointing_game,5,2\n", "line 2: the table is empty"),
+    (REFERENCE_HEADER + ",phantom,centre_prior,mean,pointing_game,5,2\n", "line 2: the table is empty"),
 ])
 def test_a_bad_reference_is_named_and_no_report_is_written(finished_runs, tmp_path, capsys, content, named):
     reference = tmp_path / "reference.csv"
@@ -2081,18 +2081,18 @@ def test_the_demo_report_says_no_paper_cell_is_covered_and_the_gate_refuses_it(f
 @pytest.mark.parametrize(("value", "status"), [("100", 1), ("{ours}", 0)])
 def test_a_reference_value_outside_the_interval_fails_the_gate_naming_it(finished_runs, tmp_path, capsys, value,
                                                                          status):
-    (folder,) = finished_runs.glob("centreprior__*")
+    (folder,) = finished_runs.glob("centre_prior__*")
     ours = json.loads((folder / "metrics.json").read_text())["grounding"]["macro"]["pointing_game"]
     reference = tmp_path / "reference.csv"
     reference.write_text(REFERENCE_HEADER + GOOD_ROW.format(value=value.format(ours=100 * ours)))
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
     if status:
         assert_one_line(code, err, status, "1 cell(s) of `" + str(reference) + "` left XBench's interval: Phantom "
-                                           f"centreprior mean pointing_game (line 2: {value}, XBench")
+                                           f"centre_prior mean pointing_game (line 2: {value}, XBench")
     else:
         assert code == 0, err
     table = (tmp_path / "out" / "tables" / "reproduction_reference_1.md").read_text()
-    (row,) = [line for line in table.splitlines() if line.startswith("| CentrePrior")]
+    (row,) = [line for line in table.splitlines() if line.startswith("| centre_prior")]
     assert row.endswith(" † |") == bool(status)
 
 
@@ -2336,7 +2336,7 @@ def test_a_robustness_option_beyond_what_it_can_mean_is_named(phantom_root, tmp_
 
 def _ours(runs, metric="pointing_game") -> float:
     """CentrePrior's mean ``metric`` on the phantom, in percent."""
-    (folder,) = runs.glob("centreprior__*")
+    (folder,) = runs.glob("centre_prior__*")
     return 100 * json.loads((folder / "metrics.json").read_text())["grounding"]["macro"][metric]
 
 
@@ -2356,7 +2356,7 @@ def test_a_cell_given_twice_is_refused_naming_both_lines_and_never_passes_the_ga
     rows = GOOD_ROW.format(value=f"{ours:.2f}") + GOOD_ROW.replace("mine", second).format(value=f"{off:.2f}")
     reference = _reference(tmp_path, rows)
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
-    assert_one_line(code, err, 2, f"reference {reference}, line 3: the cell phantom, centreprior, mean, pointing_game "
+    assert_one_line(code, err, 2, f"reference {reference}, line 3: the cell phantom, centre_prior, mean, pointing_game "
                                   f"is given again (table '{second}'", "line 2 gives it already (table 'mine'",
                     "a reference gives each cell once: keep one of the two rows")
     assert left_behind(tmp_path / "out") == []
@@ -2396,7 +2396,7 @@ def test_a_reference_with_a_byte_order_mark_is_read(finished_runs, tmp_path, cap
     reference = tmp_path / "reference.csv"
     reference.write_bytes(b"\xef\xbb\xbf" + (REFERENCE_HEADER + GOOD_ROW.format(value="100")).encode())
     code, err = _report(finished_runs, tmp_path, capsys, "--reference", str(reference), "--fail-outside-interval")
-    assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval: Phantom centreprior "
+    assert_one_line(code, err, 1, "1 cell(s) of `" + str(reference) + "` left XBench's interval: Phantom centre_prior "
                                   "mean pointing_game (line 2: 100, XBench")
     assert (tmp_path / "out" / "tables" / "reproduction_reference_1.md").exists()
 
@@ -2838,7 +2838,7 @@ def _results_copy(finished_runs, tmp_path):
 
     copy = tmp_path / "results"
     shutil.copytree(finished_runs, copy)
-    (folder,) = copy.glob("centreprior__*")
+    (folder,) = copy.glob("centre_prior__*")
     return copy, folder
 
 
@@ -3042,7 +3042,7 @@ def test_a_folder_of_the_previous_schema_is_refused_as_another_versions(finished
     _edit_json(folder, lambda p: {**p, "schema": "xbench.results/2"})
     code, err = _command(command, copy, tmp_path, capsys)
     assert_one_line(code, err, 1, str(folder / "metrics.json"), "schema 'xbench.results/2', expected "
-                    "'xbench.results/3'; it was written by another XBench version -- re-run that model")
+                    "'xbench.results/4'; it was written by another XBench version -- re-run that model")
     assert left_behind(tmp_path / "out") == []
 
 
@@ -3054,8 +3054,9 @@ def test_the_suite_runs_again_a_pair_whose_folder_was_edited(tmp_path):
     results = tmp_path / "results"
     folder = results / "a__b__1"
     folder.mkdir(parents=True)
-    (folder / "metrics.json").write_text(json.dumps({"schema": "xbench.results/3", "model": "a", "dataset": "b",
-                                                     "classes": [], "data": {}, "config": {"model": {}}}))
+    (folder / "metrics.json").write_text(json.dumps({"schema": "xbench.results/4", "model": "a", "dataset": "b",
+                                                     "classes": [], "data": {}, "config": {"model": {}},
+                                                     "names": {"model": "a", "dataset": "b", "findings": {}}}))
     reseal(folder)
     assert existing_results(results) == [(folder, {"model": {}})]
     (folder / "metrics.json").write_text((folder / "metrics.json").read_text().replace('"a"', '"c"'))
@@ -3109,6 +3110,87 @@ def test_each_table_and_arrays_file_is_checked_again_as_it_is_read(finished_runs
     with pytest.raises(ValueError, match="overlays.npz is missing, but manifest.json lists it"):
         read_overlays(folder)
     assert read_overlays(folder, "sanity_maps.npz") is None  # none saved, none listed
+
+
+# -- a results folder names its own findings and model (issue 50) --
+
+NAMES_EDITS = {
+    "no names": (lambda p: {k: v for k, v in p.items() if k != "names"},
+                 "'names' is missing or not a dict holding model, dataset, findings"),
+    "names a list": (lambda p: {**p, "names": ["centre_prior"]},
+                     "'names' is missing or not a dict holding model, dataset, findings"),
+    "no findings": (lambda p: {**p, "names": {"model": "m", "dataset": "d"}},
+                    "'names' is missing or not a dict holding model, dataset, findings"),
+    "model a number": (lambda p: {**p, "names": {**p["names"], "model": 7}},
+                       "names.model is missing or not a non-empty string"),
+    "dataset blank": (lambda p: {**p, "names": {**p["names"], "dataset": " "}},
+                      "names.dataset is missing or not a non-empty string"),
+    "findings a list": (lambda p: {**p, "names": {**p["names"], "findings": ["nodule"]}},
+                        "names.findings is missing or not a dict"),
+    "a class missing": (lambda p: {**p, "names": {**p["names"], "findings": {}}},
+                        "names.findings['nodule'] is missing or lacks its 'display' and 'short' names"),
+    "a short name null": (lambda p: {**p, "names": {**p["names"], "findings": {
+        **p["names"]["findings"], "mass": {"display": "Mass", "short": None}}}},
+        "names.findings['mass'] is missing or lacks its 'display' and 'short' names"),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", NAMES_EDITS)
+def test_a_folder_without_its_names_is_refused_naming_the_field(finished_runs, tmp_path, capsys, case, command):
+    """What the report, the analysis and W&B show a run by is read from its folder: names that are
+    missing or of the wrong type are named, field by field, before any table is drawn (resealed, so
+    the manifest does not catch the edit first)."""
+    copy, folder = _results_copy(finished_runs, tmp_path)
+    change, named = NAMES_EDITS[case]
+    _edit_json(folder, change)
+    reseal(folder)
+    code, err = _command(command, copy, tmp_path, capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), named, "re-run that model on that dataset")
+    assert left_behind(tmp_path / "out") == []
+
+
+PUBLISHED_HEADER = "table,dataset,model,finding,metric,value_percent,decimals\n"
+BAD_PUBLISHED = {
+    "no header": ("phantom,theirs,mean,pointing_game,5,2\n", "line 1: the header is"),
+    "an unknown dataset": (PUBLISHED_HEADER + "A,mnist,theirs,mean,pointing_game,5,2\n",
+                           "line 2: unknown dataset 'mnist'"),
+    "a finding the dataset lacks": (PUBLISHED_HEADER + "A,phantom,theirs,bronchiectasis,pointing_game,5,2\n",
+                                    "line 2: 'bronchiectasis' is not a finding of phantom"),
+    "a value out of range": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,150,2\n",
+                             "line 2: value_percent '150' is not a number from 0 to 100"),
+    "no decimals": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,5,two\n",
+                    "line 2: decimals 'two' is not a whole number"),
+    "a cell given twice": (PUBLISHED_HEADER + "A,phantom,theirs,mean,pointing_game,5,2\n"
+                           "B,phantom,theirs,mean,pointing_game,6,2\n", "line 3: the cell phantom, theirs, mean"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PUBLISHED)
+def test_a_bad_published_csv_is_an_input_error_naming_the_line(finished_runs, tmp_path, capsys, case):
+    """``--published FILE`` is read by the reference readers: a bad row is named by its line, exit 2,
+    before the analysis runs or a report is written."""
+    from xbench.report import main as report_main
+
+    text, named = BAD_PUBLISHED[case]
+    table = tmp_path / "published.csv"
+    table.write_text(text)
+    code, err = run_command(report_main, [str(finished_runs), "--out", str(tmp_path / "out"), "--no-analysis",
+                                          "--published", str(table)], "xbench-report", capsys)
+    assert_one_line(code, err, 2, f"--published: reference {table}", named)
+    assert left_behind(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("value", ["papers", "nowhere/published.csv", "."])
+def test_an_unknown_published_value_is_a_usage_error(finished_runs, tmp_path, capsys, value):
+    """Neither ``paper`` nor a file: named, with both forms it takes."""
+    from xbench.report import main as report_main
+
+    code, err = run_command(report_main, [str(finished_runs), "--out", str(tmp_path / "out"), "--no-analysis",
+                                          "--published", value], "xbench-report", capsys)
+    assert_one_line(code, err, 2, f"--published {value!r} is neither 'paper' nor a file",
+                    "give '--published paper' (the paper's Tables 1-5) or a CSV with the columns table, dataset")
+    assert left_behind(tmp_path / "out") == []
 
 
 # -- signals set, not inherited (issue 48) --

@@ -63,3 +63,24 @@ def test_every_shipped_class_resolves_by_its_short_name(kind, capsys):
         assert exit_info.value.code == 0
         config = yaml.safe_load(capsys.readouterr().out)
         assert config[kind]["class_path"] == class_path(cls)
+
+
+#: Configs of one class that reads many layouts of saved outputs: their runs share its name.
+SAVED_OUTPUTS = "xbench.models.precomputed.PrecomputedSaliency"
+
+
+@pytest.mark.parametrize("folder", ["models", "data"])
+def test_each_config_is_named_as_its_model_or_dataset(folder):
+    """One spelling everywhere: a suite lists a pair by its configs' names, and the run's folder,
+    ``metrics.json``, W&B and a reference's rows by the model's and the dataset's ``name``; for
+    every config XBench ships, the two are one (``random``, not ``randomsaliency``)."""
+    from pydoc import locate
+
+    key = {"models": "model", "data": "data"}[folder]
+    for path in sorted((CONFIGS / folder).glob("*.yaml")):
+        section = yaml.safe_load(path.read_text())[key]
+        if "class_path" not in section or section["class_path"] == SAVED_OUTPUTS:
+            continue
+        cls = locate(section["class_path"])
+        name = (section.get("init_args") or {}).get("name") or (cls.name if folder == "data" else cls.model_name())
+        assert name == path.stem, (path, name)

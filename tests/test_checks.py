@@ -345,6 +345,7 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     from xbench.reporting.benchmark import Benchmark
     from xbench.reporting.explanations import explanation_figures, explanation_tables
     from xbench.reporting.paper_tables import ReportAnalysis
+    from xbench.reporting.render import to_markdown
     from xbench.results.payload import log_keys
 
     results = main(["--model", "test_checks.TinyConv", "--config", str(CONFIGS / "data" / "phantom.yaml"),
@@ -382,6 +383,10 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
     table, *families, cascade = explanation_tables(bench, ReportAnalysis(settings, tables))
     (row,) = table.rows
     assert row.cells[2].value == results["faithfulness"]["macro"]["deletion_auc"] and row.cells[2].interval
+    # 2 checked images, 9 in the split: every interval rests on fewer than 10, is marked and the caption says why
+    assert (row.cells[2].mark, row.cells[0].mark) == ("(2 images)", "(9 images)")
+    assert "(n images) after an interval: it rests on fewer than 10 images" in table.caption
+    assert "Faithfulness on 2 images" in (folder / "summary.md").read_text()
     assert [family.name for family in families] == [f"explanations_{name}" for name in
                                                      ("localisation", "complexity", "randomisation", "robustness")]
     (row,) = families[0].rows  # Pointing Game, Dice, then the localisation values, each with its interval
@@ -390,5 +395,7 @@ def test_checks_through_the_cli_write_their_tables_and_log_keys(phantom_root, tm
         (row,) = family.rows
         assert all(cell.interval for cell in row.cells), family.name
     assert len(cascade.rows) == len(results["sanity"]["steps"])
+    header = to_markdown(families[2]).splitlines()[2]
+    assert "Across classes<br>Random logit" in header and "Random logit<br>Random logit" not in header
     assert [plot.name for plot in explanation_figures(bench)] == ["plausibility_vs_faithfulness",
                                                                   "sanity_tinyconv_phantom"]

@@ -37,7 +37,7 @@ def test_oracle_is_perfect_and_results_folder_is_complete(phantom_root, tmp_path
         assert (folder / name).is_file(), name
     payload = json.loads((folder / "metrics.json").read_text())
     assert payload == json.loads(json.dumps(results))
-    assert payload["schema"] == "xbench.results/3"
+    assert payload["schema"] == "xbench.results/4"
     graded_classes = [k for k, v in payload["grounding"]["per_class"].items() if v["pairs"] > 0]
     assert graded_classes, "the phantom must have lesions"
     for key in graded_classes:

@@ -10,6 +10,7 @@ import re
 import pytest
 from rich.console import Console
 
+from conftest import names
 from xbench.console import print_table
 from xbench.metrics.names import metric, run_keys
 from xbench.reporting.summary import print_summary, summary_tables
@@ -37,6 +38,7 @@ def payload() -> dict:
         "data": {"images_evaluated": 3000, "images_in_split": 3000, "clipped_shapes": 0,
                  "lost_regions": dict.fromkeys(CLASSES, 0)},
         "phrase_grounding": None,
+        "names": names("MedKLIP", "vindr", CLASSES),
     }
 
 

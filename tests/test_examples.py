@@ -115,13 +115,15 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, reque
         assert module not in sys.modules
         request.addfinalizer(lambda module=module: sys.modules.pop(module, None))
     commands = page_commands()
-    assert len(commands) == 5, commands
+    assert len(commands) == 6, commands
     printed = {}
     for command in commands:
         run_printed(command.replace("/tmp/", f"{tmp_path}/"), clone, monkeypatch)
         printed[command] = capsys.readouterr().out
+    report = (clone / "report" / "report.md").read_text()  # the page's last command, on every run above
+    assert "LOPA = Large Opacity" in report and "My PNG folder" in report
     runs = results_of(clone)
-    assert set(runs) == {("patch_text_clip", "png_folder"), ("centreprior", "png_folder"),
+    assert set(runs) == {("patch_text_clip", "png_folder"), ("centre_prior", "png_folder"),
                          ("patch_text_clip", "phantom")}
     results = runs["patch_text_clip", "png_folder"]
     assert results["classes"] == ["nodule", "mass", "large_opacity"]
@@ -129,7 +131,7 @@ def test_page_commands_run_as_printed(tmp_path, monkeypatch, capsys, load, reque
         images_per_label = Counter({(row["image"], row["finding"]) for row in csv.DictReader(file)})
     for label, key in (("Nodule", "nodule"), ("Mass", "mass"), ("Large opacity", "large_opacity")):
         graded = sum(1 for image, found in images_per_label if found == label)
-        for model in ("patch_text_clip", "centreprior"):
+        for model in ("patch_text_clip", "centre_prior"):
             assert runs[model, "png_folder"]["grounding"]["per_class"][key]["pairs"] == graded > 0
         assert results["classification"]["per_class"][key]["positives"] == graded
     assert "Large Opacity" in printed[commands[2]]
@@ -229,3 +231,76 @@ def test_model_scores_as_open_clip_itself(tmp_path, load):
     torch.testing.assert_close(grounded[:, 1], (patches @ phrase_text).reshape(2, 8, 8), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grounded[:, 0], maps[:, 0], rtol=1e-5, atol=1e-5)
 
+
+
+def _test(model, datamodule, results: Path) -> None:
+    """One run as a script makes it (docs/running.md, From a script), its folder under ``results``."""
+    import lightning as L
+
+    from xbench.reporting.writer import ResultsWriter
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, use_distributed_sampler=False, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[ResultsWriter(folder=str(results))])
+    trainer.test(model, datamodule=datamodule, verbose=False)
+
+
+@pytest.mark.slow
+def test_the_report_names_every_example_in_a_fresh_process(tmp_path, load, phantom_root):
+    """A results folder stands alone: ``python -m xbench.report`` in a process that imports none of
+    the user's modules (neither ``examples/`` nor this test module is on its path) renders the
+    examples' runs and those of a model and a dataset defined here, each by the names its run
+    wrote -- a finding's display and short name, the model's name, the dataset's display name."""
+    import subprocess
+
+    from xbench.data.phantom import Phantom
+    from xbench.findings import Finding
+    from xbench.models.base import XBenchModel
+
+    class BrightSpot(XBenchModel):  # no display_name: shown by its name
+        name = "bright_spot"
+
+        def forward(self, image):
+            return torch.zeros(image.shape[0], len(self.classes)), image.expand(-1, len(self.classes), -1, -1)
+
+    class MyBlobs(Phantom):
+        name = "my_blobs"
+        display_name = "My blobs"
+        findings = (Finding("round_blob", "Round blob", "RBL"),)
+        spellings = {"Nodule": "round_blob", "Mass": "mass", "Consolidation": "consolidation"}
+
+        @classmethod
+        def default_classes(cls) -> tuple[str, ...]:
+            return tuple(cls.spellings.values())
+
+    results = tmp_path / "results"
+    png_folder, clip = load("png_folder"), load("open_clip_model")
+    png_folder.write_demo(tmp_path / "my_xrays")
+    clip.write_random_weights(tmp_path / "tiny.safetensors")
+    _test(clip.PatchTextCLIP(arch=str(EXAMPLES / "tiny_vit.json"), weights=str(tmp_path / "tiny.safetensors")),
+          png_folder.PngFolder(root=str(tmp_path / "my_xrays"), num_workers=0), results)
+    _test(BrightSpot(), MyBlobs(root=str(phantom_root), num_images=9, native_size=96, num_workers=0), results)
+    saved = load("precomputed_phantom").saved_and_live(tmp_path / "saved", image_size=64)
+    assert {run["model"] for run in saved.values()} >= {"centre_prior", "oracle"}
+    out = tmp_path / "report"
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "xbench.report", str(results), str(tmp_path / "saved" / "runs"),
+                           "--out", str(out), "--replicates", "10"],
+                          cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    report = (out / "report.md").read_text()
+    for shown in ("My PNG folder", "LOPA = Large Opacity", "patch_text_clip", "My blobs", "RBL = Round blob",
+                  "bright_spot", "centre_prior", "oracle (ceiling)"):
+        assert shown in report, shown
+    for hidden in ("BrightSpot", "PatchTextCLIP", "CentrePrior", "png_folder<br>", "large_opacity"):
+        assert hidden not in report, hidden
+    with (out / "tables" / "pointing_game_my_blobs.csv").open() as file:
+        header, *rows = list(csv.reader(file))
+    assert [column for column in header if not column.endswith((" low", " high"))] == \
+        ["Model", "RBL", "MASS", "CONS", "Mean"]
+    assert [row[0] for row in rows] == ["bright_spot"]
+    with (out / "tables" / "grounding.csv").open() as file:
+        header, *rows = list(csv.reader(file))
+    assert any(column.startswith("My PNG folder ") for column in header)
+    assert any(column.startswith("My blobs ") for column in header)
+    assert {"patch_text_clip", "bright_spot"} <= {row[0] for row in rows}

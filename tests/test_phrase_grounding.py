@@ -122,8 +122,8 @@ def test_analysis_reads_queries_as_pairs(tmp_path):
     out = analyze_main([str(tmp_path / "results"), "--out", str(tmp_path / "analysis"), "--replicates", "20",
                         "--folds", "3", "--queries", "query"])
     intervals = pd.read_csv(out / "intervals.csv")
-    cnr = intervals[(intervals["model"] == "randomsaliency") & (intervals["metric"] == "cnr")].set_index("class")
-    expected = runs["randomsaliency"]["phrase_grounding"]["by_query"]["per_class"]["pneumonia"]["cnr"]
+    cnr = intervals[(intervals["model"] == "random") & (intervals["metric"] == "cnr")].set_index("class")
+    expected = runs["random"]["phrase_grounding"]["by_query"]["per_class"]["pneumonia"]["cnr"]
     assert math.isclose(cnr.loc["pneumonia", "estimate"], expected, abs_tol=1e-12)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import reseal
+from conftest import names, reseal
 from xbench.report import main as report_main
 from xbench.reporting.benchmark import Benchmark, perturbation_label
 from xbench.reporting.explanations import cascade_figures
@@ -50,6 +50,7 @@ def write_run(root: Path, model: str, dataset: str, classes: list[str], *, point
                                      "max_f1": 0.625, "accuracy@max_f1": 0.875}},
         "data": {"images_evaluated": 10, "images_in_split": 10},
         "config": {"model": {"class_path": f"somewhere.{class_name or model.title()}"}},
+        "names": names(class_name or model.title(), dataset, classes),
     }
     path = root / (folder or f"{model}__{dataset}__1")
     path.mkdir(parents=True)
@@ -555,3 +556,102 @@ def test_the_header_counts_every_run_the_report_lists(tmp_path, robustness_dir, 
     assert len([line for line in runs.splitlines() if line.startswith("| ") and "rsna" in line.lower()]) == 3
     assert f"Report of {scope} written to" in capsys.readouterr().out
     assert Benchmark.from_folders([robustness_dir]).scope() == "8 runs: 4 models on 2 datasets (3 robustness runs among them)"
+
+
+def test_a_new_model_sits_beside_the_papers_published_rows(tmp_path):
+    """``--published paper``: a model the paper never ran, on RSNA, in the report's own Table 1 beside
+    the paper's seven, their values as printed (two decimals), in italics, unranked, without an
+    interval; the datasets the results do not cover bring no columns, the tables without published
+    values no rows, and the paper's rows are not judged (no run of theirs is needed)."""
+    root = tmp_path / "results"
+    write_run(root, "mine", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5, iou_best=0.375,
+              auroc=0.75, class_name="My model")
+    write_run(root, "other", "rsna", ["pneumonia"], pointing=[0.25], dice_fixed=0.125, dice_best=0.25,
+              iou_best=0.125, auroc=0.5)
+    out = tmp_path / "report"
+    report_main([str(root), "--out", str(out), "--no-analysis", "--published", "paper"])
+    grid = markdown_grid((out / "tables" / "grounding.md").read_text())
+    assert grid[0] == ["Model", "RSNA Pneumonia<br>PG", "RSNA Pneumonia<br>Dice@τ*", "RSNA Pneumonia<br>IoU@τ*"]
+    assert grid[1][:2] == ["My model", "**50.0**"]  # ranked among the runs only
+    assert grid[3] == ["*CLIP (published)*", "7.39", "20.20", "11.97"]
+    published = [row[0] for row in grid if row[0].endswith("(published)*")]
+    assert sorted(published) == sorted(f"*{label} (published)*" for label in
+                                       ("CLIP", "BiomedCLIP", "MedKLIP", "MAVL", "KAD", "DeViDe", "CARZero"))
+    assert all("[" not in cell and "**" not in cell for row in grid[3:] for cell in row)
+    text = (out / "tables" / "grounding.md").read_text()
+    assert "marked (published): the values the paper (arXiv 2510.19599) publishes, as printed (to 2 decimals)" in text
+    rows = {row[0]: row for row in csv.reader(io.StringIO((out / "tables" / "grounding.csv").read_text()))}
+    medklip = next(row for row in grid if row[0] == "*MedKLIP (published)*")
+    assert float(rows["MedKLIP (published)"][1]) == pytest.approx(float(medklip[1]))
+    fixed = (out / "tables" / "grounding_fixed_tau.md").read_text()
+    assert "(published)" not in fixed  # the paper prints no Dice at τ = 0.5
+    assert "CLIP (published)" in (out / "report.md").read_text()
+
+
+def test_published_values_from_a_csv_of_any_model(tmp_path):
+    """``--published FILE``: the reference format, each value at its own stated decimals, a model
+    these results never ran included (the gate's ``--reference`` would refuse it)."""
+    root = tmp_path / "results"
+    write_run(root, "mine", "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5, iou_best=0.375,
+              auroc=0.75)
+    table = tmp_path / "published.csv"
+    table.write_text("table,dataset,model,finding,metric,value_percent,decimals\n"
+                     "A,rsna,their_model,mean,pointing_game,41.5,1\nA,rsna,their_model,mean,auroc,80,0\n"
+                     "A,siim,their_model,mean,pointing_game,12.25,2\n")
+    out = tmp_path / "report"
+    report_main([str(root), "--out", str(out), "--no-analysis", "--published", str(table)])
+    grid = markdown_grid((out / "tables" / "grounding.md").read_text())
+    assert grid[-1] == ["*their_model (published)*", "41.5", "–", "–"]  # SIIM: not covered, no column
+    recognition = markdown_grid((out / "tables" / "recognition.md").read_text())
+    assert recognition[-1][:2] == ["*their_model (published)*", "80"]
+
+
+def test_an_empty_explanation_value_says_it_scored_no_pair(tmp_path):
+    """A check that ran on images without a graded pair scores no pair: its empty cells say so
+    (``– (0 pairs)``) and the caption why, where a bare – read as a check not asked for; counts
+    take their noun's number (``1 image``, ``1 noisy copy``)."""
+    from xbench.console import counted
+    from xbench.reporting.explanations import explanation_tables
+
+    root = tmp_path / "results"
+    folder = write_run(root, "a", "chestx_det10", DET10, pointing=[0.5, 0.25, 0.75], dice_fixed=0.125,
+                       dice_best=0.25, iou_best=0.125, auroc=0.625)
+    payload = json.loads((folder / "metrics.json").read_text())
+    empty = {"deletion_auc": None, "insertion_auc": None, "road": None}
+    payload["faithfulness"] = {"applicable": True, "images": 0, "pairs": 0, "constant_maps": 0, "macro": empty,
+                               "per_class": {key: {"pairs": 0, **empty} for key in DET10}}
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    reseal(folder)
+    table = explanation_tables(Benchmark.from_folders([root]))[0]
+    grid = markdown_grid(to_markdown(table))
+    assert grid[2][3:6] == ["– (0 pairs)"] * 3  # deletion, insertion, ROAD (grid[1]: the dataset)
+    assert grid[2][6:] == ["–", "–"]  # sanity: not asked for
+    assert "– (0 pairs): the check ran but scored no (image, class) pair" in table.caption
+    assert "faithfulness: 0 images" in table.caption
+    assert [counted(n, "image") for n in (0, 1, 2)] == ["0 images", "1 image", "2 images"]
+    assert [counted(n, "noisy copy", "noisy copies") for n in (1, 3)] == ["1 noisy copy", "3 noisy copies"]
+
+
+def test_the_long_steps_show_a_progress_line_on_a_terminal_only(bench_dir, tmp_path, monkeypatch, capsys):
+    """The report's long steps say what they do on stderr while they run -- on a terminal; stderr
+    redirected to a log or a pipe gets no line of it."""
+    import xbench.report
+    from rich.console import Console
+
+    report_main([str(bench_dir), "--out", str(tmp_path / "quiet"), "--no-analysis"])
+    assert "Drawing" not in capsys.readouterr().err
+    screen = io.StringIO()
+    monkeypatch.setattr(xbench.report, "Console", lambda stderr: Console(file=screen, force_terminal=True))
+    report_main([str(bench_dir), "--out", str(tmp_path / "shown"), "--no-analysis"])
+    assert "Drawing the tables and figures..." in screen.getvalue()
+
+
+def test_two_models_shown_alike_are_told_apart_by_their_names(tmp_path):
+    """The tables show a run by the display name it wrote; two models that wrote the same one (two
+    saved-output runs, say) are followed by each one's name, so no two rows read alike."""
+    root = tmp_path / "results"
+    for model in ("saved_a", "saved_b", "other"):
+        write_run(root, model, "rsna", ["pneumonia"], pointing=[0.5], dice_fixed=0.25, dice_best=0.5,
+                  iou_best=0.375, auroc=0.75, class_name="Other" if model == "other" else "Saved maps")
+    bench = Benchmark.from_folders([root])
+    assert [bench.model_label(m) for m in bench.models] == ["Other", "Saved maps (saved_a)", "Saved maps (saved_b)"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from matplotlib.collections import LineCollection
 from sklearn.metrics import roc_auc_score
-from conftest import reseal
+from conftest import names, reseal
 from test_analysis import random_counts
 
 from xbench.metrics.bootstrap import assign_folds, random_stream, resample_weights
@@ -93,6 +93,7 @@ def write_folder(root: Path, model: str, data: dict, minute: int) -> Path:
         "data": {"images_evaluated": N, "images_in_split": N, "image_size": SIZE, "lost_regions": {}},
         "config": {"model": {"class_path": f"synthetic.{model.title()}", "init_args": {}},
                    "data": {"class_path": "synthetic.Data", "init_args": {"augment": None}}},
+        "names": names(model.title(), DATASET, CLASSES),
     }
     folder = root / f"{model}__{DATASET}__1"
     folder.mkdir(parents=True)
@@ -315,3 +316,18 @@ def test_no_analysis_leaves_the_intervals_out(built, tmp_path):
     grounding = (tmp_path / "plain" / "tables" / "grounding.md").read_text()
     assert "[" not in grounding.split("\n\n")[1]  # the grid: values only
     assert "--no-analysis" in (tmp_path / "plain" / "report.md").read_text()
+
+
+def test_the_analysis_step_shows_its_progress_on_a_terminal(built, tmp_path, monkeypatch):
+    """The report's longest step, the bootstrap, names itself while it runs (on a terminal only:
+    `test_report.py` holds the quiet case)."""
+    import io
+
+    import xbench.report
+    from rich.console import Console
+
+    root, _, _ = built
+    screen = io.StringIO()
+    monkeypatch.setattr(xbench.report, "Console", lambda stderr: Console(file=screen, force_terminal=True))
+    report_main([str(root / "results"), "--out", str(tmp_path / "shown"), "--replicates", str(REPLICATES)])
+    assert f"Analysing {len(MODELS)} runs: {REPLICATES} bootstrap replicates..." in screen.getvalue()

@@ -213,7 +213,7 @@ def write_run(root: Path, model: str, label: str, dataset: str, targets: dict, p
     metric = ClassificationMetrics(len(classes))
     metric.update(logits, labels, torch.arange(images))
     classification = metric.compute()
-    model_stub = SimpleNamespace(run_name=lambda: model, explainer_results=lambda: {"name": "native", "label": None},
+    model_stub = SimpleNamespace(run_name=lambda: model, display=lambda: label, explainer_results=lambda: {"name": "native", "label": None},
                                  instrument=False, preprocess=None, map_upsample=None, calibrated_logits=True)
     ids = [f"img{i:04d}" for i in range(images)]
     data = SimpleNamespace(classes=classes, name=dataset, test_set=ids, image_size=SIZE, mask_threshold=0.5,

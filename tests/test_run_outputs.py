@@ -120,7 +120,7 @@ def test_logger_false_writes_no_wandb_run(phantom_root, tmp_path, monkeypatch):
     main(run_args("centre_prior", "phantom", phantom_root, tmp_path / "results", "--data.batch_size", "4",
                   "--trainer.logger", "false"))
     assert not (tmp_path / "w").exists()
-    assert only_folder(tmp_path / "results").name.startswith("centreprior__phantom__")
+    assert only_folder(tmp_path / "results").name.startswith("centre_prior__phantom__")
 
 
 def test_wandb_is_offline_unless_asked(monkeypatch):

@@ -86,7 +86,7 @@ def test_a_failing_pair_is_reported_and_the_suite_goes_on(suite_dir, capsys):
     out = capsys.readouterr()
     assert "boom: this model always fails" in out.out  # in the summary table
     folder = only_folder(suite_dir / "results")
-    assert folder.name.startswith("randomsaliency__phantom__")
+    assert folder.name.startswith("random__phantom__")
     config = json.loads((folder / "metrics.json").read_text())["config"]
     assert config["data"]["init_args"]["image_size"] == 32 and config["results"]["folder"] == "results"
 

@@ -5,7 +5,8 @@ columns, the width of a pipe, a run's ten-column summary did not fit. `print_tab
 every number column its full width and, when the columns do not fit side by side, prints them in
 groups, each beside the label columns (as pandas wraps a wide frame); label columns fold onto
 further lines instead of being cut. Where not even one number column fits beside the labels, each
-row is printed as lines of ``header: value``.
+row is printed as lines of ``header: value``. A count is printed with its noun in the number
+it takes (`counted`: ``1 image``, ``2 images``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from rich.table import Table
 COLUMN_FRAME = 3
 #: The narrowest a label column is folded to (a finding's name wraps onto further lines).
 MIN_LABEL = 6
+
+
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """``1 image``, ``2 images``; ``plural`` for a noun that does not take an ``s`` (``copies``)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def _width(console: Console, text: str) -> int:

@@ -23,6 +23,9 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   ``--reference FOLDER`` (other results folders), that reference's numbers as well; ``--fail-outside-interval`` then exits 1 naming every cell whose
   reference value lies outside XBench's interval, and 2 on a reference it cannot judge by
   (``xbench.reporting.reproduction``);
+- with ``--published paper`` (or ``--published FILE``, a CSV of the reference columns): the paper's
+  (the file's) values as rows of the report's own tables, for the datasets the results cover, so a
+  new model sits beside the published ones -- marked *published*, as printed, never ranked or judged;
 - ``report.md``: all of it in one page, with the runs it was built from.
 
 Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xbench.analysis``;
@@ -32,10 +35,14 @@ Every number comes with its bootstrap interval (``61.6 [58.9, 64.2]``) from ``xb
 from __future__ import annotations
 
 import argparse
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich.console import Console
+
 from xbench.cli import InputError, run
+from xbench.console import counted
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
@@ -44,7 +51,7 @@ from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
 from xbench.reporting.table import format_interval
-from xbench.reporting.reproduction import (Comparison, Reference, ReferenceError, compare, failures,
+from xbench.reporting.reproduction import (COLUMNS, Comparison, Reference, ReferenceError, compare, failures,
                                            paper_reference, read_reference, reproduction_tables,
                                            results_reference, summary_line)
 
@@ -67,6 +74,14 @@ def _runs_section(bench: Benchmark) -> list[str]:
         lines += ["", "Superseded by a newer run of the same model, dataset and perturbation (not used): "
                   + ", ".join(f"`{run.folder}`" for run in bench.superseded) + "."]
     return lines
+
+
+def progress(text: str) -> AbstractContextManager:
+    """A progress line for one of the report's long steps (the analysis, the figures), on stderr
+    while it runs and gone after; none where stderr is not a terminal (a log, a pipe, CI), so that a
+    log holds only the report's own lines."""
+    console = Console(stderr=True)
+    return console.status(text) if console.is_terminal else nullcontext()
 
 
 def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: Path) -> tuple[ReportAnalysis, list[Path]]:
@@ -115,6 +130,25 @@ def load_reference(path: Path, bench: Benchmark) -> Reference:
     return reference
 
 
+#: ``--published``'s name of the paper's Tables 1-5 (``xbench/reporting/paper/``).
+PAPER = "paper"
+
+
+def load_published(value: str, bench: Benchmark) -> Reference:
+    """``--published``: the paper's values (``paper``) or a CSV of the reference columns, of any
+    model, on datasets and findings XBench knows; shown beside the runs, never judged."""
+    path = Path(value)
+    if value == PAPER:
+        return paper_reference()
+    if not path.is_file():
+        raise InputError(f"--published {value!r} is neither '{PAPER}' nor a file; give '--published {PAPER}' (the "
+                         "paper's Tables 1-5) or a CSV with the columns " + ", ".join(COLUMNS))
+    try:
+        return read_reference(path, bench, judged=False)
+    except ReferenceError as error:
+        raise ReferenceError(f"--published: {error}") from None
+
+
 Reproduction = tuple[Reference, list[Comparison]]
 
 
@@ -131,12 +165,13 @@ def _reproduction_section(reproductions: list[Reproduction], bench: Benchmark,
 
 
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None,
-                 reproductions: list[Reproduction] = ()) -> list[Path]:
+                 reproductions: list[Reproduction] = (), published: Reference | None = None) -> list[Path]:
     """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
     Everything is read and drawn first: a damaged results file leaves no half-made report folder.
-    ``reproductions``: each reference with its comparison, the paper's first."""
+    ``reproductions``: each reference with its comparison, the paper's first; ``published``: values
+    shown as rows beside the runs' in the report's own tables (``--published``)."""
     summaries, reproduction = _reproduction_section(list(reproductions), bench, analysis)
-    tables = paper_tables(bench, analysis) + explanation_tables(bench, analysis) if bench.runs else []
+    tables = paper_tables(bench, analysis, published) + explanation_tables(bench, analysis) if bench.runs else []
     plots = paper_figures(bench, analysis) + explanation_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
     tables += [robust_table] if robust_table is not None else []
@@ -189,6 +224,11 @@ def main(args: list[str] | None = None) -> list[Path]:
                         help="exit 1, naming every cell, when a value of --reference (without it, of the paper) "
                              "lies outside XBench's interval; the report is written first. A reference it cannot "
                              "judge by exits 2")
+    parser.add_argument("--published", metavar="paper|FILE",
+                        help="published values as rows beside the runs' in the report's own tables, for the "
+                             "datasets the results cover (marked published, at their printed precision, no interval, "
+                             "never ranked or judged): 'paper' (the paper's Tables 1-5) or a CSV of --reference's "
+                             "columns, of any model")
     group = parser.add_argument_group("analysis (as python -m xbench.analyze)")
     add_arguments(group)
     options = parser.parse_args(args)
@@ -201,11 +241,16 @@ def main(args: list[str] | None = None) -> list[Path]:
                          "reference, which the gate judges: combine them into one CSV")
     bench = Benchmark.from_folders(options.results)
     references = [paper_reference(), *(load_reference(path, bench) for path in options.reference or ())]
+    published = load_published(options.published, bench) if options.published else None
     analysis, files = None, []
     if bench.runs and not options.no_analysis:
-        analysis, files = analyse(bench, from_arguments(options), options.validation, options.out / ANALYSIS_FOLDER)
+        settings = from_arguments(options)
+        runs = len(bench.runs) + len(bench.ceilings)
+        with progress(f"Analysing {counted(runs, 'run')}: {settings.replicates} bootstrap replicates..."):
+            analysis, files = analyse(bench, settings, options.validation, options.out / ANALYSIS_FOLDER)
     reproductions = [(reference, compare(reference, bench, analysis)) for reference in references]
-    files = write_report(bench, options.out, analysis, reproductions) + files
+    with progress("Drawing the tables and figures..."):
+        files = write_report(bench, options.out, analysis, reproductions, published) + files
     print(f"Report of {bench.scope()} written to {options.out}/"
           + (f" ({analysis.settings.replicates} bootstrap replicates)" if analysis is not None else "") + ":")
     for path in files:

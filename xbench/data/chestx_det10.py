@@ -34,7 +34,7 @@ class ChestXDet10(XBenchDataModule):
         if not isinstance(entries, list):
             raise ValueError(f"{annotations}: expected a JSON list of images, got {type(entries).__name__}")
         present = set(os.listdir(image_dir))
-        spelling_set = self.spellings or self.name
+        spelling_set = self.vocabulary_name()  # a subclass may state its own spellings (a dict)
         samples = []
         for row, entry in enumerate(entries):
             where = f"{annotations}, entry {row}"

@@ -126,8 +126,11 @@ class XBenchModel(L.LightningModule, ABC):
             results record it under ``phrase_grounding.protocol``.
     """
 
-    #: Name in results folders and tables; default: the class name in lower case.
+    #: The model's one name: its results folders, ``metrics.json``, the console, W&B, a reference's
+    #: rows; default: the class name in lower case.
     name: ClassVar[str | None] = None
+    #: How the report's tables and figures show it (the paper prints ``MedKLIP``); default: ``name``.
+    display_name: ClassVar[str | None] = None
     #: Whether ``sigmoid(logit)`` is a probability. A model whose scores are only a ranking says
     #: False; its F1 and accuracy at p >= 0.5 are then flagged in the results as an arbitrary cut.
     calibrated_logits: ClassVar[bool] = True
@@ -178,6 +181,10 @@ class XBenchModel(L.LightningModule, ABC):
     @classmethod
     def model_name(cls) -> str:
         return cls.name or cls.__name__.lower()
+
+    def display(self) -> str:
+        """The model's display name, written into its results (``names.model``) for every reader."""
+        return self.display_name or self.model_name()
 
     def run_name(self) -> str:
         """The name of a run's results, report row and W&B run: the model's name, joined by a CAM

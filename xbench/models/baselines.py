@@ -23,6 +23,8 @@ class RandomSaliency(XBenchModel):
     index, so results do not depend on batch size, order or the number of processes.
     """
 
+    name = "random"  # its config's name (lightning_configs/models/random.yaml), as a suite lists it
+
     def __init__(self, seed: int = 0, grid: int = 14, **kwargs) -> None:
         super().__init__(**kwargs)
         if grid < 1:
@@ -47,6 +49,8 @@ class CentrePrior(XBenchModel):
     Args:
         sigma: the Gaussian's standard deviation as a fraction of the image side.
     """
+
+    name = "centre_prior"  # its config's name (lightning_configs/models/centre_prior.yaml)
 
     def __init__(self, sigma: float = 0.25, **kwargs) -> None:
         super().__init__(**kwargs)

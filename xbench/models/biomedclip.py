@@ -34,6 +34,7 @@ class BiomedCLIP(OpenClipDualEncoder):
     (``"this is a photo of {}"`` / ``"this is a photo of no {}"``), tokenised to 256 tokens.
     """
 
+    display_name = "BiomedCLIP"
     config_file: ClassVar[str] = "open_clip_config.json"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         LayerGroup("projections", ("model.visual.head.*", "model.visual.trunk.norm.*", "model.text.proj.*"), text=True),

@@ -205,6 +205,7 @@ class BioViL(PromptPairs, XBenchModel):
             (or a report phrase, in phrase grounding).
     """
 
+    display_name = "BioViL"
     calibrated_logits: ClassVar[bool] = False  # a difference of two cosines, no temperature: a ranking
     query_mode = "phrase"
     #: The ResNet-50's layer4, the grid the projector maps to the joint space (BioViL-T's too).
@@ -291,6 +292,7 @@ class BioViLT(BioViL):
     BioViL's recipe with BioViL-T's image model (`BioViLTImageModel`) and CXR-BERT, and the
     authors' 448 centre crop (14x14 maps). A prior study is not used: the benchmarks have none."""
 
+    display_name = "BioViLT"
     name: ClassVar[str] = "biovil_t"
     #: BioViL's, with the 1x1 conv to the pooler and the missing-prior embedding between the ResNet and the projector.
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (

@@ -340,6 +340,7 @@ class CARZero(XBenchModel):
             (``vocab.txt``, ``config.json``); see ``checkpoints/README.md``.
     """
 
+    display_name = "CARZero"
     calibrated_logits = False
     query_mode = "phrase"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (

@@ -73,6 +73,7 @@ class CheXzero(CLIP):
         arch: open_clip architecture of the file (ViT-B/32 for every published file).
     """
 
+    display_name = "CheXzero"
     calibrated_logits: ClassVar[bool] = False  # sigmoid(cos+ - cos-) ranks; p >= 0.5 is no tuned cut
     preprocess: ClassVar[Preprocess] = CheXzeroPreprocess(
         size=320, resize="longer_side", interpolation="lanczos", library="pil", mean=CHEXZERO_MEAN,

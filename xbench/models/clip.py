@@ -131,6 +131,7 @@ class CLIP(OpenClipDualEncoder):
         arch: open_clip architecture, ``ViT-B-16-quickgelu`` (14x14 maps) or ``ViT-B-32-quickgelu`` (7x7).
     """
 
+    display_name = "CLIP"
     #: The authors' file names, in open_clip's order of preference (same tensors, two formats).
     weight_files: ClassVar[tuple[str, ...]] = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
     layout: ClassVar[CheckpointLayout] = CheckpointLayout()

@@ -111,6 +111,7 @@ class DeViDe(QueryDecoderModel):
             ``Med-KEBERT/`` (``checkpoints/README.md``).
     """
 
+    display_name = "DeViDe"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         *QueryDecoderModel.HEAD_GROUPS,
         LayerGroup("image tower", ("image_encoder.*",), blocks="image_encoder.vit.encoder.layer"),

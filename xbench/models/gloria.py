@@ -176,6 +176,7 @@ class GLoRIA(XBenchModel):
             maximum over all of them). The default is the attention behind the score XBench reports.
     """
 
+    display_name = "GLoRIA"
     calibrated_logits: ClassVar[bool] = False  # (global + local) / 2: a similarity, no tuned cut
     query_mode = "phrase"
     #: The ResNet-50's layer3: the regions of the local score, and through layer4 the global vector.

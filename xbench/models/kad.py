@@ -387,6 +387,7 @@ class KAD(ChannelsLast, QueryDecoderModel):
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
+    display_name = "KAD"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         *QueryDecoderModel.HEAD_GROUPS,
         LayerGroup("image projection", ("image_encoder.res_l1.*", "image_encoder.res_l2.*")),

@@ -134,6 +134,7 @@ class MAVL(MedKLIP):
         bert_dir, equalize_histogram: as `MedKLIP`.
     """
 
+    display_name = "MAVL"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         LayerGroup("classifier", ("net.classifier.*",)),
         LayerGroup("query decoder", ("net.decoder.*",), blocks="net.decoder.layers"),

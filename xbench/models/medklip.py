@@ -204,6 +204,7 @@ class MedKLIP(ChannelsLast, XBenchModel):
         channels_last: on CUDA, run the ResNet's convolutions channels-last (``xbench.models.gpu``).
     """
 
+    display_name = "MedKLIP"
     layer_groups: ClassVar[tuple[LayerGroup, ...]] = (
         LayerGroup("classifier", ("net.classifier.*",)),
         LayerGroup("query decoder", ("net.decoder.*",), blocks="net.decoder.layers"),

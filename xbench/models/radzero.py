@@ -265,6 +265,7 @@ class RadZero(XBenchModel):
             files (docs/models/radzero.md).
     """
 
+    display_name = "RadZero"
     query_mode = "phrase"
     cam_target: ClassVar[CamTarget] = CamTarget("net.align_transformer.transformer_layers.layer.-1.norm1", LOGIT,
                                                 prefix_tokens=1)

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xbench.findings import PAPER_CLASSES, dataset_name
+from xbench.console import counted
+from xbench.findings import FINDINGS, OWN_FINDINGS, PAPER_CLASSES, dataset_name
 from xbench.results.folder import find_result_folders, read_results
+from xbench.results.names import NAMES
 
 #: The sections of ``metrics.json`` the report reads, beyond every reader's (``read_results``).
 REPORT_SECTIONS = {
@@ -59,20 +61,16 @@ class Run:
         return self.results.get("explainer") or {"name": "native", "label": None}
 
     @property
-    def base_model(self) -> str:
-        """The model's name without its explainer's (``clip`` for ``clip+gradcam++``)."""
-        label = self.explainer["label"]
-        return self.model if label is None else self.model.removesuffix(f"+{self.explainer['name']}")
-
-    @property
     def instrument(self) -> bool:
         return bool(self.results.get("instrument"))
 
     @property
-    def model_class(self) -> str | None:
-        """The class name of the model's ``class_path`` (``CentrePrior``), if the config has one."""
-        class_path = (self.results.get("config") or {}).get("model", {}).get("class_path")
-        return class_path.rsplit(".", 1)[-1] if class_path else None
+    def label(self) -> str:
+        """The model as the tables show it: the display name its run wrote (``names.model``), joined by
+        a CAM explainer's label (``CLIP · Grad-CAM++``)."""
+        explainer = self.explainer["label"]
+        display = self.results[NAMES]["model"]
+        return display if explainer is None else f"{display} · {explainer}"
 
 
 def _transform_label(name: str, arguments: dict[str, Any]) -> str:
@@ -94,11 +92,6 @@ def perturbation_label(augment: list | dict | None, seed: int = 0) -> str | None
     else:
         parts = [_transform_label(e["class_path"], e.get("init_args") or {}) for e in augment]
     return " + ".join(parts) + (f", seed {seed}" if seed else "")
-
-
-def _count(number: int, noun: str) -> str:
-    """``1 model``, ``2 models``."""
-    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def ordered_datasets(names: set[str]) -> list[str]:
@@ -127,6 +120,7 @@ class Benchmark:
         self.models: list[str] = sorted({m for m, _ in self.runs})
         self.instruments: list[str] = sorted({m for m, _ in self.ceilings})
         self._model_labels = self._labels(list(newest.values()))
+        self._dataset_labels, self._findings = self._vocabulary(sorted(runs, key=lambda r: r.results["created"]))
 
     @classmethod
     def from_folders(cls, paths: list[Path]) -> Benchmark:
@@ -140,18 +134,21 @@ class Benchmark:
 
     @staticmethod
     def _labels(runs: list[Run]) -> dict[str, str]:
-        """Model labels: the class name (``MedKLIP``) where it names one model, else the model name;
-        a CAM explainer's maps are a row of their own, ``CLIP · Grad-CAM++``."""
-        by_class: dict[str | None, set[str]] = {}
-        for run in runs:
-            by_class.setdefault(run.model_class, set()).add(run.base_model)
-        labels = {}
-        for run in runs:
-            unique = run.model_class is not None and len(by_class[run.model_class]) == 1
-            label = run.model_class if unique else run.base_model
-            explainer = run.explainer["label"]
-            labels[run.model] = label if explainer is None else f"{label} · {explainer}"
-        return labels
+        """Model labels: each run's own (`Run.label`); one shown by several models is followed by
+        each one's name (``Saved maps (saved_a)``), so no two rows read alike."""
+        labels = {run.model: run.label for run in runs}
+        shared = {label for label in labels.values() if list(labels.values()).count(label) > 1}
+        return {model: f"{label} ({model})" if label in shared else label for model, label in labels.items()}
+
+    @staticmethod
+    def _vocabulary(runs: list[Run]) -> tuple[dict[str, str], dict[str, dict]]:
+        """The datasets' display names and the findings' names (key -> ``display``, ``short``) the runs
+        carry, the newest run's where two differ."""
+        datasets, findings = {}, {}
+        for run in runs:  # oldest first
+            datasets[run.dataset] = run.results[NAMES]["dataset"]
+            findings.update(run.results[NAMES]["findings"])
+        return datasets, findings
 
     def scope(self) -> str:
         """What the report is built from, as its header and the command's last line say it: every run
@@ -160,11 +157,11 @@ class Benchmark:
         runs = len(self.runs) + len(self.ceilings) + len(self.perturbed)
         models = ({m for m, _ in self.runs} | {m for m, _, _ in self.perturbed}) - set(self.instruments)
         datasets = {d for _, d in self.runs} | {d for _, d in self.ceilings} | {d for _, d, _ in self.perturbed}
-        who = _count(len(models), "model")
+        who = counted(len(models), "model")
         if self.instruments:
-            who += f" and {_count(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
-        robustness = f" ({_count(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
-        return f"{_count(runs, 'run')}: {who} on {_count(len(datasets), 'dataset')}{robustness}"
+            who += f" and {counted(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
+        robustness = f" ({counted(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
+        return f"{counted(runs, 'run')}: {who} on {counted(len(datasets), 'dataset')}{robustness}"
 
     def get(self, model: str, dataset: str) -> Run | None:
         """The run of a model or an instrument on a dataset."""
@@ -174,7 +171,25 @@ class Benchmark:
         return self._model_labels[model]
 
     def dataset_label(self, dataset: str) -> str:
-        return dataset_name(dataset)
+        """The dataset's display name as its runs carry it (XBench's own name for one no run covers)."""
+        return self._dataset_labels.get(dataset) or dataset_name(dataset)
+
+    def finding_name(self, key: str) -> str:
+        """A finding's display name as the runs carry it: no user module is needed to read it."""
+        return self._finding(key)["display"]
+
+    def short_name(self, key: str) -> str:
+        """A finding's short name (``LOPA``) as the runs carry it."""
+        return self._finding(key)["short"]
+
+    def _finding(self, key: str) -> dict:
+        """The runs' names of a finding; XBench's own table for one no run carries (a column of the
+        paper's tables), the key itself for any other."""
+        if key in self._findings:
+            return self._findings[key]
+        if key in OWN_FINDINGS:
+            return {"display": FINDINGS[key].display, "short": FINDINGS[key].short}
+        return {"display": key, "short": key}
 
     def models_on(self, dataset: str) -> list[str]:
         return [m for m in self.models if (m, dataset) in self.runs]

@@ -24,6 +24,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 
 from xbench.analysis.tables import MACRO
+from xbench.console import counted
 from xbench.metrics.names import long, metric, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.figures import FONT_SIZE, MARKERS, Plot, _figure, _style, model_colours, overlay_rgb
@@ -62,7 +63,7 @@ FAMILIES = {
         "complexity, the entropy in nats of each pixel's share of the map (at most ln n), lower is simpler."),
     "randomisation": (
         "Randomisation: does the map change with the class or the weights? (macro mean over classes)",
-        {"Random logit": (("randomisation", "random_logit"),),
+        {"Across classes": (("randomisation", "random_logit"),),
          "Cascade (all randomised)": (("sanity", "spearman"), ("sanity", "ssim"))},
         "Random logit: SSIM of each graded pair's map with the same image's map of another class of the run, "
         "drawn per image and class (every graded pair; none in a one-class run). Cascade: the sanity check's "
@@ -75,6 +76,13 @@ FAMILIES = {
         "‖a − a′‖ / ‖a‖, over noisy copies of the input (uniform noise); Lipschitz: the largest change of the map "
         "per unit of input change, ‖a − a′‖ / ‖x − x′‖ (Gaussian noise). Lower is more robust."),
 }
+#: An interval over fewer images is marked with their count: resampling so few shows how they vary, not
+#: how certain the value is (over one image, every replicate is that image: no spread at all).
+FEW_IMAGES = 10
+FEW_NOTE = (f"(n images) after an interval: it rests on fewer than {FEW_IMAGES} images, so it shows how those few "
+            "vary when resampled, not how certain the value is (over 1 image it has no spread at all).")
+ZERO_PAIRS_NOTE = ("– (0 pairs): the check ran but scored no (image, class) pair: none of the images it looked at "
+                   "has a graded pair (a positive finding with its region in the frame).")
 #: The cascade table's and figure's similarities, and the grounding of the randomised model.
 SIMILARITIES = ("spearman", "spearman_abs", "ssim")
 STEP_GROUNDING = ("pointing_game", "dice@0.5", "iou@0.5")
@@ -117,14 +125,34 @@ def _column(group: str, key: str) -> Column:
     return Column(short(key), group, percent=metric(key).unit == "percent", lower_better=key in LOWER_BETTER)
 
 
+def _images(results: dict, section: str) -> int:
+    """The images a section's values rest on: the whole split for grounding, else those it scored."""
+    return results["data"]["images_evaluated"] if section == "grounding" else results[section]["images"]
+
+
 def _macro_cells(results: dict, keys, dataset: str, model: str, analysis: ReportAnalysis | None) -> list[Cell]:
-    """A run's macro means of ``keys`` ((section, key)) with their bootstrap intervals."""
+    """A run's macro means of ``keys`` ((section, key)) with their bootstrap intervals; an interval
+    over fewer than `FEW_IMAGES` images is marked with their count, and the empty value of a section
+    that scored no pair says so (``– (0 pairs)``)."""
     cells = []
     for section, key in keys:
-        value = (results.get(section) or {}).get("macro", {}).get(key)
+        found = results.get(section) or {}
+        value = found.get("macro", {}).get(key)
         interval = analysis.interval(dataset, model, MACRO, key) if analysis and value is not None else None
-        cells.append(Cell(value, interval))
+        mark = ""
+        if interval is not None and _images(results, section) < FEW_IMAGES:
+            mark = f"({counted(_images(results, section), 'image')})"
+        elif value is None and found.get("applicable") and found.get("pairs") == 0:
+            mark = "(0 pairs)"
+        cells.append(Cell(value, interval, mark))
     return cells
+
+
+def _cell_notes(rows) -> str:
+    """What the marks of `_macro_cells` mean, for the marks the table holds."""
+    marks = {cell.mark for row in rows for cell in row.cells}
+    few = any(mark.endswith(("image)", "images)")) for mark in marks)
+    return ((FEW_NOTE + " " if few else "") + (ZERO_PAIRS_NOTE + " " if "(0 pairs)" in marks else ""))
 
 
 def family_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
@@ -141,8 +169,8 @@ def family_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> l
                                                                       [k for keys in groups.values() for k in keys],
                                                                       dataset, model, analysis)),
                          group=bench.dataset_label(dataset)) for model, dataset in runs)
-        caption = (meaning + " – : not scored (a check not asked for, or not applicable). Definitions: "
-                   "docs/explanations.md. " + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE)
+        caption = (meaning + " – : not scored (a check not asked for, or not applicable). " + _cell_notes(rows)
+                   + "Definitions: docs/explanations.md. " + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE)
         tables.append(Table(f"explanations_{name}", title, caption, "Model", columns, rows))
     return tables
 
@@ -160,14 +188,14 @@ def explanation_table(bench: Benchmark, analysis: ReportAnalysis | None = None) 
         cells = _macro_cells(results, [k for keys in COLUMNS.values() for k in keys], dataset, model, analysis)
         for section in CHECKS:
             if _applicable(bench.get(model, dataset), section):
-                scopes.add(f"{section}: {results[section]['images']} images")
+                scopes.add(f"{section}: {counted(results[section]['images'], 'image')}")
         rows.append(Row(bench.model_label(model), tuple(cells), group=bench.dataset_label(dataset)))
     caption = (
         "Is the map an explanation? Plausibility: Pointing Game and Dice at τ = 0.5 over the whole split, in "
         "percent. " + DEFINITIONS + " AUCs and ROAD in logits (each model's own scale: compare a model's rows, and "
         "rank models with care); Spearman and SSIM from −1 to 1. Lower is better for deletion AUC, Spearman and "
         "SSIM, higher for the rest. – : the check did not run or does not apply (a model without weights has "
-        f"no sanity check). Images checked per run: {', '.join(sorted(scopes))}. "
+        f"no sanity check). Images checked per run: {', '.join(sorted(scopes))}. " + _cell_notes(rows)
         + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE
     )
     return Table("explanations", "Plausibility, faithfulness and sanity of each model's maps (macro mean over classes)",
@@ -235,8 +263,9 @@ def cascade_tables(bench: Benchmark) -> list[Table]:
         tables.append(Table(
             f"sanity_{model}_{dataset}", f"Cascading randomisation of {label}",
             f"Step k re-initialises the layers named and every layer above it (from the output down; seed "
-            f"{section['seed']}), step 0 is the model as loaded. Similarities: mean over the {section['pairs']} graded "
-            f"pairs of {section['images']} images of Spearman's rank correlation (plain and of absolute values) and "
+            f"{section['seed']}), step 0 is the model as loaded. Similarities: mean over the "
+            f"{counted(section['pairs'], 'graded pair')} of {counted(section['images'], 'image')} of Spearman's rank "
+            "correlation (plain and of absolute values) and "
             "SSIM between the pair's map and its original map (macro over classes); a map that explains the model "
             "falls towards 0. Grounding (percent): the randomised model's maps graded on the same images. "
             "Meaningful with the authors' weights only: random weights have nothing to destroy.",
@@ -301,9 +330,10 @@ def cascade_figures(bench: Benchmark) -> list[Plot]:
         section = run.results["sanity"]
         caption = (
             f"Cascading randomisation of {label}: "
-            + (f"top, the map of {saved['finding'].item()} on image {saved['image_id'].item()} (white: the region) "
+            + (f"top, the map of {bench.finding_name(str(saved['finding'].item()))} on image {saved['image_id'].item()} (white: the region) "
                "as the model is randomised step by step; bottom, " if shown else "")
-            + f"the mean similarity of the {section['pairs']} graded pairs' maps to their original maps (Spearman, "
+            + f"the mean similarity of the maps of {counted(section['pairs'], 'graded pair')} to their original "
+            "maps (Spearman, "
             "plain and of absolute values, and SSIM) and the Pointing Game of the randomised model (a fraction). "
             + ("The two Spearman curves coincide here (the dashed one lies on the solid one): taking absolute "
                "values changed no correlation, as for maps without negative values. " if same else "")

@@ -27,7 +27,6 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from xbench.findings import display_name, short_name
 from xbench.reporting.benchmark import Benchmark
 from xbench.results.folder import read_overlays
 from xbench.analysis.tables import ALL
@@ -465,7 +464,7 @@ def _overlay_grid(bench: Benchmark, dataset: str, saved: dict, pairs: list[tuple
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
-                title = textwrap.fill(display_name(key), 18, break_long_words=False)
+                title = textwrap.fill(bench.finding_name(key), 18, break_long_words=False)
                 ax.set_title(f"{title}\n({c + 1})", fontsize=FONT_SIZE)
             if c == 0:
                 label = "Radiograph + region" if model is None else bench.model_label(model)
@@ -474,7 +473,7 @@ def _overlay_grid(bench: Benchmark, dataset: str, saved: dict, pairs: list[tuple
                                 shrink=min(0.8, 3.5 / figure.get_figheight()), aspect=20)
     colourbar.set_label("saliency (min–max normalised)", fontsize=FONT_SIZE)
     colourbar.ax.tick_params(labelsize=FONT_SIZE - 1)
-    images = "; ".join(f"({c + 1}) {short_name(key)}: {image_id}" for c, (key, image_id) in enumerate(pairs))
+    images = "; ".join(f"({c + 1}) {bench.short_name(key)}: {image_id}" for c, (key, image_id) in enumerate(pairs))
     missing = [bench.model_label(m) for m in bench.models_on(dataset) if m not in saved]
     caption = (
         f"Saliency overlays on {bench.dataset_label(dataset)}: each column one image positive for the finding "

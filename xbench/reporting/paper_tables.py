@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from xbench.analysis.tables import ALL, MACRO
-from xbench.findings import display_name, short_name
 from xbench.metrics.names import metric as metric_info, short
 from xbench.reporting.benchmark import Benchmark
+from xbench.reporting.reproduction import MEAN, Reference
 from xbench.reporting.table import Cell, Column, Row, Table, missing
 
 CHOSEN_TAU_NOTE = (
@@ -98,6 +98,35 @@ def _ceiling_note(rows: tuple[Row, ...] | list[Row]) -> str:
     return CEILING_NOTE if any(row.ceiling for row in rows) else ""
 
 
+def _published_rows(published: Reference | None, cells: list[tuple[str, str, str]], group: str | None = None
+                    ) -> list[Row]:
+    """A row per model of ``published`` (``--published``) with a value among ``cells`` (the table's
+    columns as (dataset, finding or ``mean``, metric)): each value as its source prints it, no
+    interval. A cell the paper prints twice (a Mean column of its Tables 2-5 reprints Table 1)
+    shows its first value, Table 1's."""
+    if published is None:
+        return []
+    rows = []
+    for model in dict.fromkeys(model for _, model, _, _ in published.values):
+        printed = [published.values.get((dataset, model, finding, metric)) for dataset, finding, metric in cells]
+        if any(printed):
+            rows.append(Row(f"{published.model_labels.get(model, model)} (published)",
+                            tuple(Cell(None) if p is None else Cell(p[0].value, digits=p[0].digits) for p in printed),
+                            group=group, published=True))
+    return rows
+
+
+def _published_note(rows: tuple[Row, ...] | list[Row], published: Reference | None) -> str:
+    """What a published row is, where the table has one."""
+    digits = sorted({cell.digits for row in rows if row.published for cell in row.cells if cell.digits is not None})
+    if not digits:
+        return ""
+    precision = f"to {digits[0]} decimals" if len(digits) == 1 else "each to its stated decimals"
+    return (f"In italics, marked (published): the values {published.name} publishes, as printed ({precision}), "
+            "beside these results for comparison: no interval, never ranked and not judged (the gate judges a "
+            "--reference).")
+
+
 def _macro(bench: Benchmark, model: str, dataset: str, section: str, name: str,
            analysis: ReportAnalysis | None) -> Cell:
     run = bench.get(model, dataset)
@@ -109,17 +138,19 @@ def _macro(bench: Benchmark, model: str, dataset: str, section: str, name: str,
 
 
 def _per_model_over_datasets(bench: Benchmark, name: str, title: str, metrics: tuple[str, ...],
-                             caption: str, analysis: ReportAnalysis | None) -> Table:
+                             caption: str, analysis: ReportAnalysis | None, published: Reference | None) -> Table:
     columns = tuple(Column(short(key), bench.dataset_label(d)) for d in bench.datasets for key in metrics)
     rows = tuple(
         Row(label, tuple(_macro(bench, m, d, "grounding", key, analysis) for d in bench.datasets for key in metrics),
             ceiling=ceiling)
         for m, label, ceiling in _entries(bench)
-    )
-    return Table(name, title, _notes(caption, _ceiling_note(rows)), "Model", columns, rows)
+    ) + tuple(_published_rows(published, [(d, MEAN, key) for d in bench.datasets for key in metrics]))
+    return Table(name, title, _notes(caption, _ceiling_note(rows), _published_note(rows, published)), "Model",
+                 columns, rows)
 
 
-def grounding_table(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Table:
+def grounding_table(bench: Benchmark, analysis: ReportAnalysis | None = None,
+                    published: Reference | None = None) -> Table:
     """Table 1: Pointing Game, Dice and IoU at the best threshold tau*, per model and dataset."""
     return _per_model_over_datasets(
         bench, "grounding", "Grounding per model and dataset (percent, macro mean over classes)",
@@ -129,11 +160,12 @@ def grounding_table(bench: Benchmark, analysis: ReportAnalysis | None = None) ->
         "least one graded (image, class) pair. The fixed-threshold twins (τ = 0.5) are in the next table"
         + (", the calibrated threshold in the one after" if analysis is not None else "") + ". "
         + _notes(analysis and analysis.note, EMPHASIS_NOTE, CHOSEN_TAU_NOTE),
-        analysis,
+        analysis, published,
     )
 
 
-def grounding_fixed_tau_table(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Table:
+def grounding_fixed_tau_table(bench: Benchmark, analysis: ReportAnalysis | None = None,
+                              published: Reference | None = None) -> Table:
     """Table 1's Dice and IoU at the fixed threshold tau = 0.5 (nothing chosen on the evaluated set)."""
     return _per_model_over_datasets(
         bench, "grounding_fixed_tau", "Grounding at the fixed threshold τ = 0.5 (percent, macro mean over classes)",
@@ -141,7 +173,7 @@ def grounding_fixed_tau_table(bench: Benchmark, analysis: ReportAnalysis | None 
         "Dice and IoU of the region {s ≥ 0.5} of the min-max normalised map: per-image means, macro over classes "
         "with at least one graded pair. The fixed-rule twins of the previous table's τ* columns. "
         + _notes(analysis and analysis.note, EMPHASIS_NOTE),
-        analysis,
+        analysis, published,
     )
 
 
@@ -188,14 +220,15 @@ def threshold_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
                  caption, "Model", columns, tuple(rows))
 
 
-def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
+def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = None,
+                         published: Reference | None = None) -> list[Table]:
     """Tables 2-5: per-class Pointing Game on each dataset with more than one class."""
     tables = []
     for dataset in bench.datasets:
         classes = bench.classes(dataset)
         if len(classes) < 2:
             continue
-        columns = tuple(Column(short_name(key)) for key in classes) + (Column("Mean"),)
+        columns = tuple(Column(bench.short_name(key)) for key in classes) + (Column("Mean"),)
         rows = []
         for model, label, ceiling in _entries(bench, dataset):
             results = bench.get(model, dataset).results
@@ -208,12 +241,14 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
                     interval = analysis.interval(dataset, model, key, "pointing_game")
                 cells.append(Cell(value, interval))
             rows.append(Row(label, tuple(cells), ceiling=ceiling))
-        legend = ", ".join(f"{short_name(key)} = {display_name(key)}" for key in classes)
+        rows += _published_rows(published, [(dataset, key, "pointing_game") for key in classes]
+                                + [(dataset, MEAN, "pointing_game")])
+        legend = ", ".join(f"{bench.short_name(key)} = {bench.finding_name(key)}" for key in classes)
         label = bench.dataset_label(dataset)
         tables.append(Table(
             f"pointing_game_{dataset}", f"Pointing Game per class on {label} (percent)",
             f"{legend}. Mean: macro mean over the classes with at least one graded pair. "
-            + _notes(analysis and analysis.note, EMPHASIS_NOTE, _ceiling_note(rows)),
+            + _notes(analysis and analysis.note, EMPHASIS_NOTE, _ceiling_note(rows), _published_note(rows, published)),
             "Model", columns, tuple(rows),
         ))
     return tables
@@ -222,19 +257,22 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
 RECOGNITION_METRICS = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1", "accuracy@max_f1")
 
 
-def recognition_table(bench: Benchmark, analysis: ReportAnalysis | None = None) -> Table:
+def recognition_table(bench: Benchmark, analysis: ReportAnalysis | None = None,
+                      published: Reference | None = None) -> Table:
     """Recognition per dataset (row groups) and model: AUROC, AUPRC, F1 and accuracy at p >= 0.5, max-F1."""
     rows = tuple(
-        Row(label, tuple(_macro(bench, m, d, "classification", key, analysis) for key in RECOGNITION_METRICS),
-            group=bench.dataset_label(d), ceiling=ceiling)
-        for d in bench.datasets for m, label, ceiling in _entries(bench, d)
+        row for d in bench.datasets for row in [
+            *(Row(label, tuple(_macro(bench, m, d, "classification", key, analysis) for key in RECOGNITION_METRICS),
+                  group=bench.dataset_label(d), ceiling=ceiling) for m, label, ceiling in _entries(bench, d)),
+            *_published_rows(published, [(d, MEAN, key) for key in RECOGNITION_METRICS], bench.dataset_label(d))]
     )
     return Table(
         "recognition", "Zero-shot recognition per dataset and model (percent, macro mean over classes)",
         "AUROC and AUPRC (average precision) from the logits; F1 and accuracy at probability p ≥ 0.5, the fixed "
         "rule. Unknown labels are left out; a class whose known labels are all one value has no AUROC/AUPRC and "
         "is left out of their macro mean. "
-        + _notes(analysis and analysis.note, EMPHASIS_NOTE, CHOSEN_F1_NOTE, _ceiling_note(rows)),
+        + _notes(analysis and analysis.note, EMPHASIS_NOTE, CHOSEN_F1_NOTE, _ceiling_note(rows),
+                 _published_note(rows, published)),
         "Model", tuple(Column(short(key)) for key in RECOGNITION_METRICS), rows,
     )
 
@@ -373,13 +411,15 @@ def robustness_table(bench: Benchmark) -> Table | None:
     )
 
 
-def paper_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
+def paper_tables(bench: Benchmark, analysis: ReportAnalysis | None = None,
+                 published: Reference | None = None) -> list[Table]:
     """Every table of the report, in order: Table 1, its fixed-τ twin, [the calibrated τ], per-class PG,
-    recognition, [paired differences, lesion-size strata, R²] (bracketed: with the analysis)."""
-    tables = [grounding_table(bench, analysis), grounding_fixed_tau_table(bench, analysis)]
+    recognition, [paired differences, lesion-size strata, R²] (bracketed: with the analysis);
+    ``published``: a reference's values as rows beside the runs' (``--published``)."""
+    tables = [grounding_table(bench, analysis, published), grounding_fixed_tau_table(bench, analysis, published)]
     if analysis is not None:
         tables.append(threshold_table(bench, analysis))
-    tables += [*pointing_game_tables(bench, analysis), recognition_table(bench, analysis)]
+    tables += [*pointing_game_tables(bench, analysis, published), recognition_table(bench, analysis, published)]
     if analysis is not None:
         tables += [*difference_tables(bench, analysis), *strata_tables(bench, analysis),
                    correlation_table(bench, analysis)]

@@ -21,7 +21,8 @@ def markdown_grid(headers: list[str], rows: list[list[str]], text_columns: int =
 
 
 def to_markdown(table: Table, number: int | None = None) -> str:
-    """``**Table n: title**``, the grid (bold best, ``<ins>`` second, ceiling rows in italics), the caption."""
+    """``**Table n: title**``, the grid (bold best, ``<ins>`` second, ceiling and published rows in
+    italics), the caption."""
     heading = f"Table {number}: {table.title}" if number is not None else table.title
     marks = emphasis(table)
     rows, group = [], None
@@ -33,7 +34,7 @@ def to_markdown(table: Table, number: int | None = None) -> str:
         for cell, column, mark in zip(row.cells, table.columns, row_marks):
             text = column.text(cell)
             cells.append({"best": f"**{text}**", "second": f"<ins>{text}</ins>"}.get(mark, text))
-        rows.append([f"*{row.label}*" if row.ceiling else row.label] + cells)
+        rows.append([f"*{row.label}*" if row.apart else row.label] + cells)
     grid = markdown_grid([table.stub] + [_header(c, "<br>") for c in table.columns], rows)
     return "\n".join([f"**{heading}**", "", *grid, "", table.caption]) + "\n"
 
@@ -123,6 +124,6 @@ def to_latex(table: Table) -> str:
             text = latex_text(column.text(cell))
             cells.append({"best": rf"\textbf{{{text}}}", "second": rf"\underline{{{text}}}"}.get(mark, text))
         label = latex_text(row.label)
-        lines.append(" & ".join([rf"\textit{{{label}}}" if row.ceiling else label] + cells) + r" \\")
+        lines.append(" & ".join([rf"\textit{{{label}}}" if row.apart else label] + cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"

@@ -28,7 +28,7 @@ from xbench.analysis.correlation import r_squared
 from xbench.analysis.tables import MACRO
 from xbench.cli import InputError
 from xbench.files import open_text, read_yaml, regular_file
-from xbench.findings import DEFAULT_CLASSES, PAPER_CLASSES, dataset_name, short_name, spellings_of
+from xbench.findings import DEFAULT_CLASSES, PAPER_CLASSES, dataset_name, spellings_of
 from xbench.metrics.names import ANALYSIS_ONLY, BY_KEY, METRICS, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.table import Cell, Column, Row, Table
@@ -65,6 +65,11 @@ class Printed:
     value: float
     half_unit: float
     line: int
+
+    @property
+    def digits(self) -> int:
+        """The decimals of the percentage as its source prints it (the paper's 2)."""
+        return round(-math.log10(200 * self.half_unit))
 
 
 @dataclass
@@ -214,22 +219,24 @@ def _check_percent(path: Path, values: dict[CellKey, list[Printed]], bench: Benc
             "percent; multiply the values by 100")
 
 
-def read_reference(path: Path, bench: Benchmark) -> Reference:
+def read_reference(path: Path, bench: Benchmark, judged: bool = True) -> Reference:
     """A reference CSV in XBench's own keys (dataset, model, finding key or ``mean``, metric) with
     each value's stated precision (``decimals``), every row a cell these results judge, given once:
     an unknown name, a model not run on the dataset, an instrument, a cell given twice or values in
-    fractions is an error that names the line."""
+    fractions is an error that names the line. Not ``judged`` (``--published``: values shown beside
+    the runs'), a row may name any model, run or not."""
     vocabulary = _vocabulary(bench)
     values: dict[CellKey, list[Printed]] = {}
     for line, row in _read_rows(path, COLUMNS):
         if not row["table"]:
             raise ReferenceError(f"reference {path}, line {line}: the table is empty; give each row a table label")
         cell = (row["dataset"], row["model"], row["finding"], row["metric"])
-        _check_cell(path, line, cell, vocabulary, bench)
+        _check_cell(path, line, cell, vocabulary, bench if judged else None)
         printed = Printed(row["table"], _value(path, line, row["value_percent"]),
                           _half_unit(path, line, row["decimals"]), line)
         _add(values, path, cell, printed)
-    _check_percent(path, values, bench)
+    if judged:
+        _check_percent(path, values, bench)
     tables = {printed.table: printed.table for cell in values.values() for printed in cell}
     return Reference(f"`{path}`", str(path), values, tables)
 
@@ -404,13 +411,13 @@ def summary_line(reference: Reference, comparisons: list[Comparison]) -> str:
 # -- tables ------------------------------------------------------------------------------------
 
 
-def _finding_label(finding: str) -> str:
-    return "Mean" if finding == MEAN else short_name(finding)
+def _finding_label(finding: str, bench: Benchmark) -> str:
+    return "Mean" if finding == MEAN else bench.short_name(finding)
 
 
-def _column_label(key: tuple[str, str, str], varying: tuple[bool, bool, bool]) -> str:
+def _column_label(key: tuple[str, str, str], varying: tuple[bool, bool, bool], bench: Benchmark) -> str:
     dataset, finding, metric = key
-    parts = [dataset_name(dataset), _finding_label(finding), short(metric)]
+    parts = [bench.dataset_label(dataset), _finding_label(finding, bench), short(metric)]
     return " ".join(part for part, shown in zip(parts, varying) if shown) or short(metric)
 
 
@@ -425,7 +432,7 @@ def _row_label(reference: Reference, bench: Benchmark, model: str) -> str:
     return f"{label} (not reproducible: {why})" if why else label
 
 
-def _disagreements(table: str, comparisons: list[Comparison], labels: dict[str, str]) -> str:
+def _disagreements(table: str, comparisons: list[Comparison], labels: dict[str, str], bench: Benchmark) -> str:
     """The reference's disagreements that touch this table, every printed value named."""
     notes = []
     for c in comparisons:
@@ -433,7 +440,8 @@ def _disagreements(table: str, comparisons: list[Comparison], labels: dict[str, 
             continue
         printed = ", ".join(f"{100 * p.value:.2f} (table {p.table})" for p in c.printed)
         mean = f"; the mean of its class values {100 * c.class_mean:.2f}" if c.class_mean is not None else ""
-        notes.append(f"{dataset_name(c.cell[0])} {labels.get(c.cell[1], c.cell[1])} {_finding_label(c.cell[2])} "
+        notes.append(f"{bench.dataset_label(c.cell[0])} {labels.get(c.cell[1], c.cell[1])} "
+                     f"{_finding_label(c.cell[2], bench)} "
                      f"{short(c.cell[3])}: "
                      f"printed {printed}{mean}")
     return "; ".join(notes)
@@ -454,7 +462,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
         varying = tuple(len({key[i] for key in keys}) > 1 for i in range(3))
         models = list(dict.fromkeys(cell[1] for cell, _ in entries))
         where = {(cell[1], (cell[0], cell[2], cell[3])): p for cell, p in entries}
-        columns = tuple(Column(header, _column_label(key, varying), ranked=False, digits=2)
+        columns = tuple(Column(header, _column_label(key, varying, bench), ranked=False, digits=2)
                         for key in keys for header in ("Ref.", "XBench", "Δ"))
         rows = []
         for model in models:
@@ -468,7 +476,7 @@ def reproduction_tables(reference: Reference, comparisons: list[Comparison], ben
                 cells += [Cell(printed.value), Cell(c.value, c.interval),
                           Cell(c.delta(printed), mark=_marks(c, printed))]
             rows.append(Row(_row_label(reference, bench, model), tuple(cells)))
-        disagreements = _disagreements(table, comparisons, reference.model_labels)
+        disagreements = _disagreements(table, comparisons, reference.model_labels, bench)
         caption = (
             f"{title}, from {reference.name} ({reference.source}). Ref.: the value it prints; XBench: this "
             "report's value [interval]; Δ = XBench − Ref. (percentage points); – : not covered by these results. "

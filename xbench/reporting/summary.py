@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from xbench.console import print_table
-from xbench.findings import display_name
+from xbench.console import counted, print_table
 from xbench.metrics.names import metric
+from xbench.results.names import finding_display
 from xbench.reporting.render import markdown_grid
 
 #: The console summary's and summary.md's columns.
@@ -18,16 +18,16 @@ SUMMARY_GROUNDING = ("pointing_game", "dice@0.5", "dice@best", "dice@best_tau", 
 SUMMARY_RECOGNITION = ("auroc", "auprc", "f1@0.5", "accuracy@0.5", "max_f1")
 #: The checks' tables (``xbench.checks``), in a run that asked for them: section -> (title, columns).
 SUMMARY_CHECKS = {
-    "faithfulness": ("Faithfulness on {images} images (logit of the class)",
+    "faithfulness": ("Faithfulness on {images} (logit of the class)",
                      ("deletion_auc", "insertion_auc", "road_morf", "road_lerf", "road")),
-    "sanity": ("Sanity on {images} images: similarity to the original map once every layer group is randomised",
+    "sanity": ("Sanity on {images}: similarity to the original map once every layer group is randomised",
                ("spearman", "spearman_abs", "ssim")),
-    "robustness": ("Robustness on {images} images: the map under input noise",
+    "robustness": ("Robustness on {images}: the map under input noise",
                    ("max_sensitivity", "local_lipschitz")),
-    "localisation": ("Localisation of the map in the region, graded pairs of {images} images (percent)",
+    "localisation": ("Localisation of the map in the region, graded pairs of {images} (percent)",
                      ("relevance_mass", "relevance_rank", "top_k_intersection", "pixel_auc")),
-    "complexity": ("Complexity of the map, graded pairs of {images} images", ("sparseness", "complexity")),
-    "randomisation": ("Random logit, graded pairs of {images} images: SSIM with another class's map",
+    "complexity": ("Complexity of the map, graded pairs of {images}", ("sparseness", "complexity")),
+    "randomisation": ("Random logit, graded pairs of {images}: SSIM with another class's map",
                       ("random_logit",)),
 }
 
@@ -45,7 +45,8 @@ def _summary_table(results: dict, section: dict, counts: tuple[str, ...], shown:
                    summed: bool) -> list[list[str]]:
     """One row per class (display name, counts, values), then the macro mean (counts summed or blank)."""
     per_class, macro = section["per_class"], section["macro"]
-    rows = [[display_name(key), *(_text(n, per_class[key][n]) for n in counts + shown)] for key in results["classes"]]
+    rows = [[finding_display(results, key), *(_text(n, per_class[key][n]) for n in counts + shown)]
+            for key in results["classes"]]
     totals = [_text(n, sum(v[n] for v in per_class.values())) if summed else "" for n in counts]
     return rows + [["Macro mean", *totals, *(_text(n, macro[n]) if n in macro else "" for n in shown)]]
 
@@ -67,7 +68,7 @@ def summary_tables(results: dict) -> list[tuple[str, tuple[str, ...], list[list[
     for name, (title, columns) in SUMMARY_CHECKS.items():
         section = results.get(name) or {}
         if section.get("applicable"):
-            shown.append((title.format(images=section["images"]), section, ("pairs",), columns, True))
+            shown.append((title.format(images=counted(section["images"], "image")), section, ("pairs",), columns, True))
     tables = []
     for title, section, counts, columns, summed in shown:
         headers = ("Finding", *(metric(n).short for n in counts + columns))
@@ -148,7 +149,7 @@ def _check_notes(results: dict) -> list[str]:
                 "on the weights (meaningful with the authors' weights only). Each step: sanity.csv.gz, the report.")
         elif name == "robustness":
             notes.append(
-                f"Robustness: the largest change of the map over {section['samples']} noisy copies of the input per "
+                f"Robustness: the largest change of the map over {counted(section['samples'], 'noisy copy', 'noisy copies')} of the input per "
                 f"image (uniform within ±{section['radius']:g} for max-sensitivity, Gaussian σ = {section['std']:g} "
                 f"for the local Lipschitz estimate, seed {section['seed']}); lower is more robust.")
         elif name == "localisation":

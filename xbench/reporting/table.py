@@ -6,7 +6,7 @@ within which emphasis is ranked) and `Cell` values. A cell holds a fraction, sho
 percent (or, in a column marked so, a plain ratio such as R²), and optionally an interval (a
 bootstrap confidence interval) that every renderer shows next to the value: ``61.6 [58.9, 64.2]``.
 A ceiling row (an instrument such as the Oracle, which reads the answer) is shown for scale and
-never ranked.
+never ranked, as is a published row (a reference's values beside the runs', `Row.published`).
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ def format_interval(estimate: float | None, lower: float | None, upper: float | 
 
 @dataclass(frozen=True)
 class Cell:
-    """A value (``None``: no value), an optional interval around it and an optional mark printed
-    after it (the reproduction's signs: outside the interval, the reference disagrees with itself)."""
+    """A value (``None``: no value), an optional interval around it, an optional mark printed
+    after it (the reproduction's signs: outside the interval, the reference disagrees with itself)
+    and the decimals of a value printed at its source's precision (a published value)."""
 
     value: float | None
     interval: tuple[float, float] | None = None
     mark: str = ""
+    digits: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Column:
     def text(self, cell: Cell) -> str:
         """The cell as printed: ``61.6``, ``61.6 [58.9, 64.2]`` or ``–``, then its mark."""
         scale, digits = self.scale
+        digits = digits if cell.digits is None else cell.digits
         if missing(cell.value):
             text = "–"
         elif cell.interval is None:
@@ -75,12 +78,19 @@ class Column:
 
 @dataclass(frozen=True)
 class Row:
-    """``ceiling``: an instrument's row (the Oracle), shown for scale and never ranked."""
+    """``ceiling``: an instrument's row (the Oracle), shown for scale and never ranked;
+    ``published``: a reference's published values, shown beside the runs', never ranked."""
 
     label: str
     cells: tuple[Cell, ...]
     group: str | None = None
     ceiling: bool = False
+    published: bool = False
+
+    @property
+    def apart(self) -> bool:
+        """Shown in italics for comparison and never ranked: a ceiling or a published row."""
+        return self.ceiling or self.published
 
 
 @dataclass(frozen=True)
@@ -102,12 +112,13 @@ def emphasis(table: Table) -> list[list[Emphasis]]:
     Values are ranked as printed, so equal-looking numbers tie, and ties share a rank: a value's
     rank is one plus the number of values above it (75, 50, 50, 25 rank 1, 2, 2, 4). Rank 1 is
     the best and rank 2 the second, but only where some value lies below: a column of equal values
-    has no best, and values tied at the bottom are not "second best". Ceiling rows are not ranked.
+    has no best, and values tied at the bottom are not "second best". Ceiling and published rows
+    are not ranked.
     """
     marks: list[list[Emphasis]] = [[None] * len(table.columns) for _ in table.rows]
     groups: dict[str | None, list[int]] = {}
     for r, row in enumerate(table.rows):
-        if not row.ceiling:
+        if not row.apart:
             groups.setdefault(row.group, []).append(r)
     for rows in groups.values():
         for c, column in enumerate(table.columns):

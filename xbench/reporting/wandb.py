@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from xbench.findings import display_name
 from xbench.metrics.names import metric
+from xbench.results.names import finding_display
 from xbench.results.payload import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
 
 #: Added to the W&B column name of a per-class value chosen on the evaluated set itself.
@@ -70,7 +70,7 @@ def per_class_rows(results: dict) -> tuple[list[str], list[list]]:
     rows = []
     for key in results["classes"]:
         g, c = results["grounding"]["per_class"][key], results["classification"]["per_class"][key]
-        rows.append([key, display_name(key), *(g[n] for n in GROUNDING_PER_CLASS),
+        rows.append([key, finding_display(results, key), *(g[n] for n in GROUNDING_PER_CLASS),
                      *(c[n] for n in CLASSIFICATION_PER_CLASS)])
     return columns, rows
 
@@ -103,13 +103,14 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
             if graded:
                 media[f"curves/{name}"] = wandb.plot.line_series(
                     xs=thresholds, ys=[results["grounding"]["curves"][key][name] for key in graded],
-                    keys=[display_name(key) for key in graded], title=f"{label} vs threshold τ (mean over pairs)",
+                    keys=[finding_display(results, key) for key in graded],
+                    title=f"{label} vs threshold τ (mean over pairs)",
                     xname="τ",
                 )
         panel = wandb.Table(columns=["image_id", "finding", "overlay"])
         for i in range(len(overlays["image_id"])):
             rgb = overlay_rgb(overlays["image"][i], overlays["saliency"][i], overlays["mask"][i])
-            finding = display_name(str(overlays["finding"][i]))
+            finding = finding_display(results, str(overlays["finding"][i]))
             panel.add_data(str(overlays["image_id"][i]), finding,
                            wandb.Image(rgb, caption=f"{finding}, {overlays['image_id'][i]} (white: region)"))
         media["overlays"] = panel

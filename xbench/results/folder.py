@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from xbench.files import read_json_object, regular_file
+from xbench.results.names import NAMES, check_names
 
-SCHEMA = "xbench.results/3"
+SCHEMA = "xbench.results/4"
 METRICS = "metrics.json"
 #: Every file of the folder with its size and SHA-256, written last by the run (`manifest_of`).
 MANIFEST = "manifest.json"
@@ -158,13 +159,14 @@ def verify_folder(folder: Path) -> None:
 
 #: What every reader of ``metrics.json`` relies on: key -> (type, the keys it must hold).
 CORE_SECTIONS = {"model": (str, ()), "dataset": (str, ()), "classes": (list, ()), "data": (dict, ()),
-                 "config": (dict, ("model",))}
+                 "config": (dict, ("model",)), NAMES: (dict, ("model", "dataset", "findings"))}
 
 
 def read_results(folder: Path, sections: dict | None = None) -> dict:
-    """The ``metrics.json`` payload of a results folder, checked for its schema, the core sections
-    and the reader's own ``sections`` (key -> (type, keys it must hold)); a file that is not a
-    run's results is an error naming it."""
+    """The ``metrics.json`` payload of a results folder, checked for its schema, the core sections,
+    the names it shows its model, dataset and findings by (`check_names`) and the reader's own
+    ``sections`` (key -> (type, keys it must hold)); a file that is not a run's results is an error
+    naming it."""
     folder = Path(folder)
     path = folder / METRICS
     if not os.path.lexists(folder / MANIFEST):  # an older version's folder has none: say so first
@@ -179,6 +181,7 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
             raise ValueError(f"{path}: {key!r} is missing or not a {kind.__name__}{held}; {DAMAGED}")
         if "per_class" in inner and any(not isinstance(value["per_class"].get(c), dict) for c in payload["classes"]):
             raise ValueError(f"{path}: {key}.per_class lacks some of the classes {payload['classes']}; {DAMAGED}")
+    check_names(path, payload, DAMAGED)
     for key in CHECK_TABLES:  # optional: where present, what the analysis, the report and W&B read
         value = payload.get(key)
         if value is None:

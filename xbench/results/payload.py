@@ -25,6 +25,7 @@ from xbench.metrics.map_quality import DEFINITIONS, SECTIONS, top_k
 from xbench.metrics.names import chosen_keys, run_keys
 from xbench.metrics.phrases import phrase_intervals
 from xbench.results.folder import CHECK_TABLES, SCHEMA
+from xbench.results.names import NAMES, names_section
 
 GROUNDING_CURVES = ("dice", "iou", "pooled_dice", "pooled_iou")
 GROUNDING_PER_CLASS = run_keys("grounding", "per_class")
@@ -110,6 +111,9 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "dataset": datamodule.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "classes": classes,
+        # how the report, the analysis and W&B show the model, the dataset and each class, whatever
+        # module declared them (xbench.results.names)
+        NAMES: names_section(model.display(), datamodule.name, classes),
         # how the model saw each image and how its maps reached the frame (the authors' rule, or
         # --model.upsample for a study)
         "preprocess": dataclasses.asdict(model.preprocess) if model.preprocess is not None else None,

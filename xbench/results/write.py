@@ -36,11 +36,11 @@ import pandas as pd
 import yaml
 
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
-from xbench.findings import display_name
 from xbench.results.folder import (
     CHECK_TABLES, CONFIG, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY, count_columns,
     manifest_of,
 )
+from xbench.results.names import finding_display
 
 
 #: Images per chunk of ``pairs.csv.gz``: the table is built and written this many images at a time,
@@ -180,7 +180,7 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
     try:
         atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
         per_class = pd.DataFrame([
-            {"class": key, "display": display_name(key),
+            {"class": key, "display": finding_display(results, key),
              **{f"grounding/{k}": v for k, v in results["grounding"]["per_class"][key].items()},
              **{f"classification/{k}": v for k, v in results["classification"]["per_class"][key].items()}}
             for key in results["classes"]
