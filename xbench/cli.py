@@ -1,10 +1,11 @@
 """How every XBench command ends: its output, or a short message on stderr and an exit status.
 
-A failure prints ``<command>: error: <what went wrong>`` and exits 1; a usage error exits 2: argparse's
-own, and an `InputError` a command raises for an input the user gave (a file named by an option that
-cannot be used as it is), so that a CI job tells a bad input from a failed check. The traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The
-third-party notices a user cannot act on are silenced here, in the commands only: a script that
-imports XBench keeps its warnings and its memory allocator's settings.
+A failure prints ``<command>: error: <what went wrong>`` and exits 1; a usage error exits 2:
+argparse's own, and an `InputError` a command raises for an input the user gave (a file named by an
+option that cannot be used as it is), so that a CI job tells a bad input from a failed check. The
+traceback is for developers, shown with ``XBENCH_DEBUG=1`` or ``--debug``. The third-party notices a
+user cannot act on are silenced here, in the commands only: a script that imports XBench keeps its
+warnings and its memory allocator's settings.
 """
 
 from __future__ import annotations
