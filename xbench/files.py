@@ -33,9 +33,13 @@ def regular_file(path: Path) -> Path:
     `FileNotFoundError` ``open`` raises; anything else but a file is a `ValueError` naming what it is."""
     mode = os.stat(path).st_mode  # a missing path: the FileNotFoundError ``open`` would raise
     if not stat.S_ISREG(mode):
-        kind = next((name for test, name in NOT_A_FILE if test(mode)), "not a regular file")
-        raise ValueError(f"{path} is {kind}, not a file: name the file itself")
+        raise ValueError(f"{path} is {_kind(mode, 'not a regular file')}, not a file: name the file itself")
     return Path(path)
+
+
+def _kind(mode: int, otherwise: str) -> str:
+    """What a path of ``stat`` ``mode`` holds, in `NOT_A_FILE`'s words, else ``otherwise``."""
+    return next((name for test, name in NOT_A_FILE if test(mode)), otherwise)
 
 
 def present(path: Path) -> bool:
@@ -159,16 +163,10 @@ def check_writable_folder(folder: Path, named: str, fix: str) -> None:
         if nearest.is_dir():
             tempfile.TemporaryFile(dir=nearest).close()
             return
-        why = f"{nearest} is {_what(nearest)}"
+        why = f"{nearest} is {_kind(os.stat(nearest).st_mode, 'a file')}"
     except OSError as error:
         why = f"read-only to this user: {error.strerror}" if error.errno in READ_ONLY else error.strerror or str(error)
     raise ValueError(f"{named} {folder} is not a folder XBench can write in ({why}); {fix}")
-
-
-def _what(path: Path) -> str:
-    """What ``path``, found where a folder belongs, is: `NOT_A_FILE`'s words, or a file."""
-    mode = os.stat(path).st_mode
-    return next((name for test, name in NOT_A_FILE if test(mode)), "a file")
 
 
 #: The errors of a write that found no room: a full disk, a quota, a file-size limit (``ulimit -f``).

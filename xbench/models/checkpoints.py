@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Mapping
