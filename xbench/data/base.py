@@ -60,6 +60,7 @@ from xbench.data.cache import (
 )
 from xbench.data.io import read_coded
 from xbench.data.queries import query_fields
+from xbench.data.readers import ReaderSet
 from xbench.data.regions import Region
 from xbench.data.transforms import resize_image, resize_mask
 from xbench.findings import Finding, check_classes, default_classes_of, register, spellings_of
@@ -455,3 +456,9 @@ class XBenchDataModule(L.LightningDataModule, ABC):
 
     def image_ids(self) -> list[str]:
         return [sample.image_id for sample in self.samples]
+
+    def reader_set(self) -> ReaderSet | None:
+        """The radiologist under test on every sample, for a `HumanReader` run
+        ([`xbench.data.readers`][xbench.data.readers]); ``None``: this dataset, as configured, has no
+        second reader to score (the default)."""
+        return None

@@ -137,6 +137,9 @@ class XBenchModel(L.LightningModule, ABC):
     #: A test instrument (the Oracle reads the answer): reports show it as the ceiling, never ranked
     #: and never a point in R², fits or paired differences.
     instrument: ClassVar[bool] = False
+    #: A radiologist scored like a model (`xbench.models.readers.HumanReader`): reports show it beside
+    #: the models as the human scale, never ranked, and measure each model's gap to it.
+    human: ClassVar[bool] = False
     #: The authors' input transform and map rule; ``None``: the model reads the frame image.
     preprocess: Preprocess | None = None
     #: How a free-text query is grounded: ``phrase`` (the text side encodes the phrase, see

@@ -108,6 +108,7 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         # which method made the maps: the model's own ("native") or a CAM method on a declared layer
         "explainer": model.explainer_results(),
         "instrument": model.instrument,
+        "human": model.human,
         "dataset": datamodule.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "classes": classes,
