@@ -244,6 +244,9 @@ class XBenchDataModule(L.LightningDataModule, ABC):
     """
 
     name: ClassVar[str]
+    #: Whether each sample is one radiologist's read of an image (`xbench.reads`: several samples per
+    #: radiograph, resampled together); a split's option may set it on the instance.
+    reads: bool = False
     spellings: ClassVar[str | dict[str, str] | None] = None
     findings: ClassVar[tuple[Finding, ...]] = ()
     display_name: ClassVar[str | None] = None
