@@ -156,7 +156,11 @@ class VinDrCXR(XBenchDataModule):
                     continue
                 others = [reader for reader in image_readers if reader != held_out]
                 labels, regions = merge(self.reference, others, image_positives, image_boxes)
-                sample_id = read_id(image_id, held_out)
+                try:
+                    sample_id = read_id(image_id, held_out)
+                except ValueError as error:
+                    raise ValueError(f"{source}, line {image_readers[held_out]}: {error}; rename the reader or "
+                                     "the image in the file") from None
                 samples.append(Sample(image_id=sample_id, path=path, labels=labels, regions=regions))
                 reads.append((image_id, held_out))
                 self._marks[sample_id] = merge.marks(held_out, image_positives, image_boxes)
@@ -304,7 +308,9 @@ class VinDrCXR(XBenchDataModule):
 
     def _note_reads(self, samples, reads, single) -> None:
         """A leave-one-out split's counts: the reads, their radiographs and readers, and per class
-        those whose reference has a region (the reads graded for grounding, the human row's)."""
+        the reads whose reference has a region, with their radiographs and held-out readers (the
+        reads graded for grounding, unless the region is empty in the frame: a majority of boxes
+        that do not meet, counted under ``lost_regions``)."""
         graded = {key: [read for sample, read in zip(samples, reads) if key in sample.regions] for key in self.classes}
         self.notes.update({
             "reference": self.reference,
@@ -313,7 +319,7 @@ class VinDrCXR(XBenchDataModule):
             "reads": len(samples),
             "reader_ids": sorted({reader for _, reader in reads}, key=lambda r: (len(r), r)),
             "images_with_one_reader_skipped": single,
-            "graded_reads": {
+            "reads_with_reference": {
                 key: {"reads": len(found), "radiographs": len({image_id for image_id, _ in found}),
                       "readers": len({reader for _, reader in found})}
                 for key, found in graded.items()
