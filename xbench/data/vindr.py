@@ -184,11 +184,11 @@ class VinDrCXR(XBenchDataModule):
         if not self.reads:
             return None
         _ = self.samples  # the marks are read with the samples
-        who = self.reader or "readers"
-        name = f"vindr-{who}" + ("-majority" if self.reference == "majority" else "")
-        others = "the union of" if self.reference == "union" else "the majority (both) of"
-        rule = (f"each VinDr-CXR train radiologist ({self.reader or 'every reader'}) against {others} the "
-                "image's other radiologists' boxes and labels")
+        name = f"vindr-{self.reader or 'readers'}" + ("-majority" if self.reference == "majority" else "")
+        who = f"radiologist {self.reader}" if self.reader else "each radiologist"
+        others = "the union" if self.reference == "union" else "the majority (both)"
+        rule = (f"VinDr-CXR train: {who}, on every image they read, against {others} of the image's other "
+                "two radiologists' labels and boxes")
         return ReaderSet(name=name, rule=rule, marks=self._marks)
 
     def _check_reader(self, readers: dict[str, dict[str, int]], source: Path) -> None:
