@@ -62,7 +62,7 @@ class VinDrCXR(XBenchDataModule):
         reference: with ``leave_one_out``, how the other radiologists of the image are merged into a
             read's reference: ``union`` (the default: either of the two; their majority, both of
             the two, leaves a finding without a reference wherever the two disagree, so it grades
-            far fewer reads and only the ones every other reader saw) or ``majority``.
+            about half the reads, only findings both others saw) or ``majority``.
         reader: with ``leave_one_out``, only this radiologist's reads (``R8``); default all.
     """
 
@@ -136,6 +136,7 @@ class VinDrCXR(XBenchDataModule):
         present = set(os.listdir(image_dir))
         merge = MergeReaders(self.supported_classes(), annotated)
         samples, reads, single = [], [], 0
+        self._marks = {}
         for image_id, image_readers in readers.items():
             if f"{image_id}.dicom" not in present:
                 raise FileNotFoundError(
@@ -188,7 +189,7 @@ class VinDrCXR(XBenchDataModule):
         who = f"radiologist {self.reader}" if self.reader else "each radiologist"
         others = "the union" if self.reference == "union" else "the majority (both)"
         rule = (f"VinDr-CXR train: {who}, on every image they read, against {others} of the image's other "
-                "two radiologists' labels and boxes")
+                "radiologists' labels and boxes")
         return ReaderSet(name=name, rule=rule, marks=self._marks)
 
     def _check_reader(self, readers: dict[str, dict[str, int]], source: Path) -> None:
@@ -196,7 +197,7 @@ class VinDrCXR(XBenchDataModule):
         if self.reader not in present:
             raise ValueError(
                 f"--data.reader {self.reader!r} read no image of {source}; the readers present are "
-                f"{', '.join(sorted(present, key=lambda r: (len(r), r)))}. Choose one of them, or drop the option "
+                f"{', '.join(sorted(present, key=reader_order))}. Choose one of them, or drop the option "
                 "to score every reader."
             )
 
@@ -317,7 +318,7 @@ class VinDrCXR(XBenchDataModule):
             **({"reader": self.reader} if self.reader is not None else {}),
             "images": len({image_id for image_id, _ in reads}),
             "reads": len(samples),
-            "reader_ids": sorted({reader for _, reader in reads}, key=lambda r: (len(r), r)),
+            "reader_ids": sorted({reader for _, reader in reads}, key=reader_order),
             "images_with_one_reader_skipped": single,
             "reads_with_reference": {
                 key: {"reads": len(found), "radiographs": len({image_id for image_id, _ in found}),
@@ -364,6 +365,11 @@ class MergeReaders:
             for key in self.supported
             if key in own or reader in boxes.get(key, {})
         }
+
+
+def reader_order(reader: str) -> tuple[int, str]:
+    """``R2`` before ``R10``: reader ids in the order a person reads them."""
+    return len(reader), reader
 
 
 def agree(rule: str, votes: int, readers: int) -> int:
