@@ -3354,3 +3354,70 @@ def test_a_model_runs_from_a_hub_id_through_python_m_xbench_test(phantom_root, t
         assert result.returncode == 0 and "NETWORK CALL" not in output, output[-3000:]
         payload = json.loads((only_folder(tmp_path / name) / "metrics.json").read_text())
         assert payload["model"] == name and payload["data"]["images_evaluated"] == 9
+
+
+# =============================================================================================
+# Issue 49.3/49.6: VinDr-CXR's readers scored against each other (readers: leave_one_out) -- a
+# reader id no image has, options that need leave_one_out, an image read by one radiologist.
+# =============================================================================================
+
+def vindr_train(root, boxes, labels):
+    from test_vindr import ramp, write_physionet
+
+    images = {image_id: dict(pixels=ramp(12, 30), bits_stored=12) for image_id, _, _ in labels}
+    return write_physionet(root, "train", images, boxes, labels)
+
+
+VINDR_BOXES = [("v1", "R1", "Cardiomegaly", (10.0, 10.0, 30.0, 20.0)), ("v1", "R2", "No finding", None),
+               ("v1", "R10", "Cardiomegaly", (12.0, 8.0, 28.0, 22.0))]
+VINDR_LABELS = [("v1", "R1", {"Cardiomegaly": 1}), ("v1", "R2", {"No finding": 1}), ("v1", "R10", {"Cardiomegaly": 1})]
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    (("--data.readers", "leave_one_out", "--data.reader", "R99"),
+     ("--data.reader 'R99' read no image of", "image_labels_train.csv", "the readers present are R1, R2, R10")),
+    (("--data.reader", "R1"), ("--data.reader R1 applies only to --data.readers leave_one_out",)),
+    (("--data.readers", "majority", "--data.reference", "union"),
+     ("--data.reference union applies only to --data.readers leave_one_out",)),
+    (("--data.readers", "leave_one_out", "--data.reference", "both"),
+     ("option 'reference': Expected a typing.Literal['union', 'majority']",)),
+])
+def test_vindr_reader_options_are_named(tmp_path, capsys, extra, named):
+    root = vindr_train(tmp_path / "vindr", VINDR_BOXES, VINDR_LABELS)
+    args = quiet_run("human", "vindr", root, tmp_path / "results", "--data.split", "train", *extra)
+    code, err = run_cli(args, capsys)
+    assert code in (1, 2) and all(name in err for name in named) and "Traceback" not in err, err
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_vindr_leave_one_out_needs_the_train_split_and_human_needs_it(tmp_path, capsys):
+    root = vindr_train(tmp_path / "vindr", VINDR_BOXES, VINDR_LABELS)
+    code, err = run_cli(quiet_run("human", "vindr", root, tmp_path / "results", "--data.readers", "leave_one_out"),
+                        capsys)
+    assert_one_line(code, err, 1, "--data.readers leave_one_out needs --data.split train")
+    code, err = run_cli(quiet_run("human", "vindr", root, tmp_path / "results", "--data.split", "train"), capsys)
+    assert_one_line(code, err, 1, "--model human scores a second reader, and VinDrCXR as configured has none")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_vindr_a_reader_id_holding_the_read_separator_is_named(tmp_path, capsys):
+    boxes = [*VINDR_BOXES[:2], ("v1", "R#3", "No finding", None)]
+    labels = [*VINDR_LABELS[:2], ("v1", "R#3", {"No finding": 1})]
+    root = vindr_train(tmp_path / "vindr", boxes, labels)
+    args = quiet_run("human", "vindr", root, tmp_path / "results", "--data.split", "train",
+                     "--data.readers", "leave_one_out")
+    code, err = run_cli(args, capsys)
+    assert_one_line(code, err, 1, "image_labels_train.csv, line 4", "'R#3'", "rename the reader")
+
+
+def test_vindr_an_image_read_once_is_a_counted_skip(tmp_path):
+    """Leave-one-out needs another reader: an image with one is skipped, warned and counted."""
+    boxes = [*VINDR_BOXES, ("v2", "R1", "Cardiomegaly", (1.0, 1.0, 9.0, 9.0))]
+    labels = [*VINDR_LABELS, ("v2", "R1", {"Cardiomegaly": 1})]
+    root = vindr_train(tmp_path / "vindr", boxes, labels)
+    with pytest.warns(UserWarning, match="skipped 1 images of .*image_labels_train.csv read by one radiologist"):
+        results = main(quiet_run("human", "vindr", root, tmp_path / "results", "--data.split", "train",
+                                 "--data.readers", "leave_one_out"))
+    notes = results["data"]["notes"]
+    assert notes["images_with_one_reader_skipped"] == 1 and notes["reads"] == 3 and notes["images"] == 1
+    assert results["grounding"]["per_class"]["cardiomegaly"]["pairs"] == 3  # R2's read too: the others drew it
