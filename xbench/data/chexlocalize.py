@@ -102,6 +102,8 @@ class CheXlocalize(XBenchDataModule):
                 "the JSON and the CSV must be of the same split."
             )
         self._note(samples, len(regions))
+        if self.human_benchmark:  # read with the index, so a bad file stops the run before any image is decoded
+            self._readers = self._read_human_benchmark(samples)
         return samples
 
     def _label_columns(self, header: list[str], labels_csv: Path) -> dict[str, int]:
@@ -152,16 +154,15 @@ class CheXlocalize(XBenchDataModule):
         regions, its most representative points as salient points), against the ground truth."""
         if not self.human_benchmark:
             return None
-        if self._readers is None:
-            self._readers = self._read_human_benchmark()
+        self.samples  # noqa: B018 (the index reads the human benchmark)
         return self._readers
 
-    def _read_human_benchmark(self) -> ReaderSet:
+    def _read_human_benchmark(self, samples: list[Sample]) -> ReaderSet:
         folder = self.root / "CheXlocalize"
         segmentations_json = self.require(folder / "hb_segmentations_test.json",
                                           "the human benchmark's segmentation JSON")
         points_json = self.require(folder / "hb_salient_pt_test.json", "the human benchmark's salient-point JSON")
-        sizes = {s.image_id: _native_size(s.path) for s in self.samples}
+        sizes = {s.image_id: _native_size(s.path) for s in samples}
         segmentations = self._read_by_pathology(segmentations_json, "RLE", CocoRLE.from_json)
         points = self._read_by_pathology(points_json, "point list", _points)
         for path, entries in ((segmentations_json, segmentations), (points_json, points)):
