@@ -210,6 +210,12 @@ def test_the_human_benchmark_runs_as_a_model(release, tmp_path):
     assert folder.name.startswith("human:chexlocalize-hb__chexlocalize__")
     payload = json.loads((folder / "metrics.json").read_text())
     assert payload["model"] == "human:chexlocalize-hb" and payload["human"]
+    notes = payload["data"]["notes"]["human_benchmark"]
+    assert notes["images_without_segmentations"] == notes["images_without_salient_points"] == 1  # ABSENT_CXR
+    hb = json.loads((root / "CheXlocalize" / "hb_segmentations_test.json").read_text())
+    drawn = sum(coco_mask.area({"size": rle["size"], "counts": rle["counts"].encode()}) > 0
+                for found in hb.values() for task, rle in found.items() if task == "Edema")
+    assert notes["segmentations"]["edema"] == drawn > 0
     with gzip.open(folder / "pairs.csv.gz", "rt") as handle:
         pairs = pd.read_csv(handle)
     graded = pairs[pairs.graded]

@@ -76,14 +76,15 @@ class ScoreTable:
         score (each is a row of the resample, as every CXR of their ground-truth file is); a pair
         absent from ``scores`` is NaN. A score for a CXR or task not listed is an error."""
         rows, columns = sorted(set(cxr_ids)), tuple(tasks)
-        unknown = sorted(pair for pair in scores if pair[0] not in set(rows) or pair[1] not in set(columns))
+        row_of = {cxr_id: i for i, cxr_id in enumerate(rows)}
+        column_of = {task: j for j, task in enumerate(columns)}
+        unknown = sorted(pair for pair in scores if pair[0] not in row_of or pair[1] not in column_of)
         if unknown:
             raise ValueError(f"{len(unknown)} scores name a CXR or task outside the table (e.g. {unknown[0]}); "
                              f"the table has {len(rows)} CXRs and the tasks {list(columns)}")
         values = np.full((len(rows), len(columns)), np.nan)
-        where = {cxr_id: i for i, cxr_id in enumerate(rows)}
         for (cxr_id, task), value in scores.items():
-            values[where[cxr_id], columns.index(task)] = value
+            values[row_of[cxr_id], column_of[task]] = value
         return cls(tuple(rows), columns, values)
 
 
