@@ -21,6 +21,11 @@ order of two files.
 `paired_gap` states that pairing: one resample of the CXRs for model and HB, model − HB and the
 percentage decrease per replicate, the estimate from the sample itself (not the replicates' mean)
 and XBench's percentile interval (`xbench.metrics.bootstrap`).
+
+A caller (the report) puts each side's per-(image, task) values, a model's and the human
+benchmark's, into a [`ScoreTable`][xbench.metrics.human_benchmark.ScoreTable] over the same CXRs
+and tasks, then calls [`percentage_decrease`][xbench.metrics.human_benchmark.percentage_decrease]
+(their numbers) and [`paired_gap`][xbench.metrics.human_benchmark.paired_gap] (XBench's).
 """
 
 from __future__ import annotations
