@@ -3421,3 +3421,82 @@ def test_vindr_an_image_read_once_is_a_counted_skip(tmp_path):
     notes = results["data"]["notes"]
     assert notes["images_with_one_reader_skipped"] == 1 and notes["reads"] == 3 and notes["images"] == 1
     assert results["grounding"]["per_class"]["cardiomegaly"]["pairs"] == 3  # R2's read too: the others drew it
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CheXlocalize's human benchmark (issue 49.2): an HB file of another split, the val split asked for it,
+# an HB mask not at the image's size, a point outside the image, a point list that is no list of points.
+# ---------------------------------------------------------------------------------------------------------
+
+from test_chexlocalize_hb import TOOL as HB_TOOL  # noqa: E402
+
+
+@pytest.fixture
+def hb_release(tmp_path):
+    root = tmp_path / "chexlocalize"
+    HB_TOOL.write_release(root)
+    return root
+
+
+def _hb_run(root, results, capsys, *extra):
+    return run_cli(run_args("human", "chexlocalize", root, results, "--data.human_benchmark", "true",
+                            "--trainer.logger", "false", "--data.cache", "false", *extra, image_size=16), capsys)
+
+
+def _rewrite(path, change):
+    payload = json.loads(path.read_text())
+    change(payload)
+    path.write_text(json.dumps(payload))
+
+
+@pytest.mark.parametrize("name", ["hb_segmentations_test.json", "hb_salient_pt_test.json"])
+def test_a_human_benchmark_file_of_another_split_is_named(hb_release, tmp_path, capsys, name):
+    """The val split's ids (patient64541...) in a test HB file: no image of the split."""
+    path = hb_release / "CheXlocalize" / name
+    _rewrite(path, lambda p: p.update({f"patient{64541 + i}_study1_view1_frontal": p.pop(cxr_id)
+                                       for i, cxr_id in enumerate(list(p))}))
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys)
+    assert code == 1 and str(path) in err and "CXRs are no image of the test split" in err, err
+    assert "e.g. patient64541_study1_view1_frontal" in err and "must be the test split's" in err
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+def test_the_val_split_asked_for_its_human_benchmark_is_named(hb_release, tmp_path, capsys):
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys, "--data.split", "val")
+    assert code == 1 and "--data.human_benchmark" in err and "the val split has none" in err, err
+    assert "--data.split test" in err
+
+
+def test_a_model_human_without_the_human_benchmark_is_named(hb_release, tmp_path, capsys):
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys, "--data.human_benchmark", "false")
+    assert code == 1 and "has none" in err and "human-agreement.md" in err, err
+
+
+def test_a_human_benchmark_mask_not_at_the_image_size_is_named(hb_release, tmp_path, capsys):
+    path = hb_release / "CheXlocalize" / "hb_segmentations_test.json"
+    cxr_id = HB_TOOL.CXR_IDS[1]
+    _rewrite(path, lambda p: p[cxr_id].update({"Edema": HB_TOOL.encode(np.ones((5, 7), bool))}))
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys)
+    assert code == 1 and f"{cxr_id}, 'Edema'" in err and "the mask is 5x7" in err and "24x20" in err, err
+
+
+@pytest.mark.parametrize(("point", "message"), [
+    ([20.0, 3.0], "point (x, y) = (20.0, 3.0) lies outside the 20x24"),  # x = width: one column past the edge
+    ([-0.5, 3.0], "point (x, y) = (-0.5, 3.0) lies outside"),  # their int() would read column 0
+    ([3.0], "expected a list of points [[x, y], ...]"),
+    (["3", 4], "expected a list of points [[x, y], ...]"),
+])
+def test_a_bad_salient_point_is_named(hb_release, tmp_path, capsys, point, message):
+    path = hb_release / "CheXlocalize" / "hb_salient_pt_test.json"
+    cxr_id = HB_TOOL.CXR_IDS[1]
+    _rewrite(path, lambda p: p.setdefault(cxr_id, {}).update({"Support Devices": [point]}))
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys)
+    assert code == 1 and str(path) in err and cxr_id in err and message in err, err
+
+
+def test_both_spellings_of_one_finding_in_the_human_benchmark_are_named(hb_release, tmp_path, capsys):
+    path = hb_release / "CheXlocalize" / "hb_salient_pt_test.json"
+    cxr_id = HB_TOOL.CXR_IDS[0]
+    _rewrite(path, lambda p: p[cxr_id].update({"Airspace Opacity": [[1.0, 1.0]], "Lung Opacity": [[2.0, 2.0]]}))
+    code, err = _hb_run(hb_release, tmp_path / "results", capsys)
+    assert code == 1 and "a second point list for lung_opacity" in err, err
