@@ -19,6 +19,7 @@ from xbench.analysis.pipeline import Analysis, analyze
 from xbench.analysis.settings import QUERY_VIEWS, add_arguments, from_arguments
 from xbench.analysis.tables import analysis_json, analysis_tables
 from xbench.reporting.analysis_summary import analysis_markdown
+from xbench.reporting.wandb import human_gap_keys
 from xbench.files import atomic_write
 
 
@@ -48,6 +49,7 @@ def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFram
         written.append(out / f"{name}.csv")
         atomic_write(written[-1], lambda p, frame=frame: frame.to_csv(p, index=False))
     payload = analysis_json(analysis, tables)
+    payload["wandb"] = human_gap_keys(tables["human_gaps"])  # NaN (undefined) is written as null
     written.append(out / "analysis.json")
     atomic_write(written[-1], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
     summary = analysis_markdown(analysis, tables)

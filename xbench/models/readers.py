@@ -44,7 +44,8 @@ class HumanReader(XBenchModel):
         return logits.to(device), maps.to(device)
 
     def display(self) -> str:
-        return f"Human readers ({self.readers.name})" if self.readers is not None else "Human readers"
+        """The reader set's name (``phantom-second``): the report marks its rows *human*."""
+        return self.readers.name if self.readers is not None else self.model_name()
 
     def extra_results(self) -> dict:
         # beside metrics.json's flag "human": true (the base's), which a section under the same key would replace
