@@ -299,3 +299,25 @@ def test_a_human_row_without_the_analysis_is_shown_without_gaps(images, tmp_path
     report = (tmp_path / "report" / "report.md").read_text()
     assert "*phantom-second (human)*" in report and "need the analysis" in report
     assert not list((tmp_path / "report" / "tables").glob("human_gap_*"))
+
+
+def test_models_with_validation_runs_sit_beside_a_human_run_without_one(images):
+    """A human reader's binary map needs no calibrated threshold: with the models' validation runs
+    given, the human run is cross-fitted, not refused."""
+    import dataclasses
+
+    from xbench.analysis.pipeline import analyze_dataset
+    from xbench.analysis.runs import group_runs, load_run
+    from xbench.analysis.settings import Settings
+
+    _, folders = images
+    runs = [load_run(folder) for folder in folders.values()]
+    model = next(run for run in runs if not run.human)
+    validation = dataclasses.replace(model, path=model.path.with_name("validation"),
+                                     image_ids=tuple(f"val-{i}" for i in model.image_ids))
+    (group,) = group_runs(runs, [validation])
+    assert set(group.validation) == {"centre_prior"}
+    analysis = analyze_dataset(group, Settings(replicates=5, folds=2))
+    calibration = {run.label: run.calibration for run in analysis.runs}
+    assert calibration == {"centre_prior": "validation (validation)",
+                           "human:phantom-second": "cross-fitting (2 folds)"}

@@ -147,7 +147,7 @@ def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
         validation_weights = resample_weights(
             len(reference.image_ids), settings.replicates, random_stream(settings.seed, group.dataset, "validation"),
             groups=reference.radiographs if reference.reads else None)
-    else:
+    if any(label not in group.validation for label in group.runs):  # cross-fitted (a human run has no validation)
         folds = assign_folds(num_images, settings.folds, random_stream(settings.seed, group.dataset, "folds"),
                              groups=radiographs)
     results = []

@@ -327,8 +327,8 @@ def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[Data
             if matches:
                 attached[label] = matches[0]
                 unused.remove(matches[0])
-        if attached and len(attached) != len(members):
-            lacking = [str(run.path) for label, run in zip(labels, members) if label not in attached]
+        lacking = [str(run.path) for label, run in zip(labels, members) if label not in attached and not run.human]
+        if attached and lacking:  # a human reader's binary map needs no threshold: its τ is cross-fitted
             raise ValueError(
                 f"on {dataset}, some models have a validation folder and these do not: {', '.join(lacking)}. "
                 "Give every model its validation run, or none (then thresholds are cross-fitted)"
