@@ -87,7 +87,7 @@ class DatasetAnalysis:
     strata: list[str]
     runs: list[RunAnalysis]
     #: The radiographs resampled: ``num_images`` unless the samples are reads (several per radiograph).
-    radiographs: int = 0
+    radiographs: int
 
 
 @dataclass(frozen=True)

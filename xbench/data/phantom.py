@@ -59,10 +59,10 @@ def reader_name(reads: int) -> str:
     return "phantom-second" if reads == 1 else f"phantom-second-x{reads}"
 
 
-def second_reader_set(samples: list[Sample], seed: int, reads: int) -> ReaderSet:
-    """The synthetic second reader's marks on every sample, deterministic in ``seed`` and each
-    sample's index: per finding with a region, missed with probability `MISSED`, else every box
-    jittered (`SHIFT`, `SCALE`) and kept inside the image."""
+def second_reader_set(samples: list[Sample], size: int, seed: int, reads: int) -> ReaderSet:
+    """The synthetic second reader's marks on every sample (images ``size`` pixels square),
+    deterministic in ``seed`` and each sample's index: per finding with a region, missed with
+    probability `MISSED`, else every box jittered (`SHIFT`, `SCALE`) and kept inside the image."""
     marks = {}
     for index, sample in enumerate(samples):
         rng = np.random.default_rng([seed, 1, index])
@@ -78,7 +78,7 @@ def second_reader_set(samples: list[Sample], seed: int, reads: int) -> ReaderSet
                 sx, sy = 1 + rng.uniform(-SCALE, SCALE, 2)
                 cx, cy = (x1 + x2) / 2 + dx, (y1 + y2) / 2 + dy
                 boxes.append((max(cx - sx * width / 2, 0.0), max(cy - sy * height / 2, 0.0),
-                              cx + sx * width / 2, cy + sy * height / 2))
+                              min(cx + sx * width / 2, size), min(cy + sy * height / 2, size)))
             by_class[key] = ReaderMark(label=1, region=Boxes(tuple(boxes)))
         marks[sample.image_id] = by_class
     rule = READER_RULE.format(shift=SHIFT, scale=SCALE, missed=MISSED)
@@ -199,4 +199,6 @@ class Phantom(ChestXDet10):
                 for k in range(1, self.read_count + 1)]
 
     def reader_set(self) -> ReaderSet | None:
-        return second_reader_set(self.samples, self.seed, self.read_count) if self.second_reader else None
+        if not self.second_reader:
+            return None
+        return second_reader_set(self.samples, self.native_size, self.seed, self.read_count)
