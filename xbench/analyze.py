@@ -19,7 +19,6 @@ from xbench.analysis.pipeline import Analysis, analyze
 from xbench.analysis.settings import QUERY_VIEWS, add_arguments, from_arguments
 from xbench.analysis.tables import analysis_json, analysis_tables
 from xbench.reporting.analysis_summary import analysis_markdown
-from xbench.reporting.wandb import human_gap_keys
 from xbench.files import atomic_write
 
 
@@ -42,6 +41,8 @@ def parse_args(args: list[str] | None) -> argparse.Namespace:
 def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFrame], list[Path]]:
     """Write every table as ``<name>.csv``, all of them in ``analysis.json``, and ``summary.md``
     under ``out``; return the tables and the files written."""
+    from xbench.reporting.wandb import human_gap_keys  # noqa: PLC0415 -- Lightning's loggers, only when writing
+
     tables = analysis_tables(analysis)
     out.mkdir(parents=True, exist_ok=True)
     written = []
