@@ -3500,3 +3500,78 @@ def test_both_spellings_of_one_finding_in_the_human_benchmark_are_named(hb_relea
     _rewrite(path, lambda p: p[cxr_id].update({"Airspace Opacity": [[1.0, 1.0]], "Lung Opacity": [[2.0, 2.0]]}))
     code, err = _hb_run(hb_release, tmp_path / "results", capsys)
     assert code == 1 and "a second point list for lung_opacity" in err, err
+
+
+# -- issue 49.5: human reader sets in the analysis and the report ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def human_runs(tmp_path_factory):
+    """The centre prior and the phantom's second reader on 6 images, and the reader alone on 5
+    other ones; each folder under its own ``results`` root, by name."""
+    root = tmp_path_factory.mktemp("human_bad")
+    phantom = ("--data.native_size", "48", "--data.second_reader", "true")
+    for name, model, images in (("pair", "centre_prior", "6"), ("pair", "human", "6"), ("other", "human", "5")):
+        main(quiet_run(model, "phantom", root / f"phantom{images}", root / name, *phantom,
+                       "--data.num_images", images, image_size=16))
+    return root
+
+
+def _human_copy(human_runs, tmp_path, change=None, which="human-*"):
+    """A copy of the pair's results, the folder matching ``which`` edited by ``change`` and resealed."""
+    import shutil
+
+    copy = tmp_path / "results"
+    shutil.copytree(human_runs / "pair", copy)
+    (folder,) = copy.glob(f"{which}__*")
+    if change is not None:
+        _edit_json(folder, change)
+        reseal(folder)
+    return copy, folder
+
+
+def test_a_human_folder_on_other_images_than_the_models_is_named(human_runs, tmp_path, capsys):
+    import shutil
+
+    from xbench.analyze import main as analyze_main
+
+    copy, folder = _human_copy(human_runs, tmp_path)
+    shutil.rmtree(folder)
+    (other,) = (human_runs / "other").iterdir()
+    shutil.copytree(other, copy / other.name)
+    code, err = run_command(analyze_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
+                            "xbench-analyze", capsys)
+    assert_one_line(code, err, 1, f"the human reader's folder {copy / other.name} is on other images of phantom",
+                    "only in", "run the models and --model human on the same split")
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (lambda p: {**p, "instrument": True}, "claims to be both a test instrument"),
+    (lambda p: {k: v for k, v in p.items() if k != "reader_set"}, "'human' is true but 'reader_set'"),
+    (lambda p: {**p, "human": "yes"}, "'human' is 'yes', not true or false"),
+    (lambda p: {**p, "data": {**p["data"], "reads": 1}}, "'data.reads' is 1, not true or false"),
+])
+def test_a_folder_that_misstates_its_kind_is_named_by_the_report(human_runs, tmp_path, capsys, change, named):
+    from xbench.report import main as report_main
+
+    copy, folder = _human_copy(human_runs, tmp_path, change)
+    code, err = run_command(report_main, [str(copy), "--out", str(tmp_path / "out"), "--no-analysis"],
+                            "xbench-report", capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), named)
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_a_folder_that_claims_reads_without_reads_ids_is_named(human_runs, tmp_path, capsys):
+    from xbench.analyze import main as analyze_main
+
+    copy, folder = _human_copy(human_runs, tmp_path, lambda p: {**p, "data": {**p["data"], "reads": True}},
+                               which="centre_prior")
+    code, err = run_command(analyze_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
+                            "xbench-analyze", capsys)
+    assert_one_line(code, err, 1, str(folder / "metrics.json"), "data.reads is true", "are not reads' ids")
+
+
+def test_model_human_on_a_dataset_without_a_second_reader_is_named(phantom_root, tmp_path, capsys):
+    code, err = run_cli(quiet_run("human", "phantom", phantom_root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "--model human scores a second reader", "Phantom as configured has none")
+    assert left_behind(tmp_path / "results") == []

@@ -41,6 +41,8 @@ def parse_args(args: list[str] | None) -> argparse.Namespace:
 def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFrame], list[Path]]:
     """Write every table as ``<name>.csv``, all of them in ``analysis.json``, and ``summary.md``
     under ``out``; return the tables and the files written."""
+    from xbench.reporting.wandb import human_gap_keys  # noqa: PLC0415 -- Lightning's loggers, only when writing
+
     tables = analysis_tables(analysis)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -48,6 +50,7 @@ def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFram
         written.append(out / f"{name}.csv")
         atomic_write(written[-1], lambda p, frame=frame: frame.to_csv(p, index=False))
     payload = analysis_json(analysis, tables)
+    payload["wandb"] = human_gap_keys(tables["human_gaps"])  # each model's W&B keys of its gaps to the human readers
     written.append(out / "analysis.json")
     atomic_write(written[-1], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
     summary = analysis_markdown(analysis, tables)

@@ -7,10 +7,13 @@ dataset; older ones are listed as superseded) and writes, without re-running any
   threshold per model and dataset) and its fixed-threshold twin, Dice at the calibrated
   threshold, a per-class Pointing Game table per multi-class dataset, the recognition table, the
   paired differences between models and the lesion-size strata per dataset, and the R² of
-  recognition against grounding;
+  recognition against grounding; with a human reader set, its row in each grounding table (marked
+  *human*, never ranked) and each model's gap to it per finding (model − human and the percentage
+  decrease, with paired intervals), with a summary line per dataset at the top of the report;
 - ``figures/<name>.png``: recognition against grounding with R², Dice at tau = 0.5 against the
-  best tau, Dice against tau, grounding by lesion size, and the saliency overlays of the same
-  images for every model;
+  best tau, Dice against tau, grounding by lesion size, each model's grounding per finding against
+  the human readers' band (where a human reader set ran, ``--model human``), and the saliency
+  overlays of the same images for every model;
 - ``analysis/``: the analysis behind the intervals, as ``python -m xbench.analyze`` writes it;
 - with runs that ran the sanity or faithfulness check (``--sanity.images``, ``--faithfulness.images``):
   plausibility, faithfulness and sanity side by side, the cascade of each model as a table and a
@@ -44,6 +47,7 @@ from rich.console import Console
 from xbench.cli import InputError, run
 from xbench.console import counted
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
+from xbench.reporting.analysis_summary import NO_HUMAN_LINE, reach_lines
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
 from xbench.reporting.figures import DPI, paper_figures, robustness
@@ -59,12 +63,14 @@ ANALYSIS_FOLDER = "analysis"
 
 
 def _runs_section(bench: Benchmark) -> list[str]:
-    runs = [(m, d, None, bench_run) for (m, d), bench_run in [*bench.runs.items(), *bench.ceilings.items()]]
+    runs = [(m, d, None, bench_run) for (m, d), bench_run in
+            [*bench.runs.items(), *bench.humans.items(), *bench.ceilings.items()]]
     runs += [(m, d, p, bench_run) for (m, d, p), bench_run in bench.perturbed.items()]
     rows = []
     for model, dataset, perturbation, bench_run in runs:
         data = bench_run.results["data"]
-        label = bench.model_label(model) + (" (ceiling)" if bench_run.instrument else "")
+        label = bench.model_label(model) + (" (ceiling)" if bench_run.instrument else " (human)" if bench_run.human
+                                            else "")
         rows.append([label, bench.dataset_label(dataset), perturbation or "–",
                      f"{data['images_evaluated']} of {data['images_in_split']}", bench_run.results["created"],
                      f"`{bench_run.folder}`"])
@@ -86,13 +92,14 @@ def progress(text: str) -> AbstractContextManager:
 
 def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: Path) -> tuple[ReportAnalysis, list[Path]]:
     """Run ``xbench.analysis`` on the report's runs (the newest unperturbed run of every model and
-    instrument on every dataset) and write its files under ``out``, as ``python -m xbench.analyze`` does."""
+    instrument and human reader set on every dataset) and write its files under ``out``, as ``python -m
+    xbench.analyze`` does."""
     from xbench.analysis.pipeline import analyze
     from xbench.analyze import write_analysis
 
     try:
         folders = [bench.get(model, dataset).folder for dataset in bench.datasets
-                   for model in bench.models_on(dataset) + bench.instruments_on(dataset)]
+                   for model in bench.models_on(dataset) + bench.readers_on(dataset) + bench.instruments_on(dataset)]
         analysis = analyze(folders, validation, settings)
     except (ValueError, FileNotFoundError) as error:
         raise type(error)(
@@ -102,12 +109,17 @@ def analyse(bench: Benchmark, settings: Settings, validation: list[Path], out: P
     return ReportAnalysis(settings, tables), written
 
 
-def _intervals_line(analysis: ReportAnalysis | None) -> str:
+def _intervals_line(analysis: ReportAnalysis | None, bench: Benchmark) -> str:
     if analysis is None:
         return "Without the analysis (`--no-analysis`): no intervals, calibrated thresholds or lesion-size strata."
     s = analysis.settings
+    reads = [bench.dataset_label(d) for d in bench.datasets
+             if any(bench.get(m, d).results["data"].get("reads") for m in bench.models_on(d) + bench.readers_on(d))]
+    radiographs = (f" (on {', '.join(reads)}, whose samples are radiologists' reads, radiographs are resampled, each "
+                   "with all its reads)") if reads else ""
     return (f"Numbers in brackets: {100 * s.confidence:g}% bootstrap percentile intervals, {s.replicates} replicates "
-            f"(seed {s.seed}), images resampled with replacement and paired across the models of a dataset. "
+            f"(seed {s.seed}), images resampled with replacement{radiographs} and paired across the models of a "
+            "dataset. "
             f"The analysis behind them, for programs: [{ANALYSIS_FOLDER}/]({ANALYSIS_FOLDER}/) "
             "(CSV and JSON, as `python -m xbench.analyze` writes them).")
 
@@ -164,6 +176,17 @@ def _reproduction_section(reproductions: list[Reproduction], bench: Benchmark,
     return lines, tables
 
 
+def _human_lines(bench: Benchmark, analysis: ReportAnalysis | None) -> list[str]:
+    """The human scale's summary lines: how far the best model reaches on each dataset with a human
+    reader set; one line saying there is none where no dataset has one (never a made-up ceiling)."""
+    if not bench.humans:
+        return [NO_HUMAN_LINE]
+    if analysis is None:
+        return ["The human readers' rows are in the grounding tables; their gaps to the models need the analysis "
+                "(drop --no-analysis)."]
+    return reach_lines(analysis.tables["human_gaps"], bench.dataset_label, bench.model_label)
+
+
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None,
                  reproductions: list[Reproduction] = (), published: Reference | None = None) -> list[Path]:
     """Write every table and figure under ``out`` and ``out/report.md``; return the files written.
@@ -171,6 +194,7 @@ def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = 
     ``reproductions``: each reference with its comparison, the paper's first; ``published``: values
     shown as rows beside the runs' in the report's own tables (``--published``)."""
     summaries, reproduction = _reproduction_section(list(reproductions), bench, analysis)
+    summaries += _human_lines(bench, analysis)
     tables = paper_tables(bench, analysis, published) + explanation_tables(bench, analysis) if bench.runs else []
     plots = paper_figures(bench, analysis) + explanation_figures(bench, analysis) if bench.runs else []
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
@@ -181,7 +205,7 @@ def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = 
     written: list[Path] = []
     body = ["# XBench report", "",
             f"Built {datetime.now(timezone.utc).isoformat(timespec='seconds')} from {bench.scope()}. "
-            "All numbers in percent unless marked. " + (_intervals_line(analysis) if bench.runs else ""), ""]
+            "All numbers in percent unless marked. " + (_intervals_line(analysis, bench) if bench.runs else ""), ""]
     body += [*(f"- {line}" for line in summaries), ""] if summaries else []
     body += ["## Tables", ""]
     for number, table in enumerate(tables + reproduction, start=1):
@@ -245,7 +269,7 @@ def main(args: list[str] | None = None) -> list[Path]:
     analysis, files = None, []
     if bench.runs and not options.no_analysis:
         settings = from_arguments(options)
-        runs = len(bench.runs) + len(bench.ceilings)
+        runs = len(bench.runs) + len(bench.humans) + len(bench.ceilings)
         with progress(f"Analysing {counted(runs, 'run')}: {settings.replicates} bootstrap replicates..."):
             analysis, files = analyse(bench, settings, options.validation, options.out / ANALYSIS_FOLDER)
     reproductions = [(reference, compare(reference, bench, analysis)) for reference in references]

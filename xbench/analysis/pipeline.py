@@ -86,6 +86,8 @@ class DatasetAnalysis:
     num_images: int
     strata: list[str]
     runs: list[RunAnalysis]
+    #: The radiographs resampled: ``num_images`` unless the samples are reads (several per radiograph).
+    radiographs: int
 
 
 @dataclass(frozen=True)
@@ -134,15 +136,20 @@ def _compare(run: Run, where: str, reported, derived: float, table: str) -> None
 
 
 def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
-    """Every run of one dataset, resampled with the same image weights (paired)."""
+    """Every run of one dataset, resampled with the same image weights (paired); where the samples are
+    reads, radiographs are resampled (and cross-fitted) with all their reads."""
     num_images, num_classes = len(group.image_ids), len(group.classes)
-    weights = resample_weights(num_images, settings.replicates, random_stream(settings.seed, group.dataset, "test"))
+    radiographs = next(iter(group.runs.values())).radiographs if group.reads else None
+    weights = resample_weights(num_images, settings.replicates, random_stream(settings.seed, group.dataset, "test"),
+                               groups=radiographs)
     if group.validation:
         reference = next(iter(group.validation.values()))
         validation_weights = resample_weights(
-            len(reference.image_ids), settings.replicates, random_stream(settings.seed, group.dataset, "validation"))
-    else:
-        folds = assign_folds(num_images, settings.folds, random_stream(settings.seed, group.dataset, "folds"))
+            len(reference.image_ids), settings.replicates, random_stream(settings.seed, group.dataset, "validation"),
+            groups=reference.radiographs if reference.reads else None)
+    if any(label not in group.validation for label in group.runs):  # cross-fitted (a human run has no validation)
+        folds = assign_folds(num_images, settings.folds, random_stream(settings.seed, group.dataset, "folds"),
+                             groups=radiographs)
     results = []
     for label, run in group.runs.items():
         validation = group.validation.get(label)
@@ -159,7 +166,8 @@ def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
             values.update(check_statistics(checked, num_classes, weights))
         results.append(RunAnalysis(label, run, validation, values, grounding.calibrated_tau,
                                    stratum_means(grounding.strata)))
-    return DatasetAnalysis(group.dataset, group.classes, num_images, stratum_labels(settings.size_bins), results)
+    return DatasetAnalysis(group.dataset, group.classes, num_images, stratum_labels(settings.size_bins), results,
+                           int(radiographs.max()) + 1 if radiographs is not None else num_images)
 
 
 def analyze(

@@ -5,7 +5,9 @@ A results folder (``xbench.results.write``) keeps one row per (image, class) in
 CNR and the 101-point counts ``|B_k|``, ``|B_k & R|``. That is all an analysis needs; no model is re-run.
 
 Every run's images are put in the order of their sorted ``image_id``, so two runs on the same
-images line up row for row, whatever order their loaders used.
+images line up row for row, whatever order their loaders used. Where a run's samples are reads
+(``data.reads``: ``<image_id>#<reader>``, `xbench.reads`), `Run.radiographs` names the radiograph of
+each, which the bootstrap resamples with all its reads.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 
 from xbench.analysis.explanations import CheckedPairs, load_checks, pair_cells
 from xbench.metrics.grounding import NUM_THRESHOLDS
+from xbench.reads import READ_SEPARATOR, radiograph_of
 from xbench.results.folder import (
     DAMAGED, METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
     holds_results, read_results, read_table,
@@ -63,6 +66,11 @@ class Run:
     pairs: GradedPairs
     #: A test instrument (the Oracle): analysed, but never compared with a model or fitted.
     instrument: bool = False
+    #: A radiologist scored like a model (``--model human``): analysed, never ranked or fitted, and
+    #: each model's gap to it measured on the same images (`xbench.analysis.tables.human_gap_table`).
+    human: bool = False
+    #: Each sample is one radiologist's read (``data.reads``): intervals resample radiographs.
+    reads: bool = False
     #: The pairs the run's sanity and faithfulness checks scored, by section (``xbench.checks``).
     checks: dict[str, CheckedPairs] = field(default_factory=dict)
     #: The folder's ``metrics.json``: the estimates the records are checked against (`check_estimates`).
@@ -71,6 +79,15 @@ class Run:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def radiographs(self) -> Tensor:
+        """int64 [N]: the radiograph of each sample, numbered 0..G-1 in sorted order; each sample its
+        own where the run's samples are not reads."""
+        if not self.reads:
+            return torch.arange(len(self.image_ids))
+        _, index = np.unique([radiograph_of(i) for i in self.image_ids], return_inverse=True)
+        return torch.from_numpy(index.astype(np.int64))
 
 
 def find_run_folders(paths: Iterable[str | Path]) -> list[Path]:
@@ -144,6 +161,11 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
     graded_cells = np.sort(pair_cells(pairs.image, pairs.cls, len(classes)))
     if queries is not None:
         pairs = _query_pairs(folder, queries, classes, image_ids, frame_pixels)
+    reads = bool(metrics["data"].get("reads", False))
+    not_reads = [i for i in image_ids if READ_SEPARATOR not in i]
+    if reads and not_reads:
+        raise ValueError(f"{metrics_path}: data.reads is true, but {len(not_reads)} image id(s) of {pairs_path} are "
+                         f"not reads' ids <image_id>{READ_SEPARATOR}<reader> (e.g. {not_reads[:3]}); {DAMAGED}")
     model_section = metrics["config"]["model"]
     return Run(
         path=folder,
@@ -160,6 +182,8 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         logits=torch.from_numpy(logits),
         pairs=pairs,
         instrument=bool(metrics.get("instrument")),
+        human=bool(metrics.get("human")),
+        reads=reads,
         checks=load_checks(folder, metrics, classes, image_ids, graded_cells),
         results=metrics,
     )
@@ -239,6 +263,11 @@ class DatasetRuns:
     runs: dict[str, Run]
     validation: dict[str, Run]
 
+    @property
+    def reads(self) -> bool:
+        """Whether the samples are reads (every run agrees, `group_runs`)."""
+        return any(run.reads for run in self.runs.values())
+
 
 def _id_difference(a: Run, b: Run) -> str:
     only_a = sorted(set(a.image_ids) - set(b.image_ids))
@@ -267,11 +296,24 @@ def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[Data
                     f"{run.path} and {first.path} are both on {dataset} but with different classes "
                     f"({list(run.classes)} vs {list(first.classes)}); run every model with the same `data.classes`"
                 )
+            if run.image_ids != first.image_ids and (run.human or first.human):
+                human, other = (run, first) if run.human else (first, run)
+                raise ValueError(
+                    f"the human reader's folder {human.path} is on other images of {dataset} than {other.path}: "
+                    f"{_id_difference(human, other)}. A model's gap to the human readers is paired on the same "
+                    "images: run the models and --model human on the same split and options (the human reader "
+                    "set names its samples; run the models with the same data options)"
+                )
             if run.image_ids != first.image_ids:
                 raise ValueError(
                     f"{run.path} and {first.path} are both on {dataset} but not on the same images: "
                     f"{_id_difference(run, first)}. Paired comparisons need every model on the same split."
                 )
+        if len({run.reads for run in members}) > 1:
+            raise ValueError(f"on {dataset}, " + ", ".join(f"{run.path} ({'reads' if run.reads else 'images'})"
+                                                           for run in members)
+                             + ": some runs' samples are reads and others' are not (data.reads); the folders were "
+                             "edited or come from different XBench versions, re-run them")
         names = [run.model for run in members]
         labels = [run.model if names.count(run.model) == 1 else run.name for run in members]
         attached: dict[str, Run] = {}
@@ -285,8 +327,8 @@ def group_runs(runs: Sequence[Run], validation: Sequence[Run] = ()) -> list[Data
             if matches:
                 attached[label] = matches[0]
                 unused.remove(matches[0])
-        if attached and len(attached) != len(members):
-            lacking = [str(run.path) for label, run in zip(labels, members) if label not in attached]
+        lacking = [str(run.path) for label, run in zip(labels, members) if label not in attached and not run.human]
+        if attached and lacking:  # a human reader's binary map needs no threshold: its τ is cross-fitted
             raise ValueError(
                 f"on {dataset}, some models have a validation folder and these do not: {', '.join(lacking)}. "
                 "Give every model its validation run, or none (then thresholds are cross-fitted)"

@@ -27,6 +27,8 @@ MACRO_METRICS = analysed_keys(macro=True)
 STRATA_METRICS = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated")
 #: Grounding metrics set against macro AUROC in the recognition-vs-grounding correlation.
 CORRELATED = ("pointing_game", "dice@0.5", "dice@best")
+#: The metrics of a model's gap to the human readers: at τ = 0.5, a human reader's binary map.
+HUMAN_GAP_METRICS = ("pointing_game", "dice@0.5", "iou@0.5")
 
 
 def _scalars(interval: dict[str, torch.Tensor], index: int | tuple = ()) -> dict[str, float]:
@@ -51,6 +53,12 @@ def interval_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def ranked(run: RunAnalysis) -> bool:
+    """A model's run: compared with the other models and a point in fits; not an instrument (the
+    Oracle) nor a human reader, which are shown for scale."""
+    return not (run.run.instrument or run.run.human)
+
+
 def comparable(a: RunAnalysis, b: RunAnalysis, metric: str) -> bool:
     """Whether both runs have ``metric`` on the same images: a check's metric (sanity, faithfulness)
     only where both ran it on the same image subset."""
@@ -65,12 +73,12 @@ def comparable(a: RunAnalysis, b: RunAnalysis, metric: str) -> bool:
 def difference_table(analysis: Analysis) -> pd.DataFrame:
     """Paired differences ``model_a - model_b`` for every pair of models on a dataset, per class and
     macro: the difference, its interval, and ``a_better``, the fraction of replicates with A > B (a tie ½).
-    Instruments (the Oracle) are not compared; a check's metrics only between runs that checked the
-    same images."""
+    Instruments (the Oracle) and human readers are not compared (a model's gap to the human readers
+    is `human_gap_table`'s); a check's metrics only between runs that checked the same images."""
     rows = []
     confidence = analysis.settings.confidence
     for data in analysis.datasets:
-        models = [run for run in data.runs if not run.run.instrument]
+        models = [run for run in data.runs if ranked(run)]
         for i, a in enumerate(models):
             for b in models[i + 1:]:
                 for metric in (m for m in MACRO_METRICS if comparable(a, b, m)):
@@ -147,12 +155,12 @@ def strata_table(analysis: Analysis) -> pd.DataFrame:
 def correlation_table(analysis: Analysis) -> pd.DataFrame:
     """R² between macro AUROC and a macro grounding metric over (model, dataset) points: per
     dataset (one point per model) and, with several datasets, over ``all`` of them. Instruments
-    (the Oracle) are not points."""
+    (the Oracle) and human readers are not points."""
     confidence = analysis.settings.confidence
     points: dict[str, list[tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {}
     for data in analysis.datasets:
         points[data.dataset] = [(run.macro("auroc"), {m: run.macro(m) for m in CORRELATED})
-                                for run in data.runs if not run.run.instrument]
+                                for run in data.runs if ranked(run)]
     if len(analysis.datasets) > 1:
         points[ALL] = [p for scope in list(points.values()) for p in scope]
     rows = []
@@ -169,6 +177,51 @@ def correlation_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns).rename(columns={"estimate": "r2"})
 
 
+def percentage_decrease(model: torch.Tensor, human: torch.Tensor, confidence: float) -> dict[str, torch.Tensor]:
+    """``(human - model) / human`` per row (cheXlocalize's percentage decrease, as a fraction): the
+    estimate from row 0's means, the percentile interval over the replicates where it is defined
+    (NaN where the human's value is 0 or either is undefined)."""
+    human = human.double()
+    decrease = torch.where(human != 0, (human - model.double()) / human, float("nan"))
+    return percentile_interval(decrease, confidence)
+
+
+#: The columns of `human_gap_table`, named so that a dataset without a human run gives an empty table with them.
+HUMAN_GAP_COLUMNS = ["dataset", "model", "human", "class", "metric", "model_value", "human_value", "difference",
+                     "difference_lower", "difference_upper", "decrease", "decrease_lower", "decrease_upper",
+                     "replicates"]
+
+
+def human_gap_table(analysis: Analysis) -> pd.DataFrame:
+    """Per dataset with a human reader's run, each model's gap to it, per class and ``macro``, for
+    Pointing Game, Dice and IoU at τ = 0.5 (`HUMAN_GAP_METRICS`): ``difference`` = model − human
+    with its paired bootstrap interval (both from the same resampled radiographs in every replicate),
+    and ``decrease`` = (human − model) / human with its percentile interval; ``replicates``: those
+    where the decrease is defined. The macro rows take each replicate's macro means."""
+    rows = []
+    confidence = analysis.settings.confidence
+    for data in analysis.datasets:
+        humans = [run for run in data.runs if run.run.human]
+        models = [run for run in data.runs if ranked(run)]
+        for human in humans:
+            for model in models:
+                for metric in HUMAN_GAP_METRICS:
+                    for c, key in [*enumerate(data.classes), (None, MACRO)]:
+                        a, b = model.series(metric, c), human.series(metric, c)
+                        difference = paired_difference(a, b, confidence)
+                        decrease = percentage_decrease(a, b, confidence)
+                        rows.append({
+                            "dataset": data.dataset, "model": model.label, "human": human.label, "class": key,
+                            "metric": metric, "model_value": a[0].item(), "human_value": b[0].item(),
+                            "difference": difference["estimate"].item(),
+                            "difference_lower": difference["lower"].item(),
+                            "difference_upper": difference["upper"].item(),
+                            "decrease": decrease["estimate"].item(), "decrease_lower": decrease["lower"].item(),
+                            "decrease_upper": decrease["upper"].item(), "replicates": decrease["replicates"].item(),
+                        })
+    return pd.DataFrame(rows, columns=HUMAN_GAP_COLUMNS)
+
+
 def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """Every table by the file stem the CLI writes it under."""
     return {
@@ -177,6 +230,7 @@ def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
         "calibration": calibration_table(analysis),
         "strata": strata_table(analysis),
         "correlation": correlation_table(analysis),
+        "human_gaps": human_gap_table(analysis),
     }
 
 
@@ -195,8 +249,9 @@ def analysis_json(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> dict:
                      "size_bins": list(s.size_bins)},
         "datasets": [
             {"dataset": data.dataset, "classes": list(data.classes), "images": data.num_images,
-             "strata": data.strata,
-             "runs": [{"label": run.label, "model": run.run.model, "folder": str(run.run.path),
+             "radiographs": data.radiographs, "strata": data.strata,
+             "runs": [{"label": run.label, "model": run.run.model, "human": run.run.human,
+                       "folder": str(run.run.path),
                        "validation": str(run.validation.path) if run.validation else None,
                        "calibration": run.calibration} for run in data.runs]}
             for data in analysis.datasets

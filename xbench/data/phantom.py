@@ -5,6 +5,13 @@ images with dark lung fields, a bright mediastinum and spine, rib-like texture a
 lesion is a soft bright opacity inside a lung whose class is its size -- ``nodule`` small,
 ``mass`` medium, ``consolidation`` large -- and whose box is its tight bounding box. About a
 quarter of the images are negatives. Everything follows from ``seed``.
+
+With ``second_reader``, a synthetic radiologist reads every image (`second_reader_set`): each true
+box shifted and resized by a seeded jitter, and a share of the lesions missed, so a ``--model human``
+run has a human row that is good but not perfect, for the report's human scale to be tested on.
+With ``reads`` > 1, each image is read that many times (samples ``<file>#R1``, ``<file>#R2``, ...,
+`xbench.reads`), each read with its own jitter: intervals then resample radiographs, every read of a
+drawn radiograph with it.
 """
 
 from __future__ import annotations
@@ -20,7 +27,11 @@ from PIL import Image
 
 from xbench.cache import cache_root, check_cache_writable
 from xbench.files import staging_folder
+from xbench.data.base import Sample
 from xbench.data.chestx_det10 import ChestXDet10
+from xbench.data.readers import ReaderMark, ReaderSet
+from xbench.data.regions import Boxes
+from xbench.reads import read_id
 
 #: class key -> (raw ChestX-Det10 spelling, lesion radius range as a fraction of the image side)
 LESIONS = {
@@ -35,6 +46,43 @@ GENERATOR_VERSION = 1
 #: [-1, 1] frame: 2 x the nodule's smallest radius, over the aspect's extreme) must reach half a
 #: pixel's diagonal, sqrt(2) / side.
 MIN_NATIVE_SIZE = math.ceil(math.sqrt(2) / (2 * LESIONS["nodule"][1][0] * min(ASPECT[0], 1 / ASPECT[1])))
+#: The second reader: the share of true lesions (per image and finding) it misses, and how far it
+#: moves each box's centre and scales its sides, as fractions of the box's side.
+MISSED, SHIFT, SCALE = 0.2, 0.3, 0.25
+READER_RULE = ("a synthetic second reader: each true box shifted by up to {shift:.0%} and resized by up to "
+               "{scale:.0%} of its side (seeded per image and read), {missed:.0%} of the findings missed; scored "
+               "against the phantom's true regions")
+
+
+def reader_name(reads: int) -> str:
+    """The reader set's name: ``phantom-second`` (one read per image), ``phantom-second-x3`` (three)."""
+    return "phantom-second" if reads == 1 else f"phantom-second-x{reads}"
+
+
+def second_reader_set(samples: list[Sample], size: int, seed: int, reads: int) -> ReaderSet:
+    """The synthetic second reader's marks on every sample (images ``size`` pixels square),
+    deterministic in ``seed`` and each sample's index: per finding with a region, missed with
+    probability `MISSED`, else every box jittered (`SHIFT`, `SCALE`) and kept inside the image."""
+    marks = {}
+    for index, sample in enumerate(samples):
+        rng = np.random.default_rng([seed, 1, index])
+        by_class = {}
+        for key, region in sample.regions.items():
+            if rng.random() < MISSED:
+                by_class[key] = ReaderMark(label=0)
+                continue
+            boxes = []
+            for x1, y1, x2, y2 in region.xyxy:
+                width, height = x2 - x1, y2 - y1
+                dx, dy = rng.uniform(-SHIFT, SHIFT, 2) * (width, height)
+                sx, sy = 1 + rng.uniform(-SCALE, SCALE, 2)
+                cx, cy = (x1 + x2) / 2 + dx, (y1 + y2) / 2 + dy
+                boxes.append((max(cx - sx * width / 2, 0.0), max(cy - sy * height / 2, 0.0),
+                              min(cx + sx * width / 2, size), min(cy + sy * height / 2, size)))
+            by_class[key] = ReaderMark(label=1, region=Boxes(tuple(boxes)))
+        marks[sample.image_id] = by_class
+    rule = READER_RULE.format(shift=SHIFT, scale=SCALE, missed=MISSED)
+    return ReaderSet(reader_name(reads), rule + ("" if reads == 1 else f"; {reads} reads per image"), marks)
 
 
 def _ellipse(xx, yy, cx, cy, rx, ry):
@@ -106,16 +154,19 @@ class Phantom(ChestXDet10):
         root: where the files are (or will be) written; default ``$XBENCH_CACHE`` or ``~/.cache/xbench``.
         num_images: images in the split. native_size: side of the written PNGs
         (at least `MIN_NATIVE_SIZE`, so that every lesion covers a pixel). seed: the generator's
-        seed.
+        seed. second_reader: a synthetic second reader (`second_reader_set`) for ``--model human``.
+        reads: samples per image, each a read ``<file>#R<k>`` (``1``: one sample per image, not a read).
     """
 
     name = "phantom"
     spellings = "chestx_det10"
 
     def __init__(
-        self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0, **kwargs
+        self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0,
+        second_reader: bool = False, reads: int = 1, **kwargs
     ) -> None:
-        for option, value, least in (("num_images", num_images, 1), ("native_size", native_size, MIN_NATIVE_SIZE)):
+        for option, value, least in (("num_images", num_images, 1), ("native_size", native_size, MIN_NATIVE_SIZE),
+                                     ("reads", reads, 1)):
             if value < least:
                 raise ValueError(f"--data.{option} must be at least {least}; got {value}")
         self.in_cache = root is None
@@ -125,6 +176,9 @@ class Phantom(ChestXDet10):
         self.num_images = num_images
         self.native_size = native_size
         self.seed = seed
+        self.second_reader = second_reader
+        self.read_count = reads
+        self.reads = reads > 1
 
     @classmethod
     def default_classes(cls) -> tuple[str, ...]:
@@ -136,3 +190,15 @@ class Phantom(ChestXDet10):
                 check_cache_writable()
             generate_phantom(self.root, self.num_images, self.native_size, self.seed)
         super().prepare_data()
+
+    def index(self) -> list[Sample]:
+        samples = super().index()
+        if not self.reads:
+            return samples
+        return [Sample(read_id(s.image_id, f"R{k}"), s.path, s.labels, s.regions) for s in samples
+                for k in range(1, self.read_count + 1)]
+
+    def reader_set(self) -> ReaderSet | None:
+        if not self.second_reader:
+            return None
+        return second_reader_set(self.samples, self.native_size, self.seed, self.read_count)

@@ -7,6 +7,10 @@ is all ones -- the sample itself -- so the point estimate and the replicates com
 same computation: in every ``[R + 1, ...]`` tensor of this package, row 0 is the estimate and
 rows 1..R the replicates.
 
+Where a run's samples are reads (several radiologists' reads of one radiograph, `xbench.reads`),
+the unit drawn is the radiograph: a replicate draws G radiographs with replacement and every read of
+a drawn radiograph comes with it (``groups``), since the reads of one image are not independent.
+
 Random streams are keyed by (seed, dataset, purpose), so a dataset's replicates do not depend on
 which other datasets are analysed alongside it, and every model on a dataset gets the same ones
 (paired resampling).
@@ -39,12 +43,21 @@ REPLICATES_PER_BLOCK = 64
 
 
 def resample_weights(num_images: int, replicates: int, rng: np.random.Generator,
-                     block: int = REPLICATES_PER_BLOCK) -> Tensor:
+                     block: int = REPLICATES_PER_BLOCK, groups: Tensor | None = None) -> Tensor:
     """float64 [R + 1, N]: row 0 all ones, row r the multiplicities of replicate r (each sums to N).
 
     Drawn ``block`` replicates at a time from the one stream, in order: the same draws, and so the
-    same weights, as drawing all R x N at once.
+    same weights, as drawing all R x N at once. ``groups``: int64 [N], the radiograph (0..G-1) of
+    each sample where samples are reads: G radiographs are drawn, and each sample weighs as often as
+    its radiograph was drawn (without it, each sample is its own radiograph).
     """
+    if groups is not None:
+        drawn = _multiplicities(int(groups.max()) + 1 if len(groups) else 0, replicates, rng, block)
+        return drawn[:, groups.numpy()].clone()
+    return _multiplicities(num_images, replicates, rng, block)
+
+
+def _multiplicities(num_images: int, replicates: int, rng: np.random.Generator, block: int) -> Tensor:
     weights = np.empty((replicates + 1, num_images))
     weights[0] = 1
     for start in range(0, replicates, block):
@@ -56,8 +69,11 @@ def resample_weights(num_images: int, replicates: int, rng: np.random.Generator,
     return torch.from_numpy(weights)
 
 
-def assign_folds(num_images: int, folds: int, rng: np.random.Generator) -> Tensor:
-    """int64 [N]: the fold of each image, a random partition into ``folds`` near-equal parts."""
+def assign_folds(num_images: int, folds: int, rng: np.random.Generator, groups: Tensor | None = None) -> Tensor:
+    """int64 [N]: the fold of each image, a random partition into ``folds`` near-equal parts;
+    ``groups`` (as `resample_weights`'): the radiographs are partitioned, each read in its radiograph's fold."""
+    if groups is not None:
+        return assign_folds(int(groups.max()) + 1, folds, rng)[groups]
     if not 2 <= folds <= num_images:
         raise ValueError(f"cross-fitting needs 2 <= folds <= images; got {folds} folds for {num_images} images: give "
                          "--folds at most the number of images (or --validation runs)")

@@ -1,16 +1,19 @@
 """The Markdown summary of an `Analysis` (``xbench.analyze``'s
 ``summary.md``): per dataset the macro means with their intervals, paired differences, threshold
-calibration and lesion-size strata, then the recognition-vs-grounding R²."""
+calibration and lesion-size strata, each model's gap to the human readers where a human reader set
+ran, then the recognition-vs-grounding R²."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pandas as pd
 
 from xbench.analysis.pipeline import Analysis, DatasetAnalysis
-from xbench.analysis.tables import ALL, MACRO
+from xbench.analysis.tables import ALL, HUMAN_GAP_METRICS, MACRO
 from xbench.metrics.names import short
 from xbench.reporting.render import markdown_grid
-from xbench.reporting.table import format_interval
+from xbench.reporting.table import format_interval, missing
 
 
 def _markdown_table(headers: list[str], rows: list[list[str]], text_columns: int = 1) -> list[str]:
@@ -18,7 +21,33 @@ def _markdown_table(headers: list[str], rows: list[list[str]], text_columns: int
 
 
 def _label(run) -> str:
-    return f"{run.label} (ceiling)" if run.run.instrument else run.label
+    return f"{run.label} (ceiling)" if run.run.instrument else f"{run.label} (human)" if run.run.human else run.label
+
+
+#: The metric of the human-scale summary line: IoU at τ = 0.5, cheXlocalize's mIoU.
+REACH_METRIC = "iou@0.5"
+NO_HUMAN_LINE = ("No dataset here has a human reader set's results (`python -m xbench.test --model human`), so no "
+                 "human scale is shown: docs/human-agreement.md says which datasets have one.")
+
+
+def reach_lines(gaps: pd.DataFrame, dataset_label: Callable[[str], str] = str,
+                model_label: Callable[[str], str] = str) -> list[str]:
+    """Per dataset and human reader set: ``On <dataset>, the best model reaches X % of the human
+    readers' IoU@0.5 [a, b]``, X = model / human = 1 − the percentage decrease, its interval the
+    decrease's turned round; the best model by its macro `REACH_METRIC`."""
+    lines = []
+    chosen = gaps[(gaps["class"] == MACRO) & (gaps["metric"] == REACH_METRIC)] if len(gaps) else gaps
+    for (dataset, human), frame in chosen.groupby(["dataset", "human"], sort=False):
+        defined = frame.dropna(subset=["model_value"])
+        if defined.empty:
+            continue
+        best = defined.loc[defined["model_value"].idxmax()]
+        percent = lambda value: "–" if missing(value) else f"{100 * value:.1f}"  # noqa: E731
+        lines.append(f"On {dataset_label(dataset)}, the best model, {model_label(best['model'])}, reaches "
+                     f"{percent(1 - best['decrease'])} % of the human readers' {short(REACH_METRIC)} "
+                     f"[{percent(1 - best['decrease_upper'])}, {percent(1 - best['decrease_lower'])}] "
+                     f"({model_label(human)}: {percent(best['human_value'])}).")
+    return lines
 
 
 def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], confidence: float) -> list[str]:
@@ -26,10 +55,14 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
     pick = lambda frame, **where: frame.loc[(frame[list(where)] == pd.Series(where)).all(1)]  # noqa: E731
     intervals = pick(tables["intervals"], dataset=data.dataset, **{"class": MACRO})
     shown = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated", "auroc", "auprc")
-    lines = [f"## {data.dataset} ({data.num_images} images, {len(data.runs)} models)", "",
-             f"Macro means, percent, with {level} bootstrap intervals (images resampled). "
+    images = f"{data.num_images} reads of {data.radiographs} radiographs" if data.radiographs != data.num_images \
+        else f"{data.num_images} images"
+    resampled = "radiographs resampled, each with all its reads" if data.radiographs != data.num_images \
+        else "images resampled"
+    lines = [f"## {data.dataset} ({images}, {len(data.runs)} models)", "",
+             f"Macro means, percent, with {level} bootstrap intervals ({resampled}). "
              "τ* is chosen on the test set itself, τcal where it is not scored. (ceiling): a test instrument, "
-             "never compared.", ""]
+             "never compared; (human): radiologists scored like a model, never ranked.", ""]
     rows = []
     for run in data.runs:
         cells = pick(intervals, model=run.label).set_index("metric")
@@ -72,6 +105,22 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
                 f"{format_interval(*cells.loc[s, ['estimate', 'lower', 'upper']])} (n={cells.loc[s, 'pairs']})"
                 for s in data.strata)])
     lines += _markdown_table(["Model", "Metric", *data.strata], rows, text_columns=2)
+
+    gaps = tables["human_gaps"]
+    gaps = gaps[gaps["dataset"] == data.dataset] if len(gaps) else gaps
+    if len(gaps):
+        lines += ["Each model's gap to the human readers, macro means: model − human (percentage points, paired "
+                  "interval) and the percentage decrease (human − model) / human (percent), at τ = 0.5.", "",
+                  *reach_lines(gaps), ""]
+        rows = []
+        for (model, human), frame in gaps[gaps["class"] == MACRO].groupby(["model", "human"], sort=False):
+            cells = frame.set_index("metric")
+            rows.append([f"{model} − {human}", *(
+                f"{format_interval(*cells.loc[m, ['difference', 'difference_lower', 'difference_upper']])}; "
+                f"{format_interval(*cells.loc[m, ['decrease', 'decrease_lower', 'decrease_upper']])} %"
+                for m in HUMAN_GAP_METRICS)])
+        lines += _markdown_table(["Model − human", *(f"{short(m)} (M − H; % decrease)" for m in HUMAN_GAP_METRICS)],
+                                 rows)
     return lines
 
 
@@ -80,6 +129,8 @@ def analysis_markdown(analysis: Analysis, tables: dict[str, pd.DataFrame]) -> st
     lines = ["# XBench analysis", "",
              f"{s.replicates} bootstrap replicates (seed {s.seed}), {100 * s.confidence:g}% percentile intervals; "
              f"lesion-size boundaries {', '.join(f'{100 * b:g}%' for b in s.size_bins)} of the image area.", ""]
+    if not any(run.run.human for data in analysis.datasets for run in data.runs):
+        lines += [NO_HUMAN_LINE, ""]
     for data in analysis.datasets:
         lines += _dataset_markdown(data, tables, s.confidence)
     correlation = tables["correlation"]

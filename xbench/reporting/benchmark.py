@@ -11,7 +11,9 @@ model and dataset as the reference.
 
 A run of a test instrument (``"instrument": true`` in ``metrics.json``: the Oracle, which reads the
 regions and labels) is not a model either: it is kept apart as the ceiling, shown in the tables
-for scale, never ranked and never a point in a fit or a figure.
+for scale, never ranked and never a point in a fit or a figure. A radiologist scored like a model
+(``"human": true``: ``--model human``) is kept apart the same way, as the human scale: a row of the
+grounding tables, never ranked, and each model's gap to it (`xbench.analysis.tables.human_gap_table`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class Run:
         return bool(self.results.get("instrument"))
 
     @property
+    def human(self) -> bool:
+        return bool(self.results.get("human"))
+
+    @property
     def label(self) -> str:
         """The model as the tables show it: the display name its run wrote (``names.model``), joined by
         a CAM explainer's label (``CLIP · Grad-CAM++``)."""
@@ -113,12 +119,14 @@ class Benchmark:
                 self.superseded.append(newest[key])
             newest[key] = run
         unperturbed = {(m, d): run for (m, d, p), run in newest.items() if p is None}
-        self.runs = {key: run for key, run in unperturbed.items() if not run.instrument}
+        self.runs = {key: run for key, run in unperturbed.items() if not (run.instrument or run.human)}
         self.ceilings = {key: run for key, run in unperturbed.items() if run.instrument}
+        self.humans = {key: run for key, run in unperturbed.items() if run.human}
         self.perturbed = {key: run for key, run in newest.items() if key[2] is not None}
         self.datasets: list[str] = ordered_datasets({d for _, d in unperturbed})
         self.models: list[str] = sorted({m for m, _ in self.runs})
         self.instruments: list[str] = sorted({m for m, _ in self.ceilings})
+        self.readers: list[str] = sorted({m for m, _ in self.humans})
         self._model_labels = self._labels(list(newest.values()))
         self._dataset_labels, self._findings = self._vocabulary(sorted(runs, key=lambda r: r.results["created"]))
 
@@ -152,20 +160,24 @@ class Benchmark:
 
     def scope(self) -> str:
         """What the report is built from, as its header and the command's last line say it: every run
-        it reads (models, ceiling instruments, robustness runs), ``5 runs: 2 models and 1 ceiling
-        instrument (oracle) on 1 dataset (2 robustness runs among them)``."""
-        runs = len(self.runs) + len(self.ceilings) + len(self.perturbed)
-        models = ({m for m, _ in self.runs} | {m for m, _, _ in self.perturbed}) - set(self.instruments)
-        datasets = {d for _, d in self.runs} | {d for _, d in self.ceilings} | {d for _, d, _ in self.perturbed}
+        it reads (models, human reader sets, ceiling instruments, robustness runs), ``5 runs: 2 models
+        and 1 ceiling instrument (oracle) on 1 dataset (2 robustness runs among them)``."""
+        runs = len(self.runs) + len(self.ceilings) + len(self.humans) + len(self.perturbed)
+        models = ({m for m, _ in self.runs} | {m for m, _, _ in self.perturbed}) - set(self.instruments) \
+            - set(self.readers)
+        datasets = {d for _, d in [*self.runs, *self.ceilings, *self.humans]} | {d for _, d, _ in self.perturbed}
         who = counted(len(models), "model")
+        if self.readers:
+            who += f", {counted(len(self.readers), 'human reader set')} ({', '.join(self.readers)})"
         if self.instruments:
             who += f" and {counted(len(self.instruments), 'ceiling instrument')} ({', '.join(self.instruments)})"
         robustness = f" ({counted(len(self.perturbed), 'robustness run')} among them)" if self.perturbed else ""
         return f"{counted(runs, 'run')}: {who} on {counted(len(datasets), 'dataset')}{robustness}"
 
     def get(self, model: str, dataset: str) -> Run | None:
-        """The run of a model or an instrument on a dataset."""
-        return self.runs.get((model, dataset)) or self.ceilings.get((model, dataset))
+        """The run of a model, a human reader set or an instrument on a dataset."""
+        key = (model, dataset)
+        return self.runs.get(key) or self.humans.get(key) or self.ceilings.get(key)
 
     def model_label(self, model: str) -> str:
         return self._model_labels[model]
@@ -197,10 +209,14 @@ class Benchmark:
     def instruments_on(self, dataset: str) -> list[str]:
         return [m for m in self.instruments if (m, dataset) in self.ceilings]
 
+    def readers_on(self, dataset: str) -> list[str]:
+        """The human reader sets run on ``dataset``."""
+        return [m for m in self.readers if (m, dataset) in self.humans]
+
     def classes(self, dataset: str) -> list[str]:
         """The classes of a dataset over all its runs, in the order the runs list them."""
         seen: dict[str, None] = {}
-        for model in self.models_on(dataset) + self.instruments_on(dataset):
+        for model in self.models_on(dataset) + self.readers_on(dataset) + self.instruments_on(dataset):
             seen.update(dict.fromkeys(self.get(model, dataset).results["classes"]))
         return list(seen)
 

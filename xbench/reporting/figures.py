@@ -7,7 +7,9 @@
 - Dice against tau per model (`dice_curves`);
 - with the analysis (``xbench.analysis``): Pointing Game and Dice by lesion size, one line per
   model with bootstrap intervals (`lesion_size`), and the R² of Fig. 3 with its interval;
-- with robustness runs: grounding and recognition under each perturbation (`robustness`).
+- with robustness runs: grounding and recognition under each perturbation (`robustness`);
+- with a human reader set and the analysis: per dataset, each model's grounding per finding against
+  the human readers' band (`human_bands`).
 
 Each function returns `Plot`: the figure and the caption that explains it. Figures use
 matplotlib's object API (no pyplot state), so they can be built in any process. A model keeps
@@ -29,7 +31,7 @@ from matplotlib.lines import Line2D
 
 from xbench.reporting.benchmark import Benchmark
 from xbench.results.folder import read_overlays
-from xbench.analysis.tables import ALL
+from xbench.analysis.tables import ALL, HUMAN_GAP_METRICS, MACRO
 from xbench.metrics.names import long
 from xbench.metrics.names import metric as metric_info
 from xbench.reporting.paper_tables import REFERENCE, ROBUSTNESS_METRICS, STRATA_METRICS, ReportAnalysis, lost_regions
@@ -320,6 +322,75 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
     return Plot("lesion_size", figure, caption)
 
 
+# -- the human scale ---------------------------------------------------------------------------
+
+#: The human readers' bands: a grey per reader set on a dataset.
+HUMAN_BAND_COLOURS = ("0.55", "0.3", "0.75")
+
+
+def human_band(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> Plot:
+    """Pointing Game, Dice and IoU at τ = 0.5 (panels) per finding and for the macro mean (x): each
+    model's estimate with its interval, over the human readers' estimate (a line) and interval (a
+    shaded band) on the same images."""
+    colours = model_colours(bench)
+    keys = [*bench.classes(dataset), MACRO]
+    models, readers = bench.models_on(dataset), bench.readers_on(dataset)
+    figure = _figure(max(6.0, 1.2 * len(keys) * len(HUMAN_GAP_METRICS) / 2 + 2), 3.0)
+    axes = figure.subplots(1, len(HUMAN_GAP_METRICS), squeeze=False)[0]
+    positions = np.arange(len(keys), dtype=float)
+    handles = {}
+
+    def interval(model: str, key: str, metric: str) -> tuple[float, float, float]:
+        grounding = bench.get(model, dataset).results["grounding"]
+        value = (grounding["macro"] if key == MACRO else grounding["per_class"].get(key, {})).get(metric)
+        lower, upper = analysis.interval(dataset, model, key, metric) or (math.nan, math.nan)
+        return tuple(100 * (math.nan if v is None else v) for v in (value, lower, upper))
+
+    for ax, metric in zip(axes, HUMAN_GAP_METRICS):
+        for h, human in enumerate(readers):
+            colour = HUMAN_BAND_COLOURS[h % len(HUMAN_BAND_COLOURS)]
+            for x, key in zip(positions, keys):
+                value, lower, upper = interval(human, key, metric)
+                if math.isnan(value):
+                    continue
+                band = ax.fill_between([x - 0.42, x + 0.42], lower, upper, color=colour, alpha=0.3, linewidth=0)
+                ax.hlines(value, x - 0.42, x + 0.42, color=colour, linewidth=1.6)
+                handles[human] = band
+        for i, model in enumerate(models):
+            found = np.array([interval(model, key, metric) for key in keys])
+            offset = (i - (len(models) - 1) / 2) * min(0.12, 0.6 / max(len(models), 1))
+            handles[model] = ax.errorbar(
+                positions + offset, found[:, 0], yerr=np.nan_to_num(np.stack([found[:, 0] - found[:, 1],
+                                                                              found[:, 2] - found[:, 0]])),
+                color=colours[model], marker=MARKERS[i % len(MARKERS)], markersize=4, linestyle="none", capsize=2.5,
+                elinewidth=0.9)
+        ax.set_xticks(positions, [("Mean" if key == MACRO else bench.short_name(key)) for key in keys])
+        ax.set_xlim(-0.5, len(keys) - 0.5)
+        ax.set_ylim(-3, 103)
+        ax.set_ylabel("percent", fontsize=FONT_SIZE)
+        ax.set_title(long(metric), fontsize=FONT_SIZE + 1)
+        _style(ax)
+        ax.grid(axis="x", visible=False)
+    shown = [*models, *readers]
+    figure.legend([handles[m] for m in shown if m in handles],
+                  [bench.model_label(m) + (" (human)" if m in readers else "") for m in shown if m in handles],
+                  loc="outside lower center", ncols=min(len(handles), 4) or 1, fontsize=FONT_SIZE, frameon=False)
+    level = f"{100 * analysis.settings.confidence:g}%"
+    caption = (
+        f"Grounding against the human readers on {bench.dataset_label(dataset)}: Pointing Game, Dice and IoU at "
+        "τ = 0.5 per finding and for the macro mean (Mean). Grey band: the human readers' value (line) and its "
+        f"{level} bootstrap interval (shaded), scored like a model against the same reference on the same images; "
+        "points: each model's value, error bars its interval (models drawn slightly apart along x). The gaps with "
+        "their paired intervals are in the table of each model's gap to the human readers."
+    )
+    return Plot(f"human_band_{dataset}", figure, caption)
+
+
+def human_bands(bench: Benchmark, analysis: ReportAnalysis) -> list[Plot]:
+    """`human_band` of every dataset with a human reader set and a model."""
+    return [human_band(bench, analysis, d) for d in bench.datasets if bench.readers_on(d) and bench.models_on(d)]
+
+
 # -- robustness --------------------------------------------------------------------------------
 
 #: The robustness figure's panels: Pointing Game, Dice at tau = 0.5, AUROC
@@ -486,7 +557,9 @@ def _overlay_grid(bench: Benchmark, dataset: str, saved: dict, pairs: list[tuple
 
 
 def paper_figures(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Plot]:
-    """Every figure of the report, in order (the lesion-size figure with the analysis)."""
+    """Every figure of the report, in order (the lesion-size figure and the human readers' bands with
+    the analysis)."""
     plots = [recognition_vs_grounding(bench, analysis), dice_gap(bench), dice_curves(bench)]
     strata = lesion_size(bench, analysis) if analysis is not None else None
-    return plots + ([strata] if strata is not None else []) + overlay_grids(bench)
+    humans = human_bands(bench, analysis) if analysis is not None else []
+    return plots + ([strata] if strata is not None else []) + humans + overlay_grids(bench)

@@ -5,7 +5,9 @@ calibration, paired-difference, lesion-size and R² tables.
 Per ranked column (and row group) the best value is bold and the second best underlined
 (`xbench.reporting.table.emphasis`); columns of differences and gaps are not ranked. An
 instrument (the Oracle) is a ceiling row: shown for scale, never ranked, and the analysis leaves it
-out of R² and paired differences. Every number chosen on the evaluated set itself -- Dice and IoU
+out of R² and paired differences. A human reader set (``--model human``) is a human row in each
+grounding table, shown the same way (marked *human*, never ranked), and each model's gap to it gets
+its own table per dataset (`human_gap_tables`). Every number chosen on the evaluated set itself -- Dice and IoU
 at the best threshold tau*, max-F1 and the accuracy at its threshold -- carries a ``*`` in its
 header ([`xbench.metrics.names`][xbench.metrics.names]) and the caption says so.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xbench.analysis.tables import ALL, MACRO
+from xbench.analysis.tables import ALL, HUMAN_GAP_METRICS, MACRO
 from xbench.metrics.names import metric as metric_info, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.reproduction import MEAN, Reference
@@ -32,6 +34,15 @@ CEILING_NOTE = (
     "In italics, marked (ceiling): a test instrument that reads the radiologist's regions and the true labels; "
     "shown for scale, never ranked, and left out of R², fits and paired differences."
 )
+
+
+HUMAN_NOTE = (
+    "In italics, marked (human): radiologists scored like a model against the same reference (docs: How well do "
+    "radiologists agree?), the human scale beside the models, never ranked; a reader's map is binary, so its Dice "
+    "and IoU are those of its map at τ = 0.5 in every Dice and IoU column."
+)
+#: A human row's Dice and IoU in a column of the threshold chosen on the evaluated set: its binary map's.
+HUMAN_VALUE = {"dice@best": "dice@0.5", "iou@best": "iou@0.5"}
 
 
 class ReportAnalysis:
@@ -86,16 +97,22 @@ def _notes(*notes: str) -> str:
     return " ".join(note for note in notes if note)
 
 
-def _entries(bench: Benchmark, dataset: str | None = None) -> list[tuple[str, str, bool]]:
-    """(model, row label, ceiling) of the models (on ``dataset``, or all), then of the instruments."""
+def _entries(bench: Benchmark, dataset: str | None = None, humans: bool = True) -> list[tuple[str, str, dict]]:
+    """(model, row label, how the row stands apart: `Row`'s ``human`` or ``ceiling``) of the models
+    (on ``dataset``, or all), then of the human reader sets (a grounding table's, ``humans``), then
+    of the instruments."""
     models = bench.models if dataset is None else bench.models_on(dataset)
+    readers = (bench.readers if dataset is None else bench.readers_on(dataset)) if humans else []
     ceilings = bench.instruments if dataset is None else bench.instruments_on(dataset)
-    return [(m, bench.model_label(m), False) for m in models] + \
-        [(m, f"{bench.model_label(m)} (ceiling)", True) for m in ceilings]
+    return [(m, bench.model_label(m), {}) for m in models] + \
+        [(m, f"{bench.model_label(m)} (human)", {"human": True}) for m in readers] + \
+        [(m, f"{bench.model_label(m)} (ceiling)", {"ceiling": True}) for m in ceilings]
 
 
-def _ceiling_note(rows: tuple[Row, ...] | list[Row]) -> str:
-    return CEILING_NOTE if any(row.ceiling for row in rows) else ""
+def _apart_note(rows: tuple[Row, ...] | list[Row]) -> str:
+    """What a human and a ceiling row are, where the table has one."""
+    return _notes(HUMAN_NOTE if any(row.human for row in rows) else "",
+                  CEILING_NOTE if any(row.ceiling for row in rows) else "")
 
 
 def _published_rows(published: Reference | None, cells: list[tuple[str, str, str]], group: str | None = None
@@ -141,11 +158,11 @@ def _per_model_over_datasets(bench: Benchmark, name: str, title: str, metrics: t
                              caption: str, analysis: ReportAnalysis | None, published: Reference | None) -> Table:
     columns = tuple(Column(short(key), bench.dataset_label(d)) for d in bench.datasets for key in metrics)
     rows = tuple(
-        Row(label, tuple(_macro(bench, m, d, "grounding", key, analysis) for d in bench.datasets for key in metrics),
-            ceiling=ceiling)
-        for m, label, ceiling in _entries(bench)
+        Row(label, tuple(_macro(bench, m, d, "grounding", HUMAN_VALUE.get(key, key) if apart.get("human") else key,
+                                analysis) for d in bench.datasets for key in metrics), **apart)
+        for m, label, apart in _entries(bench)
     ) + tuple(_published_rows(published, [(d, MEAN, key) for d in bench.datasets for key in metrics]))
-    return Table(name, title, _notes(caption, _ceiling_note(rows), _published_note(rows, published)), "Model",
+    return Table(name, title, _notes(caption, _apart_note(rows), _published_note(rows, published)), "Model",
                  columns, rows)
 
 
@@ -191,7 +208,7 @@ def threshold_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
     for dataset in bench.datasets:
         found = analysis.rows("calibration", dataset=dataset, curve="dice", **{"class": MACRO})
         by_model = {row["model"]: row for row in found}
-        for model, label, ceiling in _entries(bench, dataset):
+        for model, label, apart in _entries(bench, dataset, humans=False):  # τ says nothing on a binary map
             row = by_model[model]
             cells = (
                 Cell(row["at_0.5"], analysis.interval(dataset, model, MACRO, "dice@0.5")),
@@ -200,7 +217,7 @@ def threshold_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
                 _interval_cell(row["gap_calibrated"], row, "gap_calibrated_lower", "gap_calibrated_upper"),
                 _interval_cell(row["gap_best"], row, "gap_best_lower", "gap_best_upper"),
             )
-            rows.append(Row(label, cells, group=bench.dataset_label(dataset), ceiling=ceiling))
+            rows.append(Row(label, cells, group=bench.dataset_label(dataset), **apart))
         if found:
             methods.append(f"{bench.dataset_label(dataset)}: {_calibration_method(found)}")
     columns = (Column(short("dice@0.5")), Column(short("dice@calibrated")), Column(short("dice@best")),
@@ -213,7 +230,7 @@ def threshold_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
         "gap, ΔDice τcal its twin with a threshold chosen elsewhere; both intervals are paired (the two values from "
         "the same replicate, τ* and τcal re-chosen in it). Per-class thresholds: analysis/calibration.csv. "
         + _notes(analysis.note, "Best Dice per column in bold, second underlined; the gaps are not ranked.",
-                 CHOSEN_TAU_NOTE, _ceiling_note(rows))
+                 CHOSEN_TAU_NOTE, _apart_note(rows))
     )
     return Table("threshold_calibration",
                  "Dice at τ = 0.5, at the calibrated τ and at the test-chosen τ* (percent, macro mean over classes)",
@@ -230,7 +247,7 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
             continue
         columns = tuple(Column(bench.short_name(key)) for key in classes) + (Column("Mean"),)
         rows = []
-        for model, label, ceiling in _entries(bench, dataset):
+        for model, label, apart in _entries(bench, dataset):
             results = bench.get(model, dataset).results
             per_class = results["grounding"]["per_class"]
             cells = []
@@ -240,7 +257,7 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
                 if analysis is not None and value is not None:
                     interval = analysis.interval(dataset, model, key, "pointing_game")
                 cells.append(Cell(value, interval))
-            rows.append(Row(label, tuple(cells), ceiling=ceiling))
+            rows.append(Row(label, tuple(cells), **apart))
         rows += _published_rows(published, [(dataset, key, "pointing_game") for key in classes]
                                 + [(dataset, MEAN, "pointing_game")])
         legend = ", ".join(f"{bench.short_name(key)} = {bench.finding_name(key)}" for key in classes)
@@ -248,7 +265,7 @@ def pointing_game_tables(bench: Benchmark, analysis: ReportAnalysis | None = Non
         tables.append(Table(
             f"pointing_game_{dataset}", f"Pointing Game per class on {label} (percent)",
             f"{legend}. Mean: macro mean over the classes with at least one graded pair. "
-            + _notes(analysis and analysis.note, EMPHASIS_NOTE, _ceiling_note(rows), _published_note(rows, published)),
+            + _notes(analysis and analysis.note, EMPHASIS_NOTE, _apart_note(rows), _published_note(rows, published)),
             "Model", columns, tuple(rows),
         ))
     return tables
@@ -263,7 +280,7 @@ def recognition_table(bench: Benchmark, analysis: ReportAnalysis | None = None,
     rows = tuple(
         row for d in bench.datasets for row in [
             *(Row(label, tuple(_macro(bench, m, d, "classification", key, analysis) for key in RECOGNITION_METRICS),
-                  group=bench.dataset_label(d), ceiling=ceiling) for m, label, ceiling in _entries(bench, d)),
+                  group=bench.dataset_label(d), **apart) for m, label, apart in _entries(bench, d, humans=False)),
             *_published_rows(published, [(d, MEAN, key) for key in RECOGNITION_METRICS], bench.dataset_label(d))]
     )
     return Table(
@@ -271,7 +288,7 @@ def recognition_table(bench: Benchmark, analysis: ReportAnalysis | None = None,
         "AUROC and AUPRC (average precision) from the logits; F1 and accuracy at probability p ≥ 0.5, the fixed "
         "rule. Unknown labels are left out; a class whose known labels are all one value has no AUROC/AUPRC and "
         "is left out of their macro mean. "
-        + _notes(analysis and analysis.note, EMPHASIS_NOTE, CHOSEN_F1_NOTE, _ceiling_note(rows),
+        + _notes(analysis and analysis.note, EMPHASIS_NOTE, CHOSEN_F1_NOTE, _apart_note(rows),
                  _published_note(rows, published)),
         "Model", tuple(Column(short(key)) for key in RECOGNITION_METRICS), rows,
     )
@@ -309,7 +326,8 @@ def difference_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]
             "interval (both models scored on the same resampled images in every replicate, so image difficulty "
             "cancels). An interval that excludes 0 separates the two models at this level. P(A>B): percent of "
             "replicates in which A is ahead, a tie counted as half. Dice@τcal: at the calibrated threshold (previous tables). "
-            + _notes(analysis.note, "Instruments (the Oracle) are not compared."),
+            + _notes(analysis.note, "Instruments (the Oracle) and human readers are not compared here (each "
+                     "model's gap to the human readers has its own table)."),
             "A − B", columns, tuple(rows),
         ))
     return tables
@@ -332,8 +350,8 @@ def strata_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
         rows = tuple(
             Row(label, tuple(
                 _interval_cell(cell[(model, s, metric)]["estimate"], cell[(model, s, metric)])
-                for s in strata for metric in STRATA_METRICS), ceiling=ceiling)
-            for model, label, ceiling in _entries(bench, dataset) if any(key[0] == model for key in cell)
+                for s in strata for metric in STRATA_METRICS), **apart)
+            for model, label, apart in _entries(bench, dataset) if any(key[0] == model for key in cell)
         )
         label = bench.dataset_label(dataset)
         tables.append(Table(
@@ -341,8 +359,52 @@ def strata_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
             "Lesion size: the region's area |R| as a share of the image (in the batch geometry); every class's "
             "graded pairs pooled, n = pairs per size bin. PG and Dice at the fixed τ = 0.5, means over the bin's "
             "pairs. Per class and at the calibrated τ: analysis/strata.csv. "
-            + _notes(analysis.note, EMPHASIS_NOTE, _ceiling_note(rows)),
+            + _notes(analysis.note, EMPHASIS_NOTE, _apart_note(rows)),
             "Model", columns, rows,
+        ))
+    return tables
+
+
+def human_gap_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
+    """Per dataset with a human reader set: each model's gap to the human readers per finding (row
+    groups, then the macro mean), for Pointing Game, Dice and IoU at τ = 0.5: model − human with its
+    paired interval, and the percentage decrease (human − model) / human with its percentile interval."""
+    tables = []
+    for dataset in bench.datasets:
+        found = analysis.rows("human_gaps", dataset=dataset)
+        if not found:
+            continue
+        cell = {(row["model"], row["human"], row["class"], row["metric"]): row for row in found}
+        readers = list(dict.fromkeys(row["human"] for row in found))
+        columns = tuple(column for key in HUMAN_GAP_METRICS for column in (
+            Column("M − H", short(key), ranked=False), Column("% decrease", short(key), ranked=False)))
+        rows = []
+        for key in [*bench.classes(dataset), MACRO]:
+            group = "Mean" if key == MACRO else bench.finding_name(key)
+            for human in readers:
+                for model in bench.models_on(dataset):
+                    gaps = [cell.get((model, human, key, metric)) for metric in HUMAN_GAP_METRICS]
+                    if not any(gaps):
+                        continue
+                    label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
+                    rows.append(Row(label, tuple(c for gap in gaps for c in (
+                        (Cell(None), Cell(None)) if gap is None else
+                        (_interval_cell(gap["difference"], gap, "difference_lower", "difference_upper"),
+                         _interval_cell(gap["decrease"], gap, "decrease_lower", "decrease_upper")))), group=group))
+        label = bench.dataset_label(dataset)
+        means = {(row["human"], row["metric"]): row["human_value"] for row in found if row["class"] == MACRO}
+        human_values = "; ".join(f"{bench.model_label(human)}: " + ", ".join(
+            f"{short(metric)} {Column('').text(Cell(means.get((human, metric))))}" for metric in HUMAN_GAP_METRICS)
+            for human in readers)
+        tables.append(Table(
+            f"human_gap_{dataset}", f"Each model's gap to the human readers on {label} (percentage points, percent)",
+            "Per finding and for the macro mean (Mean): M − H = the model's value − the human readers' (percentage "
+            "points), with its paired bootstrap interval (model and readers scored on the same resampled "
+            "radiographs in every replicate); % decrease = (human − model) / human, cheXlocalize's percentage "
+            "decrease, its estimate from the means and its percentile interval over the same replicates (100: the "
+            "model scores 0; below 0: the model is ahead). Pointing Game, Dice and IoU at τ = 0.5, the human "
+            f"readers' binary map (their macro means: {human_values}). Not ranked. " + analysis.note,
+            "Model", columns, tuple(rows),
         ))
     return tables
 
@@ -367,7 +429,7 @@ def correlation_table(bench: Benchmark, analysis: ReportAnalysis) -> Table:
         "R² (squared Pearson correlation) over the (model, dataset) points of a dataset, or of all datasets; "
         "n = points. Undefined (–) with fewer than three points or no spread. Intervals: the same bootstrap "
         "replicates, each dataset's images resampled, R² recomputed in every replicate. Instruments (the "
-        "Oracle) are not points. "
+        "Oracle) and human readers are not points. "
         + _notes(analysis.note, CHOSEN_TAU_NOTE),
         "Scope", tuple(Column(short(key), "R² with AUROC", ranked=False, percent=False)
                        for key in CORRELATION_METRICS), tuple(rows),
@@ -414,13 +476,14 @@ def robustness_table(bench: Benchmark) -> Table | None:
 def paper_tables(bench: Benchmark, analysis: ReportAnalysis | None = None,
                  published: Reference | None = None) -> list[Table]:
     """Every table of the report, in order: Table 1, its fixed-τ twin, [the calibrated τ], per-class PG,
-    recognition, [paired differences, lesion-size strata, R²] (bracketed: with the analysis);
+    recognition, [each model's gap to the human readers, paired differences, lesion-size strata, R²]
+    (bracketed: with the analysis);
     ``published``: a reference's values as rows beside the runs' (``--published``)."""
     tables = [grounding_table(bench, analysis, published), grounding_fixed_tau_table(bench, analysis, published)]
     if analysis is not None:
         tables.append(threshold_table(bench, analysis))
     tables += [*pointing_game_tables(bench, analysis, published), recognition_table(bench, analysis, published)]
     if analysis is not None:
-        tables += [*difference_tables(bench, analysis), *strata_tables(bench, analysis),
-                   correlation_table(bench, analysis)]
+        tables += [*human_gap_tables(bench, analysis), *difference_tables(bench, analysis),
+                   *strata_tables(bench, analysis), correlation_table(bench, analysis)]
     return tables

@@ -6,7 +6,8 @@ within which emphasis is ranked) and `Cell` values. A cell holds a fraction, sho
 percent (or, in a column marked so, a plain ratio such as R²), and optionally an interval (a
 bootstrap confidence interval) that every renderer shows next to the value: ``61.6 [58.9, 64.2]``.
 A ceiling row (an instrument such as the Oracle, which reads the answer) is shown for scale and
-never ranked, as is a published row (a reference's values beside the runs', `Row.published`).
+never ranked, as are a human row (radiologists scored like a model, `Row.human`) and a published
+row (a reference's values beside the runs', `Row.published`).
 """
 
 from __future__ import annotations
@@ -78,19 +79,21 @@ class Column:
 
 @dataclass(frozen=True)
 class Row:
-    """``ceiling``: an instrument's row (the Oracle), shown for scale and never ranked;
-    ``published``: a reference's published values, shown beside the runs', never ranked."""
+    """``ceiling``: an instrument's row (the Oracle), shown for scale and never ranked; ``human``:
+    radiologists scored like a model, the human scale, never ranked; ``published``: a reference's
+    published values, shown beside the runs', never ranked."""
 
     label: str
     cells: tuple[Cell, ...]
     group: str | None = None
     ceiling: bool = False
     published: bool = False
+    human: bool = False
 
     @property
     def apart(self) -> bool:
-        """Shown in italics for comparison and never ranked: a ceiling or a published row."""
-        return self.ceiling or self.published
+        """Shown in italics for comparison and never ranked: a ceiling, a human or a published row."""
+        return self.ceiling or self.published or self.human
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,8 @@ def emphasis(table: Table) -> list[list[Emphasis]]:
     Values are ranked as printed, so equal-looking numbers tie, and ties share a rank: a value's
     rank is one plus the number of values above it (75, 50, 50, 25 rank 1, 2, 2, 4). Rank 1 is
     the best and rank 2 the second, but only where some value lies below: a column of equal values
-    has no best, and values tied at the bottom are not "second best". Ceiling and published rows
-    are not ranked.
+    has no best, and values tied at the bottom are not "second best". Ceiling, human and published
+    rows are not ranked.
     """
     marks: list[list[Emphasis]] = [[None] * len(table.columns) for _ in table.rows]
     groups: dict[str | None, list[int]] = {}

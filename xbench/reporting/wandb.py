@@ -11,10 +11,15 @@ any Lightning ``WandbLogger``: the resolved config and the explainer,
 the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, for a paper
 model on a paper dataset the paper's cells beside the run's (``reproduction``), the Dice- and
 IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs.
+
+Each model's gap to the human readers is known only once both runs are analysed: `human_gap_keys`
+names those numbers for the model's W&B run (``python -m xbench.analyze`` writes them into
+``analysis.json``'s ``wandb``).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -73,6 +78,25 @@ def per_class_rows(results: dict) -> tuple[list[str], list[list]]:
         rows.append([key, finding_display(results, key), *(g[n] for n in GROUNDING_PER_CLASS),
                      *(c[n] for n in CLASSIFICATION_PER_CLASS)])
     return columns, rows
+
+
+def human_gap_keys(gaps) -> dict[str, dict[str, float]]:
+    """The W&B summary keys of each model's gap to the human readers (the analysis' ``human_gaps``
+    table), by the model's W&B run name ``<model>__<dataset>`` (`log_run`'s), in `log_keys`' shape
+    ``<section>/<metric>/<class>`` (a finding key or ``macro``), the reader set after the section:
+    ``human_gap/<reader set>/<metric>/<class>`` (model − human) and ``human_decrease/<reader
+    set>/<metric>/<class>`` ((human − model) / human), each with ``.../lower`` and ``.../upper``; an
+    undefined value (NaN: a finding without pairs, a human value of 0) is left out."""
+    keys: dict[str, dict[str, float]] = {}
+    for row in gaps.to_dict("records"):
+        run = keys.setdefault(f"{row['model']}__{row['dataset']}", {})
+        for section, column in (("human_gap", "difference"), ("human_decrease", "decrease")):
+            name = f"{section}/{row['human']}/{row['metric']}/{row['class']}"
+            for key, value in ((name, row[column]), (f"{name}/lower", row[f"{column}_lower"]),
+                               (f"{name}/upper", row[f"{column}_upper"])):
+                if not math.isnan(value):
+                    run[key] = float(value)
+    return keys
 
 
 def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray], folder: Path | None) -> None:

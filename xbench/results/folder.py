@@ -44,6 +44,19 @@ HASH_CHUNK = 1 << 20
 MODEL_OUTPUT_OPTIONS = ("results_dir", "overlay_pairs")
 
 
+#: Characters a folder name cannot hold on some systems (Windows refuses ``:``, which a human run's
+#: model name ``human:<reader set>`` holds), each spelt ``-`` in the folder's name; ``metrics.json``
+#: keeps the name as it is.
+UNSAFE_IN_FOLDER_NAMES = '<>:"/\\|?*'
+
+
+def folder_name(model: str, dataset: str, stamp: str) -> str:
+    """A run's folder name, ``<model>__<dataset>__<time>``, legal on every system
+    (``human:phantom-second`` becomes ``human-phantom-second``)."""
+    safe = "".join("-" if char in UNSAFE_IN_FOLDER_NAMES else char for char in model)
+    return f"{safe}__{dataset}__{stamp}"
+
+
 def count_columns(num_thresholds: int) -> tuple[list[str], list[str]]:
     """The pairs table's 101-point count columns: ``pred_k`` = |B_k| and ``inter_k`` = |B_k & R|."""
     return [f"pred_{k:03d}" for k in range(num_thresholds)], [f"inter_{k:03d}" for k in range(num_thresholds)]
@@ -182,6 +195,7 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
         if "per_class" in inner and any(not isinstance(value["per_class"].get(c), dict) for c in payload["classes"]):
             raise ValueError(f"{path}: {key}.per_class lacks some of the classes {payload['classes']}; {DAMAGED}")
     check_names(path, payload, DAMAGED)
+    _check_kind(path, payload)
     for key in CHECK_TABLES:  # optional: where present, what the analysis, the report and W&B read
         value = payload.get(key)
         if value is None:
@@ -191,6 +205,24 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
             raise ValueError(f"{path}: {key!r} is not an explanation section (a dict with 'applicable' and, where it "
                              f"applies, 'macro' and 'per_class'); {DAMAGED}")
     return payload
+
+
+def _check_kind(path: Path, payload: dict) -> None:
+    """What kind of run it is, as every reader sorts it: a model, a test instrument (the Oracle:
+    ``instrument``) or a radiologist scored like a model (``human``, with its ``reader_set``), never
+    two at once; and whether its samples are reads (``data.reads``)."""
+    flags = {key: payload.get(key, False) for key in ("instrument", "human")}
+    flags["data.reads"] = payload["data"].get("reads", False)
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: {key!r} is {value!r}, not true or false; {DAMAGED}")
+    if flags["instrument"] and flags["human"]:
+        raise ValueError(f"{path}: the run claims to be both a test instrument ('instrument': true, a ceiling that "
+                         "reads the answer) and a human reader ('human': true); no run is both; " + DAMAGED)
+    readers = payload.get("reader_set")
+    if flags["human"] and not (isinstance(readers, dict) and all(isinstance(readers.get(k), str) for k in ("name", "rule"))):
+        raise ValueError(f"{path}: 'human' is true but 'reader_set' (the reader set's name and rule, which "
+                         f"--model human writes) is missing or not a dict of strings; {DAMAGED}")
 
 
 def _check_schema(path: Path, payload: dict) -> None:

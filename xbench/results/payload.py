@@ -137,6 +137,8 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "data": {
             "images_in_split": len(datamodule.test_set),
             "images_evaluated": evaluated,
+            # each sample one radiologist's read (xbench.reads): the analysis resamples radiographs
+            "reads": bool(datamodule.reads),
             "image_size": datamodule.image_size,
             "mask_threshold": datamodule.mask_threshold,
             "clipped_shapes": json_number(region_counts["clipped_shapes"]),

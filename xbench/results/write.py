@@ -1,4 +1,4 @@
-"""Writing a run's results folder: ``<model>__<dataset>__<time>/``.
+"""Writing a run's results folder: ``<model>__<dataset>__<time>/`` (`folder_name`).
 
 - ``metrics.json``: the payload (`xbench.results.payload`);
 - ``per_class.csv``: one row per class, every per-class number;
@@ -38,7 +38,7 @@ import yaml
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.results.folder import (
     CHECK_TABLES, CONFIG, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY, count_columns,
-    manifest_of,
+    folder_name, manifest_of,
 )
 from xbench.results.names import finding_display
 
@@ -175,7 +175,7 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
     per-pair records (``grounding``, ``classification`` and a phrase run's ``queries`` by view, as
     ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = f"{results['model']}__{results['dataset']}__{stamp}"
+    name = folder_name(results["model"], results["dataset"], stamp)
     staging = staging_folder(results_dir, name)
     try:
         atomic_write(staging / METRICS, lambda p: p.write_text(json.dumps(results, indent=1, allow_nan=False)))
