@@ -207,9 +207,9 @@ def test_the_human_benchmark_runs_as_a_model(release, tmp_path):
     main(run_args("human", "chexlocalize", root, tmp_path, "--data.human_benchmark", "true", "--trainer.logger",
                   "false", "--data.cache", "false", image_size=size))
     folder = only_folder(tmp_path)
-    assert folder.name.startswith("human:chexlocalize-hb__chexlocalize__")
+    assert folder.name.startswith("human-chexlocalize-hb__chexlocalize__")
     payload = json.loads((folder / "metrics.json").read_text())
-    assert payload["model"] == "human:chexlocalize-hb" and payload["human"]
+    assert payload["model"] == "human:chexlocalize-hb" and payload["human"] is True
     notes = payload["data"]["notes"]["human_benchmark"]
     assert notes["images_without_segmentations"] == notes["images_without_salient_points"] == 1  # ABSENT_CXR
     hb = json.loads((root / "CheXlocalize" / "hb_segmentations_test.json").read_text())

@@ -191,7 +191,7 @@ def test_human_agreement_equals_a_read_by_read_recomputation(release, reference,
     folder = only_folder(tmp_path / "human-true")
     metrics = json.loads((folder / "metrics.json").read_text())
     name = "vindr-readers" + ("-majority" if reference == "majority" else "")
-    assert metrics["model"] == f"human:{name}" and metrics["human"]["readers"] == name
+    assert metrics["model"] == f"human:{name}" and metrics["human"] is True and metrics["reader_set"]["name"] == name
     notes = metrics["data"]["notes"]
     assert notes["reads"] == 12 and notes["images"] == 4 and notes["reference"] == reference
     assert {key: c["reads"] for key, c in notes["reads_with_reference"].items() if c["reads"]} == referenced
