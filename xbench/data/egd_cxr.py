@@ -5,7 +5,7 @@ Read as released on PhysioNet (``egd-cxr/1.0.0``; ``root`` is that folder): ``ma
 ``fixations.csv`` (a row per fixation: ``DICOM_ID, Time (in secs)``, the screen position ``FPOGX,
 FPOGY`` and the image position ``X_ORIGINAL, Y_ORIGINAL``, -1 where the gaze left the image) and
 ``audio_segmentation_transcripts/<dicom_id>/transcript.json`` (``time_stamped_text``: ``phrase,
-begin_time, end_time``). Images are MIMIC-CXR-JPG's, found from ``path`` under ``mimic_root``; the
+begin_time, end_time``). Images are MIMIC-CXR-JPG's, found from ``path`` under ``images_root``; the
 anatomy boxes (``bounding_boxes.csv``) are not findings, so no region is graded.
 
 - **Gaze**: the authors' static heatmap (cxr-eye-gaze/eye-gaze-dataset,
@@ -79,9 +79,9 @@ class EGDCXR(GazeDataModule):
 
     name = "egd_cxr"
 
-    def __init__(self, root: str, mimic_root: str, split: Literal["train", "dev", "test", "all"] = "test",
+    def __init__(self, root: str, images_root: str | None = None, split: Literal["train", "dev", "test", "all"] = "test",
                  **kwargs) -> None:
-        super().__init__(root=root, mimic_root=mimic_root, **kwargs)
+        super().__init__(root=root, images_root=images_root, **kwargs)
         if split not in SPLITS:
             raise ValueError(f"--data.split must be one of {list(SPLITS)}; got {split!r}")
         self.split = split

@@ -262,20 +262,21 @@ class GazeDataModule(XBenchDataModule):
     its readings, whole) and ``self.training_readings`` (the readings of the release's training split).
 
     Args:
-        mimic_root: the MIMIC-CXR-JPG folder (the one holding ``files/``), where the images are read.
+        images_root: the MIMIC-CXR-JPG folder (the one holding ``files/``), where the images are read
+            (default: ``root``), as MS-CXR's option.
         gaze: ``reading`` (each finding is compared with the whole reading's gaze, on images where the
             radiologist reported it) or ``finding`` (with the fixations of the window before the
             finding is dictated: [`WINDOW_BEFORE_S`][xbench.data.gaze.WINDOW_BEFORE_S]).
     """
 
-    def __init__(self, root: str, mimic_root: str, gaze: GazeMode = "reading", **kwargs) -> None:
+    def __init__(self, root: str, images_root: str | None = None, gaze: GazeMode = "reading", **kwargs) -> None:
         super().__init__(root=root, **kwargs)
         if gaze not in GAZE_MODES:
             raise ValueError(f"--data.gaze must be one of {list(GAZE_MODES)}; got {gaze!r}")
         if self.augment is not None:
             raise ValueError("--data.augment: a gaze dataset's fixations are not moved by an augmentation, so the "
                              "gaze would no longer lie on the image; run a gaze dataset without --data.augment")
-        self.mimic_root = Path(mimic_root).expanduser()
+        self.images_root = Path(images_root).expanduser() if images_root is not None else self.root
         self.gaze = gaze
         self.gaze_targets: dict[str, GazeTarget] = {}
         self.radiograph_readings: dict[str, Gaze] = {}
@@ -283,14 +284,14 @@ class GazeDataModule(XBenchDataModule):
 
     def image_path(self, stated: str, where: str, what: str) -> Path:
         """The MIMIC-CXR-JPG file of a DICOM path as the release states it (``.../files/pXX/pNNN/sNNN/<dicom_id>.dcm``):
-        ``<mimic_root>/files/pXX/pNNN/sNNN/<dicom_id>.jpg``; a missing file is an error naming ``where``."""
+        ``<images_root>/files/pXX/pNNN/sNNN/<dicom_id>.jpg``; a missing file is an error naming ``where``."""
         tail = stated.replace("\\", "/").split("files/")[-1]
-        path = self.mimic_root / "files" / tail
+        path = self.images_root / "files" / tail
         path = path.with_suffix(".jpg")
         if not path.is_file():
             raise FileNotFoundError(
-                f"{where}: {what} has no image at {path}. Point --data.mimic_root at the MIMIC-CXR-JPG folder that "
-                f"holds files/ (currently {self.mimic_root}), with the image downloaded."
+                f"{where}: {what} has no image at {path}. Point --data.images_root at the MIMIC-CXR-JPG folder that "
+                f"holds files/ (currently {self.images_root}), with the image downloaded."
             )
         return path
 

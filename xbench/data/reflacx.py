@@ -6,7 +6,7 @@ eye_tracking_data_discarded, image, dicom_id, subject_id, image_size_x, image_si
 column per label; phase 1's labels differ from phases 2-3's, both spelled into the keys of
 `xbench.findings`), and per reading ``main_data/<id>/``: ``fixations.csv``,
 ``timestamps_transcription.csv``, ``anomaly_location_ellipses.csv``. Images are MIMIC-CXR-JPG's,
-found from the ``image`` column's DICOM path under ``mimic_root``.
+found from the ``image`` column's DICOM path under ``images_root``.
 
 - **Gaze**: each fixation a Gaussian of σ = 1° of visual angle (the ``angular_resolution_*`` columns,
   pixels per degree, on each axis), weighted by its duration, drawn over the shown part of the image
@@ -119,9 +119,9 @@ class REFLACX(GazeDataModule):
 
     name = "reflacx"
 
-    def __init__(self, root: str, mimic_root: str, split: Literal["train", "validate", "test", "all"] = "test",
+    def __init__(self, root: str, images_root: str | None = None, split: Literal["train", "validate", "test", "all"] = "test",
                  reads: bool = False, **kwargs) -> None:
-        super().__init__(root=root, mimic_root=mimic_root, **kwargs)
+        super().__init__(root=root, images_root=images_root, **kwargs)
         if split not in SPLITS:
             raise ValueError(f"--data.split must be one of {list(SPLITS)}; got {split!r}")
         self.split = split
