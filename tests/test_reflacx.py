@@ -272,3 +272,22 @@ def test_batches_are_identical_with_the_cache_on_and_off_and_any_worker_count(re
                     assert torch.equal(value, second[key]), key
                 else:
                     assert value == second[key]
+
+
+@pytest.mark.parametrize(("model", "extra"), [("random", []), ("human", ["--data.reads", "true", "--data.split", "all"])])
+def test_a_model_and_the_interobserver_reader_run_through_xbench_test(release, tmp_path, model, extra):
+    """Every batch carries the gaze keys beside the masks; a run grades the ellipses as any dataset's
+    regions, and the human reader of the reads mode runs as a model, its map the held-out reading's gaze."""
+    import json
+
+    from conftest import only_folder, run_args
+    from xbench.test import main
+
+    root, mimic = release
+    main(run_args(model, "reflacx", root, tmp_path / "results", "--data.images_root", str(mimic),
+                  "--trainer.logger", "false", *extra, image_size=32))
+    payload = json.loads((only_folder(tmp_path / "results") / "metrics.json").read_text())
+    assert payload["data"]["images_evaluated"] == (6 if extra else 4)
+    assert payload["model"] == ("human:reflacx-interobserver" if extra else "random")
+    if extra:
+        assert payload["human"]["readers"] == "reflacx-interobserver" and "leave one reader out" in payload["human"]["rule"]
