@@ -135,12 +135,14 @@ def test_the_finding_window(release):
     found = by_id(data)
     height, width = HEIGHT * 30, WIDTH * 30
     points = fixations_of(release, "dcm-3")
-    # CHF: "there is congestive heart failure" 7.0-9.0, the previous phrase starts at 0.5 -> [2.0, 9.0]
-    np.testing.assert_allclose(found["dcm-3"]["gaze"][0].numpy(), brute_density(points, 16, height, width, [(2.0, 9.0)]),
+    # the transcript times phrases: a window ends where the phrase that names the finding starts
+    # CHF: "there is congestive heart failure" from 7.0, the previous phrase starts at 0.5 -> [5.5, 7.0]
+    np.testing.assert_allclose(found["dcm-3"]["gaze"][0].numpy(), brute_density(points, 16, height, width, [(5.5, 7.0)]),
                                rtol=1e-5, atol=1e-9)
-    # pneumonia: 12.0-15.0, the previous phrase starts at 7.0 -> [7.0, 15.0]
+    assert found["dcm-3"]["fixations"][0].sum() == sum(5.5 < t <= 7.0 for t, _, _ in points)
+    # pneumonia: from 12.0, the previous phrase starts at 7.0 -> [10.5, 12.0]
     np.testing.assert_allclose(found["dcm-3"]["gaze"][1].numpy(), brute_density(points, 16, height, width,
-                                                                                [(7.0, 15.0)]), rtol=1e-5, atol=1e-9)
+                                                                                [(10.5, 12.0)]), rtol=1e-5, atol=1e-9)
 
 
 def test_the_centre_bias_is_the_mean_of_the_training_images(release):

@@ -5,6 +5,7 @@ identical with the cache on and off and for any worker count."""
 
 import csv
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -207,18 +208,26 @@ def test_shuffled_fixations_are_the_other_images_counts(release):
         np.testing.assert_array_equal(found[image]["shuffled_fixations"].numpy(), others)
 
 
-def test_the_finding_window_is_five_seconds_before_the_sentence_to_its_end(release):
+def word_start(sentence, word):
+    text, start, end = SENTENCES[sentence]
+    return round(start + word * (end - start) / len(text.split()), 3)
+
+
+def test_the_finding_window_is_lanfredis_before_the_last_mention(release):
+    """From 1.5 s before the sentence starts (not before the previous sentence starts) to the start of
+    the word that ends the sentence's last mention; each fixation weighted by its overlap."""
     data = datamodule(release, gaze="finding")
     found = by_id(data)
     rows = rows_of(release, "P300R000009")
-    # cardiomegaly: "the heart size is enlarged" (6.0 to 8.5 - 0.05), previous sentence starts at 2.0 -> [2.0, 8.45]
-    window = [(max(6.0 - 5.0, 2.0), 8.45)]
+    # cardiomegaly: "the heart size is enlarged" names it by "heart size": up to the start of "size"
+    window = [(max(6.0 - 1.5, 2.0), word_start(1, 2))]
     np.testing.assert_allclose(found["img-d"]["gaze"][1].numpy(), brute_density(rows, 16, window), rtol=1e-5, atol=1e-9)
     inside = [row for row in rows if row[1] > window[0][0] and row[0] <= window[0][1]]
+    assert inside and len(inside) < len(rows)
     np.testing.assert_array_equal(found["img-d"]["fixations"][1].numpy(), brute_counts(inside, 16))
-    # the nodule: "a nodule ..." 12.0 to 13.95, previous sentence starts at 6.0 -> [7.0, 13.95]
-    np.testing.assert_allclose(found["img-d"]["gaze"][2].numpy(), brute_density(rows, 16, [(7.0, 13.95)]),
-                               rtol=1e-5, atol=1e-9)
+    # the nodule: "a nodule in the right upper lobe", up to the start of "nodule"; the previous sentence starts at 6.0
+    window = [(max(12.0 - 1.5, 6.0), word_start(2, 1))]
+    np.testing.assert_allclose(found["img-d"]["gaze"][2].numpy(), brute_density(rows, 16, window), rtol=1e-5, atol=1e-9)
 
 
 def test_the_interobserver_ceiling_is_leave_one_reader_out(release):
@@ -291,3 +300,42 @@ def test_a_model_and_the_interobserver_reader_run_through_xbench_test(release, t
     assert payload["model"] == ("human:reflacx-interobserver" if extra else "random")
     if extra:
         assert payload["human"]["readers"] == "reflacx-interobserver" and "leave one reader out" in payload["human"]["rule"]
+
+
+GOLDEN = Path(__file__).parent / "golden" / "reflacx_heatmaps.npz"
+
+
+def test_the_density_equals_the_authors_heatmaps(tmp_path):
+    """The authors' own ``create_heatmap`` (the whole reading, ricbl/eyetracking) and their sentence
+    ``create_heatmap`` at their default window (ricbl/eye-tracking-localization), run by
+    ``tools/parity/reflacx_heatmaps.py`` on a square image whose frame pixels are its native pixels:
+    the batch's gaze equals theirs, normalised to sum 1, in both modes."""
+    import json
+
+    golden = np.load(GOLDEN)
+    meta = json.loads(str(golden["meta"]))
+    side, root, mimic = meta["side"], tmp_path / "reflacx", tmp_path / "mimic"
+    labels = ["Atelectasis", "Enlarged cardiac silhouette", "Lung nodule or mass"]
+    header = ["id", "split", "eye_tracking_data_discarded", "image", "dicom_id", "subject_id", "image_size_x",
+              "image_size_y", *labels]
+    for phase in (1, 2):
+        _write(root / "main_data" / f"metadata_phase_{phase}.csv", header, [])
+    dcm = "physionet.org/files/mimic-cxr/2.0.0/files/p10/p10000001/s50000001/img-g.dcm"
+    jpg = mimic / "files" / "p10" / "p10000001" / "s50000001" / "img-g.jpg"
+    jpg.parent.mkdir(parents=True)
+    Image.new("L", (side, side), 100).save(jpg)
+    _write(root / "main_data" / "metadata_phase_3.csv", header,
+           [["P300R000099", "test", "False", dcm, "img-g", "10000001", side, side, 5, 5, 5]])
+    folder = root / "main_data" / "P300R000099"
+    _write(folder / "fixations.csv", meta["columns"], [[int(v) if v == int(v) and i > 1 else v for i, v in enumerate(row)]
+                                                      for row in golden["rows"].tolist()])
+    _write(folder / "timestamps_transcription.csv", ["word", "timestamp_start_word", "timestamp_end_word"], meta["words"])
+    _write(folder / "anomaly_location_ellipses.csv", ["xmin", "ymin", "xmax", "ymax", "certainty", *labels], [])
+    for gaze, expected in (("reading", [golden["whole"]] * 3), ("finding", list(golden["windowed"]))):
+        data = REFLACX(str(root), str(mimic), classes=["atelectasis", "cardiomegaly", "nodule_mass"], image_size=side,
+                       num_workers=0, cache=False, gaze=gaze)
+        data.setup("test")
+        (sample,) = by_id(data).values()
+        for column, theirs in enumerate(expected):
+            theirs = theirs.astype(np.float64) / theirs.sum()
+            np.testing.assert_allclose(sample["gaze"][column].numpy(), theirs, rtol=1e-4, atol=1e-6 * theirs.max())

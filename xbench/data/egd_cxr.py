@@ -14,8 +14,9 @@ anatomy boxes (``bounding_boxes.csv``) are not findings, so no region is graded.
   (``ndimage.gaussian_filter(record, sigma=150)``); here each fixation is that Gaussian drawn in the
   frame (`xbench.data.gaze`), normalised to sum 1. ``gaussian_filter`` reflects at the border the mass
   that falls outside; this density keeps only the mass inside the image, so it differs within about
-  2σ of the border. With ``gaze: finding``, the fixations whose time falls in the windows before
-  each phrase that names the finding.
+  2σ of the border. With ``gaze: finding``, the fixations whose time falls in the windows of
+  `xbench.data.gaze` before each phrase that names the finding; the transcript times phrases, not
+  words, so a window ends where the phrase that names the finding starts.
 - **Labels**: ``CHF`` and ``pneumonia`` (0/1); ``Normal`` is their absence.
 - **Split**: the release has none; the authors' experiments split by patient
   (``Experiments/utils/dataset.py``, ``split_dataset``: the master sheet's patient ids in order of
@@ -39,7 +40,8 @@ from PIL import Image
 
 from xbench.data.annotation_files import read_csv_rows
 from xbench.data.base import Sample
-from xbench.data.gaze import Fixations, Gaze, GazeDataModule, GazeTarget, Sentence, finding_windows, window_overlap
+from xbench.data.gaze import (Fixations, Gaze, GazeDataModule, GazeTarget, Sentence, Word, finding_windows,
+                              window_overlap)
 from xbench.findings import spellings_of
 
 SIGMA_PIXELS = 150.0
@@ -119,8 +121,8 @@ class EGDCXR(GazeDataModule):
             if not isinstance(phrase, dict) or any(phrase.get(k) in (None, "") for k in ("begin_time", "end_time")):
                 raise ValueError(f"{where}: the phrase has no begin_time/end_time, which --data.gaze finding needs; "
                                  "download the transcript again, or use --data.gaze reading")
-            sentences.append(Sentence(_number(str(phrase["begin_time"]), where, "begin_time"),
-                                      _number(str(phrase["end_time"]), where, "end_time"), str(phrase.get("phrase", ""))))
+            sentences.append(Sentence((Word(str(phrase.get("phrase", "")), _number(str(phrase["begin_time"]), where, "begin_time"),
+                                            _number(str(phrase["end_time"]), where, "end_time")),)))
         return sentences
 
     def index(self) -> list[Sample]:

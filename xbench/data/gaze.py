@@ -54,9 +54,12 @@ from xbench.geometry.image import aspect_matches
 GazeMode = Literal["reading", "finding"]
 GAZE_MODES = ("reading", "finding")
 #: The finding-specific window: from this many seconds before the sentence that mentions the
-#: finding starts (but not before the previous sentence starts) to the end of that sentence
-#: (Lanfredi et al. 2023, ricbl/eye-tracking-localization ``find_fixations_all_sentences.py``).
-WINDOW_BEFORE_S = 5.0
+#: finding starts (but not before the previous sentence starts) to the start of the word that ends
+#: the sentence's last mention of it: Lanfredi et al.'s default (``1.5s_startofsentence_lastmention``
+#: in ricbl/eye-tracking-localization ``src/find_fixations_all_sentences.py``, commit b35517b, the
+#: code of "Localization supervision of chest x-ray classifiers using label-specific eye-tracking
+#: annotation", Frontiers in Radiology 2023), each fixation weighted by its overlap with the window.
+WINDOW_BEFORE_S = 1.5
 
 
 @dataclass(frozen=True, eq=False)
@@ -140,30 +143,51 @@ class Gaze:
 
 
 @dataclass(frozen=True)
-class Sentence:
-    """A dictated sentence (REFLACX: the words up to a period; EGD-CXR: a transcript phrase) and
-    when it was spoken, in seconds on the fixations' clock."""
+class Word:
+    """A dictated word (EGD-CXR: a whole phrase, its finest timing) and when it was spoken, in
+    seconds on the fixations' clock."""
 
+    text: str
     start: float
     end: float
-    text: str
 
 
-def mentions(text: str, key: str) -> bool:
-    """Whether ``text`` names finding ``key`` (`xbench.findings.MENTIONS`: a term starting a word)."""
-    lowered = text.lower()
-    return any(re.search(rf"\b{re.escape(term)}", lowered) for term in MENTIONS.get(key, ()))
+@dataclass(frozen=True)
+class Sentence:
+    """A dictated sentence (REFLACX: the words up to a period; EGD-CXR: a transcript phrase, one
+    `Word`)."""
+
+    words: tuple[Word, ...]
+
+    @property
+    def start(self) -> float:
+        return self.words[0].start
+
+    def last_mention(self, key: str) -> float | None:
+        """When the word that ends the sentence's last mention of ``key`` starts
+        (`xbench.findings.MENTIONS`: a term starting a word, in lower case); ``None``: no mention."""
+        text, spans, at = "", [], 0
+        for word in self.words:
+            spans.append((at, at + len(word.text)))
+            text += word.text.lower() + " "
+            at += len(word.text) + 1
+        ends = [match.end() for term in MENTIONS.get(key, ()) for match in re.finditer(rf"\b{re.escape(term)}", text)]
+        if not ends:
+            return None
+        last = max(ends) - 1
+        return next(word.start for word, (low, high) in zip(self.words, spans) if low <= last < high)
 
 
 def finding_windows(sentences: Sequence[Sentence], key: str) -> list[tuple[float, float]]:
     """The windows of the finding-specific gaze of ``key``, merged where they overlap: for each
     sentence that mentions it, from `WINDOW_BEFORE_S` before the sentence starts (not before the
-    previous sentence starts; 0 for the first) to the sentence's end."""
+    previous sentence starts; 0 for the first) to the start of the word that ends its last mention."""
     windows = []
     for number, sentence in enumerate(sentences):
-        if mentions(sentence.text, key):
+        end = sentence.last_mention(key)
+        if end is not None:
             previous = sentences[number - 1].start if number else 0.0
-            windows.append((max(sentence.start - WINDOW_BEFORE_S, previous), sentence.end))
+            windows.append((max(sentence.start - WINDOW_BEFORE_S, previous), end))
     merged: list[tuple[float, float]] = []
     for start, end in sorted(windows):
         if merged and start <= merged[-1][1]:

@@ -12,7 +12,8 @@ found from the ``image`` column's DICOM path under ``images_root``.
   pixels per degree, on each axis), weighted by its duration, drawn over the shown part of the image
   (``*_shown_from_image``), the sum normalised to 1 (ricbl/eyetracking ``generate_heatmaps.py``).
   With ``gaze: finding`` a finding's gaze is the fixations of the windows of `xbench.data.gaze`
-  before each sentence that names it, each weighted by its overlap with the window.
+  (Lanfredi et al.'s: 1.5 s before each sentence that names it, to the start of the word that ends
+  its last mention), each weighted by its overlap with the window.
 - **Labels**: a reading reports a label when its column holds a certainty above 0 (or ``True``); an
   image read several times (phases 1-2) is positive when more than half of its readings report it;
   a key a phase does not ask is unknown (-1) on its images.
@@ -50,6 +51,7 @@ from xbench.data.gaze import (
     GazeDataModule,
     GazeTarget,
     Sentence,
+    Word,
     finding_windows,
     window_overlap,
 )
@@ -206,13 +208,12 @@ class REFLACX(GazeDataModule):
         return self._fixations[reading.id]
 
     def sentences(self, reading: Reading) -> list[Sentence]:
-        """The reading's dictation, sentence by sentence (words up to a period): when each started (its
-        first word) and ended (its last word before the period)."""
+        """The reading's dictation, sentence by sentence (the words up to a period)."""
         path = self.main / reading.id / "timestamps_transcription.csv"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: reading {reading.id} has no timestamped transcript, which --data.gaze "
                                     "finding needs; download main_data/ again, or use --data.gaze reading")
-        sentences, words, start, end = [], [], None, None
+        sentences, words = [], []
         for line, row in read_csv_rows(path, WORD_COLUMNS):
             where = f"{path}, line {line}"
             if not row["timestamp_start_word"] or not row["timestamp_end_word"]:
@@ -220,15 +221,13 @@ class REFLACX(GazeDataModule):
                                  "--data.gaze finding needs; download the file again, or use --data.gaze reading")
             if row["word"] == ".":
                 if words:
-                    sentences.append(Sentence(start, end, " ".join(words)))
-                words, start = [], None
+                    sentences.append(Sentence(tuple(words)))
+                words = []
                 continue
-            if start is None:
-                start = _number(row["timestamp_start_word"], where, "timestamp_start_word")
-            end = _number(row["timestamp_end_word"], where, "timestamp_end_word")
-            words.append(row["word"])
+            words.append(Word(row["word"], _number(row["timestamp_start_word"], where, "timestamp_start_word"),
+                              _number(row["timestamp_end_word"], where, "timestamp_end_word")))
         if words:
-            sentences.append(Sentence(start, end, " ".join(words)))
+            sentences.append(Sentence(tuple(words)))
         return sentences
 
     def ellipses(self, reading: Reading) -> dict[str, Ellipses]:
