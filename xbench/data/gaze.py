@@ -290,7 +290,7 @@ class GazeDataModule(XBenchDataModule):
             (default: ``root``), as MS-CXR's option.
         gaze: ``reading`` (each finding is compared with the whole reading's gaze, on images where the
             radiologist reported it) or ``finding`` (with the fixations of the window before the
-            finding is dictated: [`WINDOW_BEFORE_S`][xbench.data.gaze.WINDOW_BEFORE_S]).
+            finding is dictated: `WINDOW_BEFORE_S`).
     """
 
     def __init__(self, root: str, images_root: str | None = None, gaze: GazeMode = "reading", **kwargs) -> None:
