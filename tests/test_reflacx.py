@@ -253,7 +253,7 @@ def test_the_interobserver_ceiling_is_leave_one_reader_out(release):
         if reported:
             np.testing.assert_allclose(sample["gaze"][0].numpy(), reference, rtol=1e-5, atol=1e-9)
         mark = reader_set.marks[read_id("img-a", held_out)]["atelectasis"]
-        assert (mark.density is not None) == reported
+        assert (mark.gaze is not None) == reported
         logits, maps = reader_set.frame_maps([read_id("img-a", held_out)], data.classes,
                                              torch.tensor([[HEIGHT, WIDTH]]), 16, 0.5)
         if reported:

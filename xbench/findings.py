@@ -205,6 +205,7 @@ SPELLINGS: dict[str, dict[str, str]] = {
         "Pleural effusion": "pleural_effusion",
         "Pleural thickening": "pleural_thickening",
         "Pneumothorax": "pneumothorax",
+        "Edema": "edema",
         "Pulmonary edema": "edema",
         "Support devices": "support_devices",
     },

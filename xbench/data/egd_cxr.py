@@ -32,7 +32,6 @@ import json
 import math
 import random
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -151,9 +150,9 @@ class EGDCXR(GazeDataModule):
             without += not len(whole)
             labels = {}
             for column, key in spellings.items():
-                if row[column] not in ("0", "1"):
+                if row[column] not in ("0", "1", "0.0", "1.0"):
                     raise ValueError(f"{where}: {column} is {row[column]!r}; expected 0 or 1")
-                labels[key] = int(row[column])
+                labels[key] = int(row[column].startswith("1"))
             tied = {}
             for key in self.classes:
                 if labels[key] != 1 or not len(whole):

@@ -137,10 +137,6 @@ class Gaze:
             total += reading.counts(size)
         return total
 
-    # the map a human reader's mark draws (`xbench.data.readers.ReaderMark.density`)
-    def frame_density(self, size: int) -> np.ndarray:
-        return self.density(size)
-
 
 @dataclass(frozen=True)
 class Word:

@@ -18,7 +18,7 @@ about a binary map. A reader who marked nothing for a finding gives a constant m
 
 A reader whose mark is where they looked (an eye-tracking dataset's read,
 [`xbench.data.gaze`][xbench.data.gaze]) carries a gaze density instead: its map is that density in
-the frame (``density.frame_density(size)``, summing to 1), drawn by the same rule the dataset draws
+the frame (``gaze.density(size)``, summing to 1), drawn by the same rule the dataset draws
 the reference gaze with, and the region and points are not used.
 """
 
@@ -43,7 +43,7 @@ REGION_VALUE, POINT_VALUE = 0.5, 1.0
 
 
 class FrameDensity(Protocol):
-    def frame_density(self, size: int) -> np.ndarray:
+    def density(self, size: int) -> np.ndarray:
         """float [size, size]: the reader's density in the metric frame, summing to 1."""
 
 
@@ -52,13 +52,13 @@ class ReaderMark:
     """What the reader under test marked for one finding on one image, at the image's native size.
 
     ``label``: 1 present, 0 absent; ``region``: the reader's region, if any; ``points``: salient
-    points as (x, y) = (column, row) in native pixels; ``density``: where the reader looked (a
-    gaze density), which is then the map, in place of region and points."""
+    points as (x, y) = (column, row) in native pixels; ``gaze``: where the reader looked (a gaze
+    density, `xbench.data.gaze.Gaze`), which is then the map, in place of region and points."""
 
     label: int
     region: Region | None = None
     points: tuple[tuple[float, float], ...] = ()
-    density: FrameDensity | None = None
+    gaze: FrameDensity | None = None
 
 
 @dataclass(frozen=True)
@@ -93,8 +93,8 @@ class ReaderSet:
                 if mark is None:
                     continue
                 logits[row, column] = MARKED_LOGIT if mark.label == 1 else -MARKED_LOGIT
-                if mark.density is not None:
-                    maps[row, column] = torch.from_numpy(np.asarray(mark.density.frame_density(size), dtype=np.float32))
+                if mark.gaze is not None:
+                    maps[row, column] = torch.from_numpy(np.asarray(mark.gaze.density(size), dtype=np.float32))
                     continue
                 if mark.region is not None:
                     native, _ = mark.region.to_mask(height, width)

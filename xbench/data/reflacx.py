@@ -290,7 +290,7 @@ class REFLACX(GazeDataModule):
                 sample = self._sample(read_id(dicom_id, held_out.id), path, others, held_out)
                 samples.append(sample)
                 marks[sample.image_id] = {key: ReaderMark(held_out.labels.get(key, 0),
-                                                          density=None if (own := self.tied(held_out, key)) is None
+                                                          gaze=None if (own := self.tied(held_out, key)) is None
                                                           else Gaze((own,)))
                                           for key in self.classes}
         if self.reads:
