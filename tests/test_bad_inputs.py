@@ -3456,3 +3456,19 @@ def test_an_egd_cxr_transcript_without_timestamps_is_named_and_off_image_gaze_is
     with pytest.raises(ValueError, match=r"dcm-0/transcript.json, time_stamped_text\[1\]: the phrase has no "
                                          r"begin_time/end_time"):
         EGDCXR(str(tmp_path / "egd"), str(tmp_path / "mimic"), gaze="finding", **options).samples
+
+
+def test_an_egd_cxr_image_without_fixations_is_kept_without_gaze_and_counted(tmp_path):
+    from test_egd_cxr import write_release
+
+    from xbench.data.egd_cxr import EGDCXR
+
+    write_release(tmp_path / "egd", tmp_path / "mimic")
+    _edit_csv(tmp_path / "egd" / "fixations.csv", lambda rows: rows.__setitem__(slice(None), [
+        row for row in rows if row[2] != "dcm-3"]))
+    data = EGDCXR(str(tmp_path / "egd"), str(tmp_path / "mimic"), image_size=16, num_workers=0, cache=False, split="all")
+    data.setup("test")
+    assert data.notes["images_without_fixations"] == 1
+    row = [s.image_id for s in data.samples].index("dcm-3")
+    record = data.test_set[row]
+    assert not record["has_gaze"].any() and record["gaze"].abs().sum() == 0

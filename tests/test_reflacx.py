@@ -339,3 +339,21 @@ def test_the_density_equals_the_authors_heatmaps(tmp_path):
         for column, theirs in enumerate(expected):
             theirs = theirs.astype(np.float64) / theirs.sum()
             np.testing.assert_allclose(sample["gaze"][column].numpy(), theirs, rtol=1e-4, atol=1e-6 * theirs.max())
+
+
+def test_an_ellipse_region_is_the_inscribed_ellipse_by_pixel_index():
+    """``skimage.draw.ellipse``'s rule (the authors draw REFLACX's ellipses with it), written as a loop:
+    pixel (r, c) is inside when ((c - cx) / ax)² + ((r - cy) / ay)² < 1; a box reaching outside the
+    image is clipped and counted."""
+    from xbench.data.regions import Ellipses
+
+    boxes = ((3, 2, 17, 9), (-4, 10, 6, 19))
+    mask, clipped = Ellipses(boxes).to_mask(20, 24)
+    expected = np.zeros((20, 24), dtype=bool)
+    for x1, y1, x2, y2 in boxes:
+        cx, cy, ax, ay = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2, (y2 - y1) / 2
+        for r in range(20):
+            for c in range(24):
+                expected[r, c] |= ((c - cx) / ax) ** 2 + ((r - cy) / ay) ** 2 < 1
+    np.testing.assert_array_equal(mask, expected)
+    assert clipped == 1 and mask[5, 10] and not mask[2, 3]
