@@ -3472,3 +3472,16 @@ def test_an_egd_cxr_image_without_fixations_is_kept_without_gaze_and_counted(tmp
     row = [s.image_id for s in data.samples].index("dcm-3")
     record = data.test_set[row]
     assert not record["has_gaze"].any() and record["gaze"].abs().sum() == 0
+
+
+def test_a_reflacx_image_of_another_shape_than_its_fixations_grid_is_named(tmp_path):
+    from PIL import Image
+
+    _reflacx_release(tmp_path)
+    Image.new("L", (30, 30), 0).save(next((tmp_path / "mimic").rglob("img-d.jpg")))
+    data = _reflacx(tmp_path)
+    data.setup("test")
+    row = [s.image_id for s in data.samples].index("img-d")
+    with pytest.raises(ValueError, match=r"metadata_phase_3.csv, line 2: image img-d is 30 x 30 .* fixations are on a "
+                                         r"56 x 40 grid.*--data.images_root"):
+        data.test_set[row]

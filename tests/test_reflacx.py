@@ -243,6 +243,7 @@ def test_the_interobserver_ceiling_is_leave_one_reader_out(release):
                                                             ["P201R000004", "P201R000005", "P201R000006"]}
     assert set(found) == expected_ids  # img-c left out: one of its readings was discarded
     assert data.notes["images_left_out_of_reads_for_a_discarded_reading"] == 1
+    assert data.notes["images_read_once"] == 3 and data.notes["images"] == 2 and data.notes["samples"] == 6
     reader_set = data.reader_set()
     for held_out in readers:
         sample = found[read_id("img-a", held_out)]
@@ -357,3 +358,13 @@ def test_an_ellipse_region_is_the_inscribed_ellipse_by_pixel_index():
                 expected[r, c] |= ((c - cx) / ax) ** 2 + ((r - cy) / ay) ** 2 < 1
     np.testing.assert_array_equal(mask, expected)
     assert clipped == 1 and mask[5, 10] and not mask[2, 3]
+
+
+def test_a_finding_reported_but_never_named_has_no_finding_gaze_and_is_counted(release):
+    root, mimic = release
+    data = REFLACX(str(root), str(mimic), classes=["atelectasis", "pleural_abnormality"], split="all", gaze="finding",
+                   image_size=16, num_workers=0, cache=False)
+    data.setup("test")
+    assert data.notes["gaze_reported_but_not_named_in_the_dictation"] == {"pleural_abnormality": 1}  # img-f's reading
+    row = [s.image_id for s in data.samples].index("img-f")
+    assert data.samples[row].labels["pleural_abnormality"] == 1 and not data.test_set[row]["has_gaze"][1]

@@ -29,7 +29,6 @@ anatomy boxes (``bounding_boxes.csv``) are not findings, so no region is graded.
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections import Counter, defaultdict
 from typing import Literal
@@ -40,7 +39,7 @@ from PIL import Image
 from xbench.data.annotation_files import read_csv_rows
 from xbench.data.base import Sample
 from xbench.data.gaze import (Fixations, Gaze, GazeDataModule, GazeTarget, Sentence, Word, finding_windows,
-                              window_overlap)
+                              finite_number, window_overlap)
 from xbench.findings import spellings_of
 
 SIGMA_PIXELS = 150.0
@@ -59,16 +58,6 @@ def authors_split(patients: list[str]) -> dict[str, str]:
     dev = round((len(shuffled) - train) * DEV_SHARE)
     return {patient: "train" if i < train else "dev" if i < train + dev else "test"
             for i, patient in enumerate(shuffled)}
-
-
-def _number(value: str, where: str, column: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{where}: {column} is {value!r}, not a number") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{where}: {column} is {value!r}, not a finite number")
-    return number
 
 
 class EGDCXR(GazeDataModule):
@@ -102,7 +91,7 @@ class EGDCXR(GazeDataModule):
             where = f"{path}, line {line}"
             dicom_id = row["DICOM_ID"]
             first.setdefault(dicom_id, where)
-            found[dicom_id].append(tuple(_number(row[c], where, c) for c in FIXATION_COLUMNS[1:]))
+            found[dicom_id].append(tuple(finite_number(row[c], where, c) for c in FIXATION_COLUMNS[1:]))
         return found, first
 
     def sentences(self, dicom_id: str) -> list[Sentence]:
@@ -120,8 +109,8 @@ class EGDCXR(GazeDataModule):
             if not isinstance(phrase, dict) or any(phrase.get(k) in (None, "") for k in ("begin_time", "end_time")):
                 raise ValueError(f"{where}: the phrase has no begin_time/end_time, which --data.gaze finding needs; "
                                  "download the transcript again, or use --data.gaze reading")
-            sentences.append(Sentence((Word(str(phrase.get("phrase", "")), _number(str(phrase["begin_time"]), where, "begin_time"),
-                                            _number(str(phrase["end_time"]), where, "end_time")),)))
+            sentences.append(Sentence((Word(str(phrase.get("phrase", "")), finite_number(str(phrase["begin_time"]), where, "begin_time"),
+                                            finite_number(str(phrase["end_time"]), where, "end_time")),)))
         return sentences
 
     def index(self) -> list[Sample]:

@@ -36,6 +36,8 @@ is taken there without that alignment).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +46,6 @@ from typing import Literal
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-
-import re
 
 from xbench.data.base import XBenchDataModule
 from xbench.findings import MENTIONS
@@ -60,6 +60,17 @@ GAZE_MODES = ("reading", "finding")
 #: code of "Localization supervision of chest x-ray classifiers using label-specific eye-tracking
 #: annotation", Frontiers in Radiology 2023), each fixation weighted by its overlap with the window.
 WINDOW_BEFORE_S = 1.5
+
+
+def finite_number(value: str, where: str, column: str) -> float:
+    """A file's field as a finite number, else an error naming ``where`` and the column."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{where}: {column} is {value!r}, not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where}: {column} is {value!r}, not a finite number")
+    return number
 
 
 @dataclass(frozen=True, eq=False)
@@ -256,7 +267,7 @@ class GazeDataset(Dataset):
             raise ValueError(
                 f"{target.where}: image {target.radiograph} is {native_size[1]} x {native_size[0]} (width x height) as "
                 f"decoded, but its fixations are on a {target.width} x {target.height} grid, another aspect ratio: the "
-                "image is not the one that was read. Point the dataset's image folder at MIMIC-CXR-JPG as released."
+                "image is not the one that was read. Point --data.images_root at MIMIC-CXR-JPG as released."
             )
         gaze = torch.zeros(len(self.classes), size, size)
         fixations = torch.zeros(len(self.classes), size, size)
@@ -278,8 +289,8 @@ class GazeDataset(Dataset):
 class GazeDataModule(XBenchDataModule):
     """Base of the eye-tracking datasets: the ``gaze`` option, the gaze keys in every batch and the
     centre-bias baseline. A subclass's ``index`` fills ``self.gaze_targets`` (sample image id ->
-    [`GazeTarget`][xbench.data.gaze.GazeTarget]), ``self.radiograph_readings`` (radiograph -> all
-    its readings, whole) and ``self.training_readings`` (the readings of the release's training split).
+    [`GazeTarget`][xbench.data.gaze.GazeTarget]) and ``self.radiograph_readings`` (radiograph -> all
+    its readings, whole); its ``training_readings`` gives the release's training readings.
 
     Args:
         images_root: the MIMIC-CXR-JPG folder (the one holding ``files/``), where the images are read
@@ -306,8 +317,7 @@ class GazeDataModule(XBenchDataModule):
         """The MIMIC-CXR-JPG file of a DICOM path as the release states it (``.../files/pXX/pNNN/sNNN/<dicom_id>.dcm``):
         ``<images_root>/files/pXX/pNNN/sNNN/<dicom_id>.jpg``; a missing file is an error naming ``where``."""
         tail = stated.replace("\\", "/").split("files/")[-1]
-        path = self.images_root / "files" / tail
-        path = path.with_suffix(".jpg")
+        path = (self.images_root / "files" / tail).with_suffix(".jpg")
         if not path.is_file():
             raise FileNotFoundError(
                 f"{where}: {what} has no image at {path}. Point --data.images_root at the MIMIC-CXR-JPG folder that "

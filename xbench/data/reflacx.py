@@ -35,7 +35,6 @@ found from the ``image`` column's DICOM path under ``images_root``.
 from __future__ import annotations
 
 import csv
-import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,13 +52,14 @@ from xbench.data.gaze import (
     Sentence,
     Word,
     finding_windows,
+    finite_number,
     window_overlap,
 )
 from xbench.data.readers import ReaderMark, ReaderSet
 from xbench.data.regions import Ellipses, MajorityVote
 from xbench.files import open_text
 from xbench.findings import spellings_of
-from xbench.reads import read_id
+from xbench.reads import radiograph_of, read_id
 
 PHASES = (1, 2, 3)
 METADATA_COLUMNS = ("id", "split", "eye_tracking_data_discarded", "image", "dicom_id", "subject_id",
@@ -99,16 +99,6 @@ def _header(path: Path) -> list[str]:
         return [name.strip() for name in next(csv.reader(handle), [])]
 
 
-def _number(value: str, where: str, column: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"{where}: {column} is {value!r}, not a number") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{where}: {column} is {value!r}, not a finite number")
-    return number
-
-
 class REFLACX(GazeDataModule):
     """REFLACX (Lanfredi et al., Sci Data 2022): 3,032 readings of 2,616 MIMIC-CXR images by 5 radiologists.
 
@@ -133,7 +123,7 @@ class REFLACX(GazeDataModule):
         self._times: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._reader_set: ReaderSet | None = None
         self.outside: Counter = Counter()
-        self.unnamed: Counter = Counter()
+        self.unnamed: set[tuple[str, str]] = set()  # (reading, key): reported, never named
 
     @property
     def main(self) -> Path:
@@ -157,12 +147,12 @@ class REFLACX(GazeDataModule):
                     labels: dict[str, int] = {}
                     for column, key in label_columns.items():
                         value = row[column]
-                        present = value == "True" or (value not in ("", "False") and _number(value, where, column) > 0)
+                        present = value == "True" or (value not in ("", "False") and finite_number(value, where, column) > 0)
                         labels[key] = max(labels.get(key, 0), int(present))
                     readings.append(Reading(
                         id=row["id"], phase=phase, where=where, dicom_id=row["dicom_id"], image=row["image"],
-                        split=row["split"], height=int(_number(row["image_size_y"], where, "image_size_y")),
-                        width=int(_number(row["image_size_x"], where, "image_size_x")), labels=labels,
+                        split=row["split"], height=int(finite_number(row["image_size_y"], where, "image_size_y")),
+                        width=int(finite_number(row["image_size_x"], where, "image_size_x")), labels=labels,
                         discarded=discarded == "True"))
             self._readings = readings
         return self._readings
@@ -187,7 +177,7 @@ class REFLACX(GazeDataModule):
             rows = []
             for line, row in read_csv_rows(path, FIXATION_COLUMNS):
                 where = f"{path}, line {line}"
-                values = [_number(row[column], where, column) for column in FIXATION_COLUMNS]
+                values = [finite_number(row[column], where, column) for column in FIXATION_COLUMNS]
                 start, end, x, y, res_x, res_y = values[:6]
                 if end < start:
                     raise ValueError(f"{where}: the fixation ends ({end} s) before it starts ({start} s), a negative "
@@ -224,8 +214,8 @@ class REFLACX(GazeDataModule):
                     sentences.append(Sentence(tuple(words)))
                 words = []
                 continue
-            words.append(Word(row["word"], _number(row["timestamp_start_word"], where, "timestamp_start_word"),
-                              _number(row["timestamp_end_word"], where, "timestamp_end_word")))
+            words.append(Word(row["word"], finite_number(row["timestamp_start_word"], where, "timestamp_start_word"),
+                              finite_number(row["timestamp_end_word"], where, "timestamp_end_word")))
         if words:
             sentences.append(Sentence(tuple(words)))
         return sentences
@@ -239,8 +229,8 @@ class REFLACX(GazeDataModule):
         boxes: dict[str, list] = defaultdict(list)
         for line, row in read_csv_rows(path, ELLIPSE_COLUMNS + tuple(labels)):
             where = f"{path}, line {line}"
-            corners = tuple(_number(row[column], where, column) for column in ELLIPSE_COLUMNS[:4])
-            if _number(row["certainty"], where, "certainty") <= CERTAINTY_CUT:
+            corners = tuple(finite_number(row[column], where, column) for column in ELLIPSE_COLUMNS[:4])
+            if finite_number(row["certainty"], where, "certainty") <= CERTAINTY_CUT:
                 continue
             for name in labels:
                 if row[name] == "True":
@@ -260,30 +250,32 @@ class REFLACX(GazeDataModule):
             return fixations
         windows = finding_windows(self.sentences(reading), key)
         if not windows:
-            self.unnamed[key] += 1
+            self.unnamed.add((reading.id, key))
             return None
         start, end = self._times[reading.id]
         keep, overlap = window_overlap(start, end, windows)
         return fixations.subset(keep, overlap) if keep.any() else None
 
     def index(self) -> list[Sample]:
-        self.outside, self.unnamed = Counter(), Counter()
+        self.outside, self.unnamed = Counter(), set()
         kept = [r for r in self.readings() if not r.discarded and (self.split == "all" or r.split == self.split)]
         discarded = [r for r in self.readings() if r.discarded and (self.split == "all" or r.split == self.split)]
         by_image: dict[str, list[Reading]] = defaultdict(list)
         for reading in kept:
             by_image[reading.dicom_id].append(reading)
         all_reads = Counter(r.dicom_id for r in self.readings())
-        samples, marks = [], {}
-        left_out = 0
+        samples, marks, read_once, left_out = [], {}, 0, 0
         for dicom_id, readings in by_image.items():
             path = self.image_path(readings[0].image, readings[0].where, f"reading {readings[0].id} of image {dicom_id}")
             self.radiograph_readings[dicom_id] = Gaze(tuple(self.fixations(r) for r in readings))
             if not self.reads:
                 samples.append(self._sample(dicom_id, path, readings))
                 continue
-            if len(readings) < 2 or len(readings) < all_reads[dicom_id]:
-                left_out += len(readings) >= 2 or all_reads[dicom_id] >= 2
+            if all_reads[dicom_id] < 2:
+                read_once += 1  # no other radiologist to compare with
+                continue
+            if len(readings) < all_reads[dicom_id]:
+                left_out += 1
                 continue
             for held_out in readings:
                 others = [r for r in readings if r is not held_out]
@@ -301,13 +293,14 @@ class REFLACX(GazeDataModule):
                 marks=marks)
         self.notes = {
             "split": self.split, "gaze": self.gaze, "reads": self.reads,
-            "images": len(by_image), "samples": len(samples),
+            "images": len({radiograph_of(sample.image_id) for sample in samples}), "samples": len(samples),
             "readings": len(kept),
             "readings_discarded": len(discarded),
             "fixations_outside_image": sum(self.outside.values()),
-            "images_left_out_of_reads_for_a_discarded_reading": left_out if self.reads else 0,
-            "gaze_reported_but_not_named_in_the_dictation": dict(self.unnamed),
+            "gaze_reported_but_not_named_in_the_dictation": dict(Counter(key for _, key in sorted(self.unnamed))),
         }
+        if self.reads:
+            self.notes.update(images_read_once=read_once, images_left_out_of_reads_for_a_discarded_reading=left_out)
         return samples
 
     def _sample(self, sample_id: str, path: Path, reference: list[Reading], held_out: Reading | None = None) -> Sample:
