@@ -54,6 +54,9 @@ def write_release(root, mimic, *, scale=30.0):
                 {"phrase": p, "begin_time": b, "end_time": e} for p, b, e in PHRASES]}))
     with open(root / "fixations.csv", "w", newline="") as handle:
         csv.writer(handle).writerows(fixations)
+    with open(root / "bounding_boxes.csv", "w", newline="") as handle:  # anatomy, not read
+        csv.writer(handle).writerows([["dicom_id", "bbox_name", "x1", "y1", "x2", "y2"],
+                                      *[[dicom_id, "right lung", 100, 100, 500, 900] for dicom_id, *_ in IMAGES]])
 
 
 @pytest.fixture

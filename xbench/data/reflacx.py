@@ -121,6 +121,7 @@ class REFLACX(GazeDataModule):
         self._readings: list[Reading] | None = None
         self._fixations: dict[str, Fixations] = {}
         self._times: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._ellipses: dict[str, dict[str, Ellipses]] = {}
         self._reader_set: ReaderSet | None = None
         self.outside: Counter = Counter()
         self.unnamed: set[tuple[str, str]] = set()  # (reading, key): reported, never named
@@ -221,7 +222,9 @@ class REFLACX(GazeDataModule):
         return sentences
 
     def ellipses(self, reading: Reading) -> dict[str, Ellipses]:
-        """The reading's ellipses of certainty above the cut, per key."""
+        """The reading's ellipses of certainty above the cut, per key (read once)."""
+        if reading.id in self._ellipses:
+            return self._ellipses[reading.id]
         path = self.require(self.main / reading.id / "anomaly_location_ellipses.csv",
                             f"the ellipses of reading {reading.id}")
         spellings = spellings_of(self.name)
@@ -235,7 +238,8 @@ class REFLACX(GazeDataModule):
             for name in labels:
                 if row[name] == "True":
                     boxes[spellings[name]].append(corners)
-        return {key: Ellipses(tuple(found)) for key, found in boxes.items()}
+        self._ellipses[reading.id] = {key: Ellipses(tuple(found)) for key, found in boxes.items()}
+        return self._ellipses[reading.id]
 
     # ---- the samples ----
 
