@@ -14,7 +14,8 @@ found from the ``image`` column's DICOM path under ``images_root``.
   With ``gaze: finding`` a finding's gaze is the fixations of the windows of `xbench.data.gaze`
   (Lanfredi et al.'s: 1.5 s before each sentence that names it, to the start of the word that ends
   its last mention), each weighted by its overlap with the window.
-- **Labels**: a reading reports a label when its column holds a certainty above 0 (or ``True``); an
+- **Labels**: a reading reports a label when its column holds a value other than 0 (or ``True``;
+  the authors' ``value == value and value != 0``, ricbl/etsaliencymaps ``compare_heatmaps.py``); an
   image read several times (phases 1-2) is positive when more than half of its readings report it;
   a key a phase does not ask is unknown (-1) on its images.
 - **Regions**: each reading's ellipses of certainty above `CERTAINTY_CUT` (the authors' ``certainty >
@@ -148,7 +149,7 @@ class REFLACX(GazeDataModule):
                     labels: dict[str, int] = {}
                     for column, key in label_columns.items():
                         value = row[column]
-                        present = value == "True" or (value not in ("", "False") and finite_number(value, where, column) > 0)
+                        present = value == "True" or (value not in ("", "False") and finite_number(value, where, column) != 0)
                         labels[key] = max(labels.get(key, 0), int(present))
                     readings.append(Reading(
                         id=row["id"], phase=phase, where=where, dicom_id=row["dicom_id"], image=row["image"],
