@@ -3575,3 +3575,134 @@ def test_model_human_on_a_dataset_without_a_second_reader_is_named(phantom_root,
     code, err = run_cli(quiet_run("human", "phantom", phantom_root, tmp_path / "results"), capsys)
     assert_one_line(code, err, 1, "--model human scores a second reader", "Phantom as configured has none")
     assert left_behind(tmp_path / "results") == []
+
+
+# ---- issue 51: the gaze datasets (REFLACX, EGD-CXR) ----
+
+
+def _reflacx(tmp_path, **options):
+    from xbench.data.reflacx import REFLACX
+
+    data = REFLACX(str(tmp_path / "reflacx"), str(tmp_path / "mimic"), image_size=16, num_workers=0, cache=False,
+                   classes=["atelectasis", "cardiomegaly", "nodule_mass"], **options)
+    return data
+
+
+def _reflacx_release(tmp_path):
+    from test_reflacx import write_release
+
+    write_release(tmp_path / "reflacx", tmp_path / "mimic")
+    return tmp_path / "reflacx" / "main_data"
+
+
+def _edit_csv(path, edit):
+    import csv
+
+    with open(path, newline="") as handle:
+        rows = list(csv.reader(handle))
+    edit(rows)
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+
+
+def test_a_reflacx_reading_whose_image_is_missing_is_named_with_its_line_and_the_fix(tmp_path):
+    _reflacx_release(tmp_path)
+    missing = next((tmp_path / "mimic").rglob("img-d.jpg"))
+    missing.unlink()
+    with pytest.raises(FileNotFoundError) as error:
+        _reflacx(tmp_path).samples
+    message = str(error.value)
+    assert "metadata_phase_3.csv, line 2" in message and "P300R000009" in message and str(missing) in message
+    assert "--data.images_root" in message
+
+
+def test_reflacx_fixations_outside_the_image_are_left_out_and_counted(tmp_path):
+    main = _reflacx_release(tmp_path)
+    _edit_csv(main / "P300R000009" / "fixations.csv", lambda rows: rows[1].__setitem__(2, "70"))  # x beyond 56
+    data = _reflacx(tmp_path)
+    data.samples
+    assert data.notes["fixations_outside_image"] == 1
+    assert len(data.fixations(next(r for r in data.readings() if r.id == "P300R000009"))) == 11
+
+
+def test_a_reflacx_fixation_with_a_negative_duration_is_named(tmp_path):
+    main = _reflacx_release(tmp_path)
+    _edit_csv(main / "P300R000009" / "fixations.csv", lambda rows: rows[2].__setitem__(1, "-1.0"))
+    with pytest.raises(ValueError, match=r"fixations.csv, line 3: the fixation ends .* negative duration, in "
+                                         r"reading P300R000009"):
+        _reflacx(tmp_path).samples
+
+
+def test_a_reflacx_reading_marked_discarded_is_counted_and_gives_no_gaze(tmp_path):
+    _reflacx_release(tmp_path)
+    data = _reflacx(tmp_path)
+    data.samples
+    assert data.notes["readings_discarded"] == 1  # img-c's second reading, which has no fixations file
+    assert len(data.gaze_targets["img-c"].tied["atelectasis"].readings) == 1
+
+
+def test_a_reflacx_discarded_flag_that_is_not_a_boolean_is_named(tmp_path):
+    from test_reflacx import write_release
+
+    write_release(tmp_path / "reflacx", tmp_path / "mimic", discarded_label="no")
+    with pytest.raises(ValueError, match=r"metadata_phase_1.csv, line 2: eye_tracking_data_discarded is 'no'"):
+        _reflacx(tmp_path).samples
+
+
+def test_a_reflacx_transcript_without_timestamps_is_named_for_the_finding_gaze(tmp_path):
+    main = _reflacx_release(tmp_path)
+    _edit_csv(main / "P300R000009" / "timestamps_transcription.csv", lambda rows: rows[3].__setitem__(1, ""))
+    _reflacx(tmp_path).samples  # the whole reading's gaze does not need the transcript
+    with pytest.raises(ValueError, match=r"timestamps_transcription.csv, line 4: the word .* of reading P300R000009 "
+                                         r"has no timestamps.*--data.gaze reading"):
+        _reflacx(tmp_path, gaze="finding").samples
+
+
+def test_an_egd_cxr_transcript_without_timestamps_is_named_and_off_image_gaze_is_counted(tmp_path):
+    import json
+
+    from test_egd_cxr import IMAGES, write_release
+
+    from xbench.data.egd_cxr import EGDCXR
+
+    write_release(tmp_path / "egd", tmp_path / "mimic")
+    options = dict(image_size=16, num_workers=0, cache=False, split="all")
+    data = EGDCXR(str(tmp_path / "egd"), str(tmp_path / "mimic"), **options)
+    data.samples
+    assert data.notes["fixations_outside_image"] == len(IMAGES)
+    transcript = tmp_path / "egd" / "audio_segmentation_transcripts" / "dcm-0" / "transcript.json"
+    content = json.loads(transcript.read_text())
+    del content["time_stamped_text"][1]["begin_time"]
+    transcript.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=r"dcm-0/transcript.json, time_stamped_text\[1\]: the phrase has no "
+                                         r"begin_time/end_time"):
+        EGDCXR(str(tmp_path / "egd"), str(tmp_path / "mimic"), gaze="finding", **options).samples
+
+
+def test_an_egd_cxr_image_without_fixations_is_kept_without_gaze_and_counted(tmp_path):
+    from test_egd_cxr import write_release
+
+    from xbench.data.egd_cxr import EGDCXR
+
+    write_release(tmp_path / "egd", tmp_path / "mimic")
+    _edit_csv(tmp_path / "egd" / "fixations.csv", lambda rows: rows.__setitem__(slice(None), [
+        row for row in rows if row[2] != "dcm-3"]))
+    data = EGDCXR(str(tmp_path / "egd"), str(tmp_path / "mimic"), image_size=16, num_workers=0, cache=False, split="all")
+    data.setup("test")
+    assert data.notes["images_without_fixations"] == 1
+    row = [s.image_id for s in data.samples].index("dcm-3")
+    record = data.test_set[row]
+    assert not record["has_gaze"].any() and record["gaze"].abs().sum() == 0
+
+
+def test_a_reflacx_image_of_another_shape_than_its_fixations_grid_is_named(tmp_path):
+    from PIL import Image
+
+    _reflacx_release(tmp_path)
+    Image.new("L", (30, 30), 0).save(next((tmp_path / "mimic").rglob("img-d.jpg")))
+    data = _reflacx(tmp_path)
+    data.setup("test")
+    row = [s.image_id for s in data.samples].index("img-d")
+    with pytest.raises(ValueError, match=r"metadata_phase_3.csv, line 2: image img-d is 30 x 30 .* fixations are on a "
+                                         r"56 x 40 grid.*--data.images_root"):
+        data.test_set[row]

@@ -29,19 +29,24 @@ class Finding:
 FINDINGS: dict[str, Finding] = {
     f.key: f
     for f in (
+        Finding("abnormal_mediastinal_contour", "Abnormal Mediastinal Contour", "AMC"),
+        Finding("airway_wall_thickening", "Airway Wall Thickening", "AWT"),
         Finding("aortic_enlargement", "Aortic Enlargement", "AE"),
         Finding("atelectasis", "Atelectasis", "ATE"),
         Finding("calcification", "Calcification", "CAL"),
         Finding("cardiomegaly", "Cardiomegaly", "CARD"),
         Finding("clavicle_fracture", "Clavicle Fracture", "CF"),
+        Finding("congestive_heart_failure", "Congestive Heart Failure", "CHF"),
         Finding("consolidation", "Consolidation", "CONS"),
         Finding("covid19", "COVID-19", "COV"),
         Finding("edema", "Edema", "EDE"),
         Finding("emphysema", "Emphysema", "EMPH"),
         Finding("enlarged_cardiomediastinum", "Enlarged Cardiomediastinum", "EC"),
+        Finding("enlarged_hilum", "Enlarged Hilum", "EH"),
         Finding("enlarged_pa", "Enlarged PA", "EPA"),
         Finding("fibrosis", "Fibrosis", "FIB"),
         Finding("fracture", "Fracture", "FRAC"),
+        Finding("groundglass_opacity", "Groundglass Opacity", "GGO"),
         Finding("hernia", "Hernia", "HER"),
         Finding("infiltration", "Infiltration", "INF"),
         Finding("interstitial_lung_disease", "Interstitial Lung Disease", "ILD"),
@@ -54,6 +59,7 @@ FINDINGS: dict[str, Finding] = {
         Finding("nodule", "Nodule", "NOD"),
         Finding("nodule_mass", "Nodule/Mass", "NM"),
         Finding("other_lesion", "Other Lesion", "OL"),
+        Finding("pleural_abnormality", "Pleural Abnormality", "PLA"),
         Finding("pleural_effusion", "Pleural Effusion", "EFF"),
         Finding("pleural_other", "Pleural Other", "PO"),
         Finding("pleural_thickening", "Pleural Thickening", "PT"),
@@ -171,6 +177,67 @@ SPELLINGS: dict[str, dict[str, str]] = {
         "Pneumonia": "pneumonia",
         "Pneumothorax": "pneumothorax",
     },
+    # REFLACX (eye tracking on MIMIC-CXR): the label columns of ``metadata_phase_{1,2,3}.csv`` and
+    # ``anomaly_location_ellipses.csv``. Phase 1 asked for finer labels than phases 2-3 (Mass and
+    # Nodule where 2-3 ask Lung nodule or mass; Emphysema for High lung volume / emphysema;
+    # Fibrosis beside Interstitial lung disease; Fracture for Acute fracture; Wide mediastinum for
+    # Abnormal mediastinal contour): both spell into one key, so a key means the same in every phase.
+    "reflacx": {
+        "Abnormal mediastinal contour": "abnormal_mediastinal_contour",
+        "Wide mediastinum": "abnormal_mediastinal_contour",
+        "Acute fracture": "fracture",
+        "Fracture": "fracture",
+        "Airway wall thickening": "airway_wall_thickening",
+        "Atelectasis": "atelectasis",
+        "Consolidation": "consolidation",
+        "Emphysema": "emphysema",
+        "High lung volume / emphysema": "emphysema",
+        "Enlarged cardiac silhouette": "cardiomegaly",
+        "Enlarged hilum": "enlarged_hilum",
+        "Fibrosis": "interstitial_lung_disease",
+        "Interstitial lung disease": "interstitial_lung_disease",
+        "Groundglass opacity": "groundglass_opacity",
+        "Hiatal hernia": "hernia",
+        "Lung nodule or mass": "nodule_mass",
+        "Mass": "nodule_mass",
+        "Nodule": "nodule_mass",
+        "Pleural abnormality": "pleural_abnormality",
+        "Pleural effusion": "pleural_effusion",
+        "Pleural thickening": "pleural_thickening",
+        "Pneumothorax": "pneumothorax",
+        "Edema": "edema",
+        "Pulmonary edema": "edema",
+        "Support devices": "support_devices",
+    },
+    # EGD-CXR (eye tracking on MIMIC-CXR): the condition flags of ``master_sheet.csv`` (``Normal`` is
+    # the absence of both, not a finding with a place).
+    "egd_cxr": {"CHF": "congestive_heart_failure", "pneumonia": "pneumonia"},
+}
+
+#: The words that tie a dictated sentence to a finding (a gaze dataset's finding-specific gaze,
+#: `xbench.data.gaze`): a sentence mentions the finding when one of them starts a word of it, in
+#: lower case ("mediastin" matches "mediastinum" and "mediastinal").
+MENTIONS: dict[str, tuple[str, ...]] = {
+    "abnormal_mediastinal_contour": ("mediastin",),
+    "airway_wall_thickening": ("airway wall", "bronchial wall", "peribronchial"),
+    "atelectasis": ("atelecta", "collapse"),
+    "cardiomegaly": ("cardiomegaly", "cardiac silhouette", "cardiac enlargement", "enlarged heart", "heart size"),
+    "congestive_heart_failure": ("heart failure", "chf", "edema", "congestion", "cardiomegaly"),
+    "consolidation": ("consolidat", "airspace"),
+    "edema": ("edema", "congestion"),
+    "emphysema": ("emphysema", "hyperinflat", "lung volume"),
+    "enlarged_hilum": ("hilum", "hilar"),
+    "fracture": ("fracture",),
+    "groundglass_opacity": ("groundglass", "ground glass", "ground-glass"),
+    "hernia": ("hernia",),
+    "interstitial_lung_disease": ("interstitial", "fibrosis", "fibrotic"),
+    "nodule_mass": ("nodul", "mass"),
+    "pleural_abnormality": ("pleura", "effusion"),
+    "pleural_effusion": ("effusion",),
+    "pleural_thickening": ("pleural thickening", "thickening"),
+    "pneumonia": ("pneumonia", "infecti"),
+    "pneumothorax": ("pneumothora",),
+    "support_devices": ("tube", "catheter", "pacemaker", "pacer", "wire", "clip", "device", "port", "line"),
 }
 
 #: The classes the paper reports per dataset, in its table order (55 pairs in all).
@@ -212,6 +279,8 @@ DATASET_NAMES: dict[str, str] = {
     "vindr": "VinDr-CXR",
     "phantom": "Phantom",
     "ms_cxr": "MS-CXR",
+    "reflacx": "REFLACX",
+    "egd_cxr": "EGD-CXR",
 }
 
 
@@ -221,6 +290,13 @@ BEYOND_PAPER_CLASSES: dict[str, tuple[str, ...]] = {
         "atelectasis", "cardiomegaly", "consolidation", "edema", "lung_opacity", "pleural_effusion",
         "pneumonia", "pneumothorax",
     ),
+    # the keys both REFLACX label sets spell (pleural_abnormality: phases 2-3, the bulk of the readings)
+    "reflacx": (
+        "abnormal_mediastinal_contour", "atelectasis", "cardiomegaly", "consolidation", "edema", "emphysema",
+        "fracture", "groundglass_opacity", "interstitial_lung_disease", "nodule_mass", "pleural_abnormality",
+        "pneumothorax",
+    ),
+    "egd_cxr": ("congestive_heart_failure", "pneumonia"),
 }
 
 

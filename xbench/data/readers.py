@@ -15,13 +15,20 @@ reader's points where the dataset gives them (cheXlocalize's rule: any point ins
 the whole region, tied over its area: a hit when the region touches the reference. Dice and IoU read
 the region (with its points) at every threshold in (0, 0.5]; the curve's other thresholds say nothing
 about a binary map. A reader who marked nothing for a finding gives a constant map: a miss.
+
+A reader whose mark is where they looked (an eye-tracking dataset's read,
+[`xbench.data.gaze`][xbench.data.gaze]) carries a gaze density instead: its map is that density in
+the frame (``gaze.density(size)``, summing to 1), drawn by the same rule the dataset draws
+the reference gaze with, and the region and points are not used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,16 +42,23 @@ MARKED_LOGIT = 10.0
 REGION_VALUE, POINT_VALUE = 0.5, 1.0
 
 
+class FrameDensity(Protocol):
+    def density(self, size: int) -> np.ndarray:
+        """float [size, size]: the reader's density in the metric frame, summing to 1."""
+
+
 @dataclass(frozen=True)
 class ReaderMark:
     """What the reader under test marked for one finding on one image, at the image's native size.
 
     ``label``: 1 present, 0 absent; ``region``: the reader's region, if any; ``points``: salient
-    points as (x, y) = (column, row) in native pixels."""
+    points as (x, y) = (column, row) in native pixels; ``gaze``: where the reader looked (a gaze
+    density, `xbench.data.gaze.Gaze`), which is then the map, in place of region and points."""
 
     label: int
     region: Region | None = None
     points: tuple[tuple[float, float], ...] = ()
+    gaze: FrameDensity | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +93,9 @@ class ReaderSet:
                 if mark is None:
                     continue
                 logits[row, column] = MARKED_LOGIT if mark.label == 1 else -MARKED_LOGIT
+                if mark.gaze is not None:
+                    maps[row, column] = torch.from_numpy(np.asarray(mark.gaze.density(size), dtype=np.float32))
+                    continue
                 if mark.region is not None:
                     native, _ = mark.region.to_mask(height, width)
                     maps[row, column][resize_mask(native, size, threshold)] = REGION_VALUE

@@ -242,3 +242,27 @@ class GridBoxes:
         sx, sy = width / self.grid_width, height / self.grid_height
         scaled = Boxes(tuple((x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in self.boxes.xyxy))
         return scaled.to_mask(height, width)
+
+
+@dataclass(frozen=True)
+class Ellipses:
+    """Axis-aligned ellipses inscribed in boxes ``(x1, y1, x2, y2)`` (REFLACX's abnormality ellipses),
+    united. Pixel ``(row, col)`` is inside when ``((col - cx) / ax)² + ((row - cy) / ay)² < 1``, with
+    the centre ``(cx, cy)`` and semi-axes ``(ax, ay)`` of the box and the pixel's indices as its
+    coordinates: the rule of ``skimage.draw.ellipse``, which the REFLACX authors draw with
+    (ricbl/eye-tracking-localization, ``eyetracking_object.py``)."""
+
+    xyxy: tuple[tuple[float, float, float, float], ...]
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        mask = np.zeros((height, width), dtype=bool)
+        rows, cols = np.arange(height)[:, None], np.arange(width)[None, :]
+        clipped = 0
+        for x1, y1, x2, y2 in self.xyxy:
+            if not (x2 > x1 and y2 > y1):
+                raise ValueError(f"degenerate ellipse box (x1={x1}, y1={y1}, x2={x2}, y2={y2}): need x2 > x1 and y2 > y1")
+            if x1 < 0 or y1 < 0 or x2 > width or y2 > height:
+                clipped += 1
+            cx, cy, ax, ay = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2, (y2 - y1) / 2
+            mask |= ((cols - cx) / ax) ** 2 + ((rows - cy) / ay) ** 2 < 1
+        return mask, clipped
