@@ -300,7 +300,8 @@ def test_a_model_and_the_interobserver_reader_run_through_xbench_test(release, t
     assert payload["data"]["images_evaluated"] == (6 if extra else 4)
     assert payload["model"] == ("human:reflacx-interobserver" if extra else "random")
     if extra:
-        assert payload["human"]["readers"] == "reflacx-interobserver" and "leave one reader out" in payload["human"]["rule"]
+        assert payload["human"] is True and payload["reader_set"]["name"] == "reflacx-interobserver"
+        assert "leave one reader out" in payload["reader_set"]["rule"]
 
 
 GOLDEN = Path(__file__).parent / "golden" / "reflacx_heatmaps.npz"
