@@ -55,7 +55,7 @@ _CHUNK_ELEMENTS = 1 << 23
 
 
 def _flat(x: Tensor) -> Tensor:
-    return x.reshape(x.shape[0], -1).double()
+    return x.flatten(1).double()
 
 
 def _standardised(x: Tensor) -> tuple[Tensor, Tensor]:
