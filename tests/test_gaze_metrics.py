@@ -259,3 +259,11 @@ def test_ddp_equals_single_process(tmp_path):
     order = torch.argsort(synced["records"]["index"] * 3 + synced["records"]["class"])
     for key, value in expected["records"].items():
         assert torch.equal(synced["records"][key][order].nan_to_num(-9), value.nan_to_num(-9)), key
+
+
+def test_a_batch_without_gaze_adds_nothing():
+    s, g, f, has, h, index = batch()
+    metric = GazeMetrics(3, torch.from_numpy(_gaussian(SIDE, 8, 8, 4)).float())
+    metric.update(s, g, f, torch.zeros_like(has), h, index)
+    out = metric.compute()
+    assert int(out["pairs"].sum()) == 0 and out["means"].isnan().all() and len(out["records"]["index"]) == 0

@@ -149,61 +149,71 @@ def _chunks(pairs: int, pixels: int):
 
 def auc_judd(saliency: Tensor, fixations: Tensor) -> Tensor:
     """float64 [P]: AUC-Judd, thresholds at the fixated values (NaN without a fixation or an unfixated pixel)."""
-    s, f = _flat(saliency), _flat(fixations)
-    return torch.cat([_auc_judd(s[part], f[part]) for part in _chunks(*s.shape)]) if len(s) else s.new_zeros(0)
-
-
-def _auc_judd(s: Tensor, f: Tensor) -> Tensor:
-    ordered, order = s.sort(1, descending=True)
-    f = f.gather(1, order)
-    hits, false = f.cumsum(1), (f == 0).double().cumsum(1)
-    total_hits, total_false = hits[:, -1:], false[:, -1:]
-    first, last = _tie_bounds(ordered)
-    # a threshold at each fixated value v: the pixels at or above v are those up to v's last tie
-    group_hits = hits.gather(1, last) - (hits - f).gather(1, first)
-    kept = (last == torch.arange(s.shape[1], device=s.device)) & (group_hits > 0)
-    x, y = false / total_false, hits / total_hits
-    positions = torch.where(kept, torch.arange(s.shape[1], device=s.device), -1).cummax(1).values
-    previous = torch.cat([torch.full_like(positions[:, :1], -1), positions[:, :-1]], 1)
-    x_prev = torch.where(previous >= 0, x.gather(1, previous.clamp(min=0)), 0.0)
-    y_prev = torch.where(previous >= 0, y.gather(1, previous.clamp(min=0)), 0.0)
-    area = torch.where(kept, (x - x_prev) * (y + y_prev) / 2, 0.0).sum(1)
-    final = positions[:, -1:].clamp(min=0)
-    area += ((1 - x.gather(1, final)) * (1 + y.gather(1, final)) / 2).squeeze(1)
-    defined = (total_hits > 0).squeeze(1) & (total_false > 0).squeeze(1)
-    return torch.where(defined, area, math.nan)
+    return _aucs(saliency, fixations, None)[0]
 
 
 def shuffled_auc(saliency: Tensor, fixations: Tensor, shuffled: Tensor) -> Tensor:
     """float64 [P]: the AUC of the fixations against the other images' fixations ``shuffled`` (NaN
     without either)."""
-    s, f, h = _flat(saliency), _flat(fixations), _flat(shuffled)
-    return torch.cat([_weighted_auc(s[part], f[part], h[part]) for part in _chunks(*s.shape)]) if len(s) else s.new_zeros(0)
+    return _aucs(saliency, fixations, shuffled)[1]
 
 
-def _weighted_auc(s: Tensor, positives: Tensor, negatives: Tensor) -> Tensor:
-    """P(positive > negative) + P(equal) / 2 over pixel values weighted by the two counts."""
+def _aucs(saliency: Tensor, fixations: Tensor, shuffled: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """AUC-Judd and (with ``shuffled``) the shuffled AUC from one sort of each pair's map, in chunks of pairs."""
+    s, f = saliency.flatten(1), fixations.flatten(1)
+    h = shuffled.flatten(1) if shuffled is not None else None
+    parts = [_sorted_aucs(s[part], f[part], None if h is None else h[part]) for part in _chunks(*s.shape)]
+    empty = s.new_zeros(0, dtype=torch.float64)
+    judd = torch.cat([p[0] for p in parts]) if parts else empty
+    return judd, (torch.cat([p[1] for p in parts]) if parts else empty) if h is not None else None
+
+
+def _sorted_aucs(s: Tensor, f: Tensor, h: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The two AUCs of pairs [P, N] from the map's values in ascending order (the map's own dtype:
+    the sort needs no float64), every sum float64."""
     ordered, order = s.sort(1)
-    positives, negatives = positives.gather(1, order), negatives.gather(1, order)
-    below = negatives.cumsum(1) - negatives  # negative weight strictly before each position
+    f = f.gather(1, order).double()
+    n = s.shape[1]
+    positions = torch.arange(n, device=s.device)
     first, last = _tie_bounds(ordered)
+    # AUC-Judd: a threshold at each fixated value v; the pixels at or above v start at v's first tie
+    hits, false = f.cumsum(1), (f == 0).double().cumsum(1)
+    total_hits, total_false = hits[:, -1:], false[:, -1:]
+    hits_below, false_below = (hits - f).gather(1, first), (false - (f == 0).double()).gather(1, first)
+    kept = (first == positions) & (hits.gather(1, last) - hits_below > 0)
+    x, y = (total_false - false_below) / total_false, (total_hits - hits_below) / total_hits
+    # the curve runs from the highest threshold down: each kept point's predecessor is the next kept one above it
+    above = torch.where(kept, positions, n).flip(1).cummin(1).values.flip(1)
+    above = torch.cat([above[:, 1:], torch.full_like(above[:, :1], n)], 1)
+    x_above = torch.where(above < n, x.gather(1, above.clamp(max=n - 1)), 0.0)
+    y_above = torch.where(above < n, y.gather(1, above.clamp(max=n - 1)), 0.0)
+    area = torch.where(kept, (x - x_above) * (y + y_above) / 2, 0.0).sum(1)
+    lowest = torch.where(kept, positions, n).amin(1, keepdim=True).clamp(max=n - 1)  # the last point before (1, 1)
+    area += ((1 - x.gather(1, lowest)) * (1 + y.gather(1, lowest)) / 2).squeeze(1)
+    judd = torch.where((total_hits > 0).squeeze(1) & (total_false > 0).squeeze(1), area, math.nan)
+    if h is None:
+        return judd, None
+    # shuffled AUC: P(fixation > other fixation) + P(equal) / 2, over the map's values
+    h = h.gather(1, order).double()
+    below = h.cumsum(1) - h  # the other fixations strictly before each position
     less = below.gather(1, first)
-    equal = (below + negatives).gather(1, last) - less
-    pos_total, neg_total = positives.sum(1), negatives.sum(1)
-    value = (positives * (less + equal / 2)).sum(1) / (pos_total * neg_total)
-    return torch.where((pos_total > 0) & (neg_total > 0), value, math.nan)
+    equal = (below + h).gather(1, last) - less
+    pos_total, neg_total = f.sum(1), h.sum(1)
+    value = (f * (less + equal / 2)).sum(1) / (pos_total * neg_total)
+    return judd, torch.where((pos_total > 0) & (neg_total > 0), value, math.nan)
 
 
 def gaze_values(saliency: Tensor, gaze: Tensor, fixations: Tensor, shuffled: Tensor, baseline: Tensor,
                 floor: float = DENSITY_FLOOR) -> Tensor:
     """Every metric of `VALUES` for P pairs ([P, S, S] each; ``baseline`` [S, S]): float64 [P, K]."""
+    aucs = _aucs(saliency, fixations, shuffled)
     kernels = {
         "nss": lambda: nss(saliency, fixations),
         "cc": lambda: cc(saliency, gaze),
         "sim": lambda: sim(saliency, gaze),
         "kl_divergence": lambda: kl_divergence(saliency, gaze),
-        "auc_judd": lambda: auc_judd(saliency, fixations),
-        "shuffled_auc": lambda: shuffled_auc(saliency, fixations, shuffled),
+        "auc_judd": lambda: aucs[0],
+        "shuffled_auc": lambda: aucs[1],
         "information_gain": lambda: information_gain(saliency, fixations, baseline, floor),
         "ncc": lambda: ncc(gaze, saliency),
         "shuffled_ncc": lambda: shuffled_ncc(gaze, saliency, baseline),
