@@ -130,16 +130,16 @@ def cases() -> dict[str, tuple]:
     shown[10:] = 0
     outside = rng.poisson(0.4, (SIDE, SIDE)).astype(float)
     outside[12:, :] += 2
-    out["outside_shown"] = (_normalised(rng), shown / shown.sum(), outside, rng.poisson(0.5, (SIDE, SIDE)).astype(float),
-                            centre)
+    out["outside_shown"] = (_normalised(rng), shown / shown.sum(), outside,
+                            rng.poisson(0.5, (SIDE, SIDE)).astype(float), centre)
     ties = np.round(_normalised(rng) * 3) / 3
     fixed = rng.poisson(0.5, (SIDE, SIDE)).astype(float)
     out["ties"] = (ties, _gaussian(SIDE, 8, 8, 3), fixed, rng.poisson(0.5, (SIDE, SIDE)).astype(float), centre)
     g = _gaussian(SIDE, 7, 5, 2)
     out["map_is_gaze"] = (g / g.max(), g, rng.poisson(0.5, (SIDE, SIDE)).astype(float),
                           rng.poisson(0.5, (SIDE, SIDE)).astype(float), centre)
-    out["map_is_centre_bias"] = (minmax(torch.from_numpy(centre)).numpy(), g, rng.poisson(0.5, (SIDE, SIDE)).astype(float),
-                                 np.zeros((SIDE, SIDE)), centre)
+    out["map_is_centre_bias"] = (minmax(torch.from_numpy(centre)).numpy(), g,
+                                 rng.poisson(0.5, (SIDE, SIDE)).astype(float), np.zeros((SIDE, SIDE)), centre)
     return out
 
 

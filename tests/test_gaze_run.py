@@ -62,7 +62,8 @@ def brute_force(phantom_root, saliency_of) -> pd.DataFrame:
         for c in torch.nonzero(record["has_gaze"]).flatten().tolist():
             values = gaze_values(maps[c][None], record["gaze"][c][None], record["fixations"][c][None],
                                  record["shuffled_fixations"][None], baseline)[0]
-            rows.append({"image_id": record["image_id"], "class": data.classes[c], **dict(zip(VALUES, values.tolist()))})
+            rows.append({"image_id": record["image_id"], "class": data.classes[c],
+                         **dict(zip(VALUES, values.tolist()))})
     return pd.DataFrame(rows).sort_values(["image_id", "class"]).reset_index(drop=True)
 
 
@@ -120,7 +121,8 @@ def test_the_report_shows_the_gaze_table_and_overlays(gaze_runs):
     written = report([str(out / "results"), "--out", str(out / "report"), "--replicates", "40"])
     assert out / "report" / "figures" / "gaze_overlays_phantom.png" in written
     table = (out / "report" / "tables" / "gaze_phantom.md").read_text()
-    rows = {line.split("|")[1].strip().strip("*"): line for line in table.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {line.split("|")[1].strip().strip("*"): line for line in table.splitlines()
+            if line.startswith("| ") and "---" not in line}
     assert {"random", "gaze_centre_bias", "Synthetic reader (human)"} <= set(rows)
     assert "**" not in rows["Synthetic reader (human)"]  # apart (in italics): never ranked
     assert rows["Synthetic reader (human)"].split("|")[1].strip().startswith("*")
@@ -128,7 +130,8 @@ def test_the_report_shows_the_gaze_table_and_overlays(gaze_runs):
     for model, folder in (("random", folders["random"]), ("gaze_centre_bias", folders["gaze_centre_bias"])):
         macro = json.loads((folder / "metrics.json").read_text())["gaze"]["macro"]
         for key in VALUES:
-            row = intervals[(intervals["model"] == model) & (intervals["class"] == "macro") & (intervals["metric"] == key)]
+            row = intervals[(intervals["model"] == model) & (intervals["class"] == "macro")
+                            & (intervals["metric"] == key)]
             assert len(row) == 1 and row["estimate"].item() == pytest.approx(macro[key], rel=1e-9), (model, key)
             assert row["lower"].item() <= row["estimate"].item() + 1e-12 <= row["upper"].item() + 2e-12 or \
                 math.isnan(row["lower"].item())

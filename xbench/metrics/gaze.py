@@ -262,7 +262,8 @@ class GazeMetrics(RecordsMetric):
                              f"{tuple(has_gaze.shape)}")
         if saliency.shape[-2:] != self.baseline.shape or shuffled.shape != (saliency.shape[0], *saliency.shape[-2:]):
             raise ValueError(f"the frame of the maps {tuple(saliency.shape[-2:])} must be the centre bias's "
-                             f"{tuple(self.baseline.shape)} and shuffled_fixations [B, S, S]; got {tuple(shuffled.shape)}")
+                             f"{tuple(self.baseline.shape)} and shuffled_fixations [B, S, S]; got "
+                             f"{tuple(shuffled.shape)}")
         image, cls = has_gaze.nonzero(as_tuple=True)
         values = gaze_values(saliency[image, cls], gaze[image, cls], fixations[image, cls], shuffled[image],
                              self.baseline)

@@ -81,9 +81,9 @@ class GazeCentreBias(XBenchModel):
         datamodule = self.trainer.datamodule
         baseline = datamodule.gaze_baseline() if hasattr(datamodule, "gaze_baseline") else None
         if baseline is None:
-            raise ValueError(f"--model gaze_centre_bias maps a gaze dataset's centre bias, and {type(datamodule).__name__} "
-                             "as configured has no gaze: choose a gaze dataset (REFLACX, EGD-CXR, or the phantom "
-                             "with --data.gaze true)")
+            raise ValueError(f"--model gaze_centre_bias maps a gaze dataset's centre bias, and "
+                             f"{type(datamodule).__name__} as configured has no gaze: choose a gaze dataset "
+                             "(REFLACX, EGD-CXR, or the phantom with --data.gaze true)")
         self.baseline = baseline
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:

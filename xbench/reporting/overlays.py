@@ -7,8 +7,9 @@ by side (the paper's Fig. 2) without re-running any model.
 
 What is kept per pair, in the batch geometry: the radiograph and the normalised map as uint8
 (0..255) and the region as a 0/1 uint8 mask; on a gaze dataset also the pair's gaze density
-scaled to its maximum (0..255; 0 where the pair has no gaze) and whether it has one. Under DDP each process records the pairs it
-evaluates; the states are concatenated on sync, so rank 0 holds them all.
+scaled to its maximum (0..255; 0 where the pair has no gaze) and whether it has one. Under DDP
+each process records the pairs it evaluates; the states are concatenated on sync, so rank 0 holds
+them all.
 """
 
 from __future__ import annotations

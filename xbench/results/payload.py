@@ -171,7 +171,8 @@ def gaze_section(gaze, classes: list[str]) -> dict:
         "definition": GAZE_DEFINITION,
         "images": int(torch.unique(records["index"]).numel()),
         "pairs": int(gaze["pairs"].sum()),
-        "undefined": {name: int(gaze["pairs"].sum() - gaze["defined"][:, k].sum()) for k, name in enumerate(GAZE_VALUES)},
+        "undefined": {name: int(gaze["pairs"].sum() - gaze["defined"][:, k].sum())
+                      for k, name in enumerate(GAZE_VALUES)},
         "macro": {name: json_number(gaze["macro"][name]) for name in GAZE_VALUES},
         "per_class": {key: {"pairs": int(gaze["pairs"][c]),
                             **{name: json_number(gaze["means"][c, k]) for k, name in enumerate(GAZE_VALUES)}}

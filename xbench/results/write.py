@@ -39,8 +39,8 @@ import yaml
 
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.results.folder import (
-    CHECK_TABLES, CONFIG, GAZE, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY, count_columns,
-    manifest_of,
+    CHECK_TABLES, CONFIG, GAZE, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY,
+    count_columns, manifest_of,
 )
 from xbench.results.names import finding_display
 
@@ -174,8 +174,8 @@ def check_writable(results_dir: Path, option: str) -> None:
 def write_results(results_dir: Path, results: dict, records: dict, datamodule, summary: str,
                   overlays: dict[str, np.ndarray] | None = None) -> Path:
     """Write the run's folder under ``results_dir`` and return its path. ``records``: the metrics'
-    per-pair records (``grounding``, ``classification``, a phrase run's ``queries`` by view and a gaze run's ``gaze``, as
-    ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
+    per-pair records (``grounding``, ``classification``, a phrase run's ``queries`` by view and a gaze
+    run's ``gaze``, as ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     name = f"{results['model']}__{results['dataset']}__{stamp}"
     staging = staging_folder(results_dir, name)
