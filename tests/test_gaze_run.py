@@ -112,6 +112,7 @@ def test_metrics_json_equals_the_kernels_pair_by_pair(gaze_runs, phantom_root, m
         assert section["macro"][key] == pytest.approx(means.mean(), rel=1e-9)
     if model == "gaze_centre_bias":  # the floor: no information over itself (up to the float32 normalised map)
         assert section["macro"]["information_gain"] == pytest.approx(0, abs=1e-6)
+    assert "Gaze on" in (folder / "summary.md").read_text()
     flat = log_keys(payload)
     assert flat["gaze/nss/macro"] == section["macro"]["nss"] and "gaze/shuffled_auc/nodule" in flat
 

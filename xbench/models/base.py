@@ -288,7 +288,7 @@ class XBenchModel(L.LightningModule, ABC):
         self.region_counts = RegionCounts(len(classes))
         # a gaze dataset (its batches carry `gaze`): every map is also scored against the radiologists' gaze,
         # with the dataset's centre bias as the baseline of information gain and shuffled NCC
-        baseline = datamodule.gaze_baseline() if hasattr(datamodule, "gaze_baseline") else None
+        baseline = datamodule.gaze_baseline()
         self.gaze = GazeMetrics(len(classes), baseline) if baseline is not None else None
         self.build(classes)
         # A phrase dataset's queries: scored by the model's grounding of each phrase (its query_mode)

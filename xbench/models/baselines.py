@@ -79,7 +79,7 @@ class GazeCentreBias(XBenchModel):
 
     def build(self, classes: list[str]) -> None:
         datamodule = self.trainer.datamodule
-        baseline = datamodule.gaze_baseline() if hasattr(datamodule, "gaze_baseline") else None
+        baseline = datamodule.gaze_baseline()
         if baseline is None:
             raise ValueError(f"--model gaze_centre_bias maps a gaze dataset's centre bias, and "
                              f"{type(datamodule).__name__} as configured has no gaze: choose a gaze dataset "
