@@ -19,6 +19,7 @@ from xbench.data.phantom import Phantom
 from xbench.metrics.gaze import VALUES, gaze_values
 from xbench.models.baselines import GazeCentreBias, RandomSaliency
 from xbench.report import main as report
+from xbench.reporting.wandb import gaze_rows
 from xbench.results.payload import log_keys
 from xbench.test import main
 
@@ -115,6 +116,9 @@ def test_metrics_json_equals_the_kernels_pair_by_pair(gaze_runs, phantom_root, m
     assert "Gaze on" in (folder / "summary.md").read_text()
     flat = log_keys(payload)
     assert flat["gaze/nss/macro"] == section["macro"]["nss"] and "gaze/shuffled_auc/nodule" in flat
+    columns, rows = gaze_rows(payload)  # W&B's gaze table
+    assert columns[2:] == ["pairs", *(f"gaze/{key}" for key in VALUES)] and len(rows) == len(payload["classes"])
+    assert [row[2] for row in rows] == [section["per_class"][key]["pairs"] for key in payload["classes"]]
 
 
 def test_the_report_shows_the_gaze_table_and_overlays(gaze_runs):
