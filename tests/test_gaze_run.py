@@ -152,3 +152,29 @@ def test_overlays_carry_the_pairs_gaze(gaze_runs, phantom_root):
         record = data.test_set[ids.index(str(overlays["image_id"][i]))]
         density = record["gaze"][data.classes.index(str(overlays["finding"][i]))]
         np.testing.assert_array_equal(overlays["gaze"][i], (density / density.max() * 255).round().to(torch.uint8))
+
+
+def test_the_synthetic_readings_are_deterministic_and_inside_the_frame(phantom_root):
+    """Each finding's gaze is a density of its own fixations, inside the frame (those outside dropped),
+    the same on every construction; the shuffled fixations are every other reading's; the centre bias
+    is a density drawn from readings of other images."""
+    first, again = datamodule(phantom_root), datamodule(phantom_root)
+    total = sum(sum(p.shape[0] for p in reading.values()) for reading in first.readings.readings)
+    for index in range(len(first.test_set)):
+        a, b = first.test_set[index], again.test_set[index]
+        for key in ("gaze", "fixations", "has_gaze", "shuffled_fixations"):
+            assert torch.equal(a[key], b[key]), key
+        reading = first.readings.readings[index]
+        own = sum(p.shape[0] for p in reading.values())
+        assert float(a["shuffled_fixations"].sum()) == total - own
+        for c, key in enumerate(first.classes):
+            positions = reading.get(key, np.zeros((0, 2)))
+            assert ((positions >= 0) & (positions < SIZE)).all()
+            assert bool(a["has_gaze"][c]) == (len(positions) > 0) and float(a["fixations"][c].sum()) == len(positions)
+            if len(positions):
+                assert float(a["gaze"][c].sum()) == pytest.approx(1, abs=1e-5)
+            assert bool(a["has_gaze"][c]) <= (a["labels"][c] == 1)
+    baseline = first.gaze_baseline()
+    assert baseline.shape == (SIZE, SIZE) and float(baseline.sum()) == pytest.approx(1, abs=1e-5)
+    assert torch.equal(baseline, again.gaze_baseline())
+    assert Phantom(root=str(phantom_root), image_size=SIZE).gaze_baseline() is None
