@@ -3430,3 +3430,11 @@ def test_the_centre_bias_model_on_a_dataset_without_gaze_is_named(phantom_root, 
 def test_a_centre_bias_that_is_no_density_is_refused(baseline):
     with pytest.raises(ValueError, match="centre-bias baseline must be a finite, non-negative"):
         GazeMetrics(2, baseline)
+
+
+def test_the_phantoms_gaze_refuses_an_augmentation(phantom_root):
+    with pytest.raises(ValueError, match=r"--data.gaze .* cannot follow --data.augment"):
+        from xbench.data.phantom import Phantom
+
+        Phantom(root=str(phantom_root), gaze=True,
+                augment=[{"class_path": "albumentations.HorizontalFlip", "init_args": {"p": 1.0}}])

@@ -237,6 +237,9 @@ class Phantom(ChestXDet10):
         self.seed = seed
         self.gaze = gaze
         self.readings: SyntheticReadings | None = None
+        if gaze and self.augment is not None:
+            raise ValueError("--data.gaze draws each reading on the image as written; it cannot follow --data.augment "
+                             "(a moved image would leave its gaze behind). Drop one of them.")
 
     @classmethod
     def default_classes(cls) -> tuple[str, ...]:
