@@ -3438,3 +3438,21 @@ def test_the_phantoms_gaze_refuses_an_augmentation(phantom_root):
 
         Phantom(root=str(phantom_root), gaze=True,
                 augment=[{"class_path": "albumentations.HorizontalFlip", "init_args": {"p": 1.0}}])
+
+
+def test_gaze_batches_without_a_centre_bias_are_named(phantom_root):
+    import lightning as L
+
+    from xbench.data.phantom import Phantom
+    from xbench.models.baselines import RandomSaliency
+
+    class WithoutCentreBias(Phantom):
+        def gaze_baseline(self):
+            return None
+
+    data = WithoutCentreBias(root=str(phantom_root), gaze=True, image_size=32, num_workers=0, cache=False)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, use_distributed_sampler=False,
+                        enable_model_summary=False)
+    with pytest.raises(RuntimeError, match=r"WithoutCentreBias's batches carry gaze, but its gaze_baseline\(\) gave "
+                                           r"no centre bias"):
+        trainer.test(RandomSaliency(), datamodule=data, verbose=False)

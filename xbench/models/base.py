@@ -340,7 +340,8 @@ class XBenchModel(L.LightningModule, ABC):
         if "gaze" in batch:
             if self.gaze is None:
                 raise RuntimeError(f"{type(self.trainer.datamodule).__name__}'s batches carry gaze, but its "
-                                   "gaze_baseline() gave no centre bias: the gaze metrics need one")
+                                   "gaze_baseline() gave no centre bias, which the gaze metrics need: have it return "
+                                   "the mean gaze density of the training readings [S, S] (docs/gaze.md)")
             self.gaze.update(saliency, batch["gaze"], batch["fixations"], batch["has_gaze"],
                              batch["shuffled_fixations"], batch["index"])
         return {"logits": logits, "saliency": saliency}
