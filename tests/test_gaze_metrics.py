@@ -267,3 +267,17 @@ def test_a_batch_without_gaze_adds_nothing():
     metric.update(s, g, f, torch.zeros_like(has), h, index)
     out = metric.compute()
     assert int(out["pairs"].sum()) == 0 and out["means"].isnan().all() and len(out["records"]["index"]) == 0
+
+
+def test_the_aucs_do_not_depend_on_the_chunking(monkeypatch):
+    """Pairs sorted in chunks (a large batch) give the values of one pass."""
+    from xbench.metrics import gaze
+
+    s, g, f, has, h, index = batch(images=12)
+    pairs = (s.flatten(0, 1), f.flatten(0, 1), h.repeat_interleave(3, 0))
+    whole = gaze_values(*pairs[:1], g.flatten(0, 1), *pairs[1:], torch.rand(SIDE, SIDE))
+    monkeypatch.setattr(gaze, "_CHUNK_ELEMENTS", 5 * SIDE * SIDE)
+    chunked = gaze_values(*pairs[:1], g.flatten(0, 1), *pairs[1:], torch.rand(SIDE, SIDE))
+    for key in ("auc_judd", "shuffled_auc"):
+        k = VALUES.index(key)
+        assert torch.equal(whole[:, k].nan_to_num(-1), chunked[:, k].nan_to_num(-1)), key

@@ -50,8 +50,9 @@ KL_EPS = 2.2204e-16
 #: a pixel at the map's minimum is 1,000 times less likely than one at its maximum (a map of zeros:
 #: uniform), so a fixation where a map is 0 costs bits instead of an infinite loss.
 DENSITY_FLOOR = 1e-3
-#: Elements ([pairs, pixels]) per chunk of the sorting kernels: their float64 temporaries stay bounded.
-_CHUNK_ELEMENTS = 1 << 23
+#: Elements ([pairs, pixels]) per chunk of the sorting kernels: their dozen float64 temporaries stay
+#: near half a GiB.
+_CHUNK_ELEMENTS = 1 << 22
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -79,8 +80,8 @@ def as_density(normalised: Tensor, floor: float = DENSITY_FLOOR) -> Tensor:
 def minmax(x: Tensor) -> Tensor:
     """``(x - min) / (max - min)``; a constant map becomes zeros (as the run's `normalise` makes it)."""
     x = x.double()
-    low, high = x.min(), x.max()
-    return (x - low) / (high - low) if high > low else torch.zeros_like(x)
+    low, span = x.min(), x.max() - x.min()
+    return torch.where(span > 0, (x - low) / span.clamp(min=torch.finfo(x.dtype).tiny), 0.0)
 
 
 def nss(saliency: Tensor, fixations: Tensor) -> Tensor:
