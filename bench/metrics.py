@@ -17,9 +17,13 @@ single threshold on the same map (upsampling, their ``cam_to_segmentation`` and
 plainly in torch and NumPy), and their ratio. ``--quick`` (B = 8, neither the loop nor the native
 comparison) takes seconds: the test suite runs it to print the update's cost in its log.
 
-Last, Quantus' localisation, complexity and random-logit families (``GroundingMetrics`` with
+Then Quantus' localisation, complexity and random-logit families (``GroundingMetrics`` with
 ``map_quality``, what every run's grounding does) on one graded pair per image, as a multi-label
 dataset has a few: the update with them against the same update without, per graded pair.
+
+Last, the gaze metrics (``GazeMetrics.update``: NSS, CC, SIM, KL, AUC-Judd, shuffled AUC, IG, NCC
+and sNCC of every pair with gaze) on the same maps with two gaze pairs per image, as a REFLACX
+reading dictates a few findings, beside the grounding update of the same batch: per pair and in all.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from xbench.metrics import THRESHOLDS, GroundingMetrics, grounding_records
+from xbench.metrics.gaze import GazeMetrics
 from xbench.metrics.grounding import counts_and_moments, pair_scores, threshold_counts
 from xbench.metrics.native import native_upsample
 from xbench.geometry.maps import normalise
@@ -114,6 +119,33 @@ def map_quality_cost(s: torch.Tensor, m: torch.Tensor, index: torch.Tensor, clas
     print(f"  per graded pair    : {extra / s.shape[0] * 1e3:9.2f} ms   (a sort and an SSIM)")
 
 
+def gaze_cost(s: torch.Tensor, m: torch.Tensor, index: torch.Tensor, classes: int, device: torch.device,
+              repeats: int) -> None:
+    """The gaze update on two pairs per image beside the grounding update of every pair of the batch."""
+    batch, _, height, width = s.shape
+    gen = torch.Generator(device=device).manual_seed(1)
+    fixations = (torch.rand(s.shape, generator=gen, device=device) < 2e-4).float()
+    gaze = torch.rand(s.shape, generator=gen, device=device)
+    gaze /= gaze.flatten(2).sum(-1)[..., None, None]
+    has_gaze = torch.zeros(s.shape[:2], dtype=torch.bool, device=device)
+    has_gaze[:, :2] = True
+    shuffled = (torch.rand(batch, height, width, generator=gen, device=device) < 2e-3).float()
+    baseline = torch.rand(height, width, generator=gen, device=device)
+    grounding = GroundingMetrics(classes, validate_args=False, map_quality=True).to(device)
+    metric = GazeMetrics(classes, baseline).to(device)
+    every = torch.ones(s.shape[:2], dtype=torch.bool, device=device)
+    times = best_seconds_each({"grounding": lambda: grounding.update(s, m, every, index),
+                               "gaze": lambda: metric.update(s, gaze, fixations, has_gaze, shuffled, index)},
+                              device, repeats)
+    pairs, graded = int(has_gaze.sum()), s.shape[0] * s.shape[1]
+    per_gaze, per_graded = times["gaze"] / pairs, times["grounding"] / graded
+    print(f"gaze metrics, {pairs} pairs with gaze ({batch} images x 2) beside the grounding of {graded} pairs:")
+    print(f"  grounding update   : {times['grounding'] * 1e3:9.1f} ms   (map_quality, as a run)")
+    print(f"  gaze update        : {times['gaze'] * 1e3:9.1f} ms   ({times['gaze'] / times['grounding']:.2f}x the "
+          "grounding update)")
+    print(f"  per pair           : {per_gaze * 1e3:9.2f} ms   ({per_gaze / per_graded:.2f}x a graded pair's)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -169,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"update / single-tau  : {t_metric / t_single:9.2f}x   (target <= 1.0 on CPU, <= 1.5 on CUDA)")
     print(f"  with a window      : {parts['update, window'] / t_single:9.2f}x")
     map_quality_cost(s, m, index, args.classes, device, args.repeats)
+    gaze_cost(s, m, index, args.classes, device, args.repeats)
     if t_loop is None:
         print("loop / update        :   skipped   (--quick)")
         return

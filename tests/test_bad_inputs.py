@@ -3706,3 +3706,104 @@ def test_a_reflacx_image_of_another_shape_than_its_fixations_grid_is_named(tmp_p
     with pytest.raises(ValueError, match=r"metadata_phase_3.csv, line 2: image img-d is 30 x 30 .* fixations are on a "
                                          r"56 x 40 grid.*--data.images_root"):
         data.test_set[row]
+
+
+# Issue 51.3: the gaze metrics, their records and the centre-bias baseline (h51-metrics)
+# =============================================================================================
+
+import gzip as _gzip  # noqa: E402
+
+import pandas as _pd  # noqa: E402
+import torch as _torch  # noqa: E402
+
+from xbench.analysis.pipeline import analyze as _analyze  # noqa: E402
+from xbench.metrics.gaze import GazeMetrics  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gaze_folder(phantom_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gaze-bad")
+    main(run_args("random", "phantom", phantom_root, out, "--data.gaze", "true", "--trainer.logger", "false",
+                  image_size=32))
+    return only_folder(out)
+
+
+def _gaze_copy(folder, tmp_path):
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    return copy
+
+
+def test_a_gaze_value_outside_its_range_is_named(gaze_folder, tmp_path):
+    folder = _gaze_copy(gaze_folder, tmp_path)
+    table = _pd.read_csv(folder / "gaze.csv.gz")
+    table.loc[1, "sim"] = 1.5  # SIM is a histogram intersection: at most 1
+    with _gzip.open(folder / "gaze.csv.gz", "wt") as handle:
+        table.to_csv(handle, index=False)
+    with pytest.raises(ValueError, match=r"gaze\.csv\.gz, data row 3, column sim: 1\.5 lies outside its range"):
+        _analyze([reseal(folder)])
+
+
+def test_a_gaze_estimate_edited_in_metrics_json_is_named(gaze_folder, tmp_path):
+    folder = _gaze_copy(gaze_folder, tmp_path)
+    payload = json.loads((folder / "metrics.json").read_text())
+    payload["gaze"]["macro"]["nss"] += 0.5
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=r"gaze\.macro\.nss is .* but the folder's records \(gaze\.csv\.gz\)"):
+        _analyze([reseal(folder)])
+
+
+def test_gaze_records_without_their_section_are_named(gaze_folder, tmp_path):
+    folder = _gaze_copy(gaze_folder, tmp_path)
+    payload = json.loads((folder / "metrics.json").read_text())
+    del payload["gaze"]
+    (folder / "metrics.json").write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match=r"gaze\.csv\.gz is present, but metrics\.json has no gaze section"):
+        _analyze([reseal(folder)])
+
+
+def test_gaze_pairs_that_do_not_match_their_counts_are_named(gaze_folder, tmp_path):
+    folder = _gaze_copy(gaze_folder, tmp_path)
+    table = _pd.read_csv(folder / "gaze.csv.gz")
+    with _gzip.open(folder / "gaze.csv.gz", "wt") as handle:
+        table.iloc[1:].to_csv(handle, index=False)
+    with pytest.raises(ValueError, match=r"pairs per class, but metrics\.json's gaze section counts"):
+        _analyze([reseal(folder)])
+
+
+def test_the_centre_bias_model_on_a_dataset_without_gaze_is_named(phantom_root, tmp_path):
+    with pytest.raises(ValueError, match=r"--model gaze_centre_bias .* has no gaze: choose a gaze dataset"):
+        main(run_args("gaze_centre_bias", "phantom", phantom_root, tmp_path, "--trainer.logger", "false",
+                      image_size=32))
+
+
+@pytest.mark.parametrize("baseline", [_torch.full((4, 4), -1.0), _torch.full((4, 4), float("nan")), _torch.ones(4)])
+def test_a_centre_bias_that_is_no_density_is_refused(baseline):
+    with pytest.raises(ValueError, match="centre-bias baseline must be a finite, non-negative"):
+        GazeMetrics(2, baseline)
+
+
+def test_the_phantoms_gaze_refuses_an_augmentation(phantom_root):
+    with pytest.raises(ValueError, match=r"--data.gaze .* cannot follow --data.augment"):
+        from xbench.data.phantom import Phantom
+
+        Phantom(root=str(phantom_root), gaze=True,
+                augment=[{"class_path": "albumentations.HorizontalFlip", "init_args": {"p": 1.0}}])
+
+
+def test_gaze_batches_without_a_centre_bias_are_named(phantom_root):
+    import lightning as L
+
+    from xbench.data.phantom import Phantom
+    from xbench.models.baselines import RandomSaliency
+
+    class WithoutCentreBias(Phantom):
+        def gaze_baseline(self):
+            return None
+
+    data = WithoutCentreBias(root=str(phantom_root), gaze=True, image_size=32, num_workers=0, cache=False)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, use_distributed_sampler=False,
+                        enable_model_summary=False)
+    with pytest.raises(RuntimeError, match=r"WithoutCentreBias's batches carry gaze, but its gaze_baseline\(\) gave "
+                                           r"no centre bias"):
+        trainer.test(RandomSaliency(), datamodule=data, verbose=False)

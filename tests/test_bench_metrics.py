@@ -16,5 +16,6 @@ def test_quick_bench_prints_the_update_cost_and_its_parts(capsys):
     out = capsys.readouterr().out
     with capsys.disabled():
         print("\n" + out)
-    for label in ("counts", "CNR", "Pointing Game, Dice/IoU", "records", "update / single-tau", "loop / update"):
+    for label in ("counts", "CNR", "Pointing Game, Dice/IoU", "records", "update / single-tau", "loop / update",
+                  "gaze update", "per pair"):
         assert f"{label} " in out or f"{label}:" in out, label

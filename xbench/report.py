@@ -18,6 +18,8 @@ dataset; older ones are listed as superseded) and writes, without re-running any
 - with runs that ran the sanity or faithfulness check (``--sanity.images``, ``--faithfulness.images``):
   plausibility, faithfulness and sanity side by side, the cascade of each model as a table and a
   figure, and plausibility against faithfulness (``xbench.reporting.explanations``);
+- with runs on a gaze dataset (REFLACX, EGD-CXR, the phantom's ``--data.gaze``): a gaze table per
+  dataset and the overlays of the radiologist's gaze beside each model's map (``xbench.reporting.gaze``);
 - with robustness runs (``data.augment``): a table and a figure of every model under each
   perturbation, beside its unperturbed run;
 - a reproduction section: the paper's published numbers (Tables 1-5, Figs. 3 and 4) beside XBench's
@@ -51,6 +53,7 @@ from xbench.reporting.analysis_summary import NO_HUMAN_LINE, reach_lines
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
 from xbench.reporting.figures import DPI, paper_figures, robustness
+from xbench.reporting.gaze import gaze_overlays, gaze_tables
 from xbench.files import atomic_write
 from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
@@ -195,8 +198,10 @@ def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = 
     shown as rows beside the runs' in the report's own tables (``--published``)."""
     summaries, reproduction = _reproduction_section(list(reproductions), bench, analysis)
     summaries += _human_lines(bench, analysis)
-    tables = paper_tables(bench, analysis, published) + explanation_tables(bench, analysis) if bench.runs else []
-    plots = paper_figures(bench, analysis) + explanation_figures(bench, analysis) if bench.runs else []
+    tables = (paper_tables(bench, analysis, published) + explanation_tables(bench, analysis)
+              + gaze_tables(bench, analysis)) if bench.runs else []
+    plots = (paper_figures(bench, analysis) + explanation_figures(bench, analysis) + gaze_overlays(bench)
+             if bench.runs else [])
     robust_table, robust_plot = robustness_table(bench), robustness(bench)
     tables += [robust_table] if robust_table is not None else []
     plots += [robust_plot] if robust_plot is not None else []

@@ -6,7 +6,8 @@ analysis resamples them with the dataset's image weights, the same draws as ever
 the run and of every other model on the dataset, so their intervals are paired with plausibility's.
 A pair whose value is undefined (a map that points nowhere; a constant map's Spearman correlation)
 is left out of its class's mean, as in ``metrics.json``; a class with no defined pair in a replicate
-is NaN there and left out of that replicate's macro mean.
+is NaN there and left out of that replicate's macro mean. A gaze dataset's run keeps its gaze
+metrics' pairs in ``gaze.csv.gz`` (`load_gaze`), resampled the same way.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.map_quality import SECTIONS as ALWAYS_ON
-from xbench.metrics.names import analysed_keys, metric
-from xbench.results.folder import CHECK_TABLES, DAMAGED, PAIRS, read_table
+from xbench.metrics.names import analysed_keys, metric, run_keys
+from xbench.results.folder import CHECK_TABLES, DAMAGED, GAZE, PAIRS, read_table
 
 #: The analysed values of each check, by its section in ``metrics.json``.
 CHECK_METRICS = {section: analysed_keys(section) for section in CHECK_TABLES}
@@ -73,6 +74,32 @@ def load_checks(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids
             _check_constant_maps(path, section, table, body, classes)
         found[section] = checked
     return found
+
+
+#: The gaze metrics' per-pair values (``gaze.csv.gz``'s columns beside the pair's).
+GAZE_METRICS = run_keys("gaze", "per_class")
+
+
+def load_gaze(folder: Path, metrics: dict, classes: tuple[str, ...], image_ids: np.ndarray) -> CheckedPairs | None:
+    """The (image, class) pairs a gaze run scored (``gaze.csv.gz``), every value in its metric's range
+    and the pairs of each class as ``metrics.json``'s gaze section counts them; ``None`` for a run
+    without gaze. A table without its section, or a section without its table, is an error naming both."""
+    body, path = metrics.get("gaze"), Path(folder) / GAZE
+    if not (body or {}).get("applicable"):
+        if os.path.lexists(path):
+            raise ValueError(f"{path} is present, but metrics.json has no gaze section; {DAMAGED}")
+        return None
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing, but metrics.json holds a gaze section; {DAMAGED}")
+    table = read_table(path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+                       na_values={name: ["", "nan", "NaN"] for name in GAZE_METRICS})
+    checked = _checked_pairs(path, table, GAZE_METRICS, classes, image_ids)
+    counted = torch.bincount(checked.cls, minlength=len(classes)).tolist()
+    listed = [(body["per_class"].get(key) or {}).get("pairs") for key in classes]
+    if counted != listed:
+        raise ValueError(f"{path} holds {dict(zip(classes, counted))} pairs per class, but metrics.json's gaze section "
+                         f"counts {dict(zip(classes, listed))}; {DAMAGED}")
+    return checked
 
 
 def pair_cells(image: Tensor | np.ndarray, cls: Tensor | np.ndarray, num_classes: int) -> np.ndarray:

@@ -26,7 +26,7 @@ from xbench.analysis.grounding import (
 from xbench.metrics.recognition import recognition_statistics
 from xbench.analysis.runs import DatasetRuns, Run, find_run_folders, group_runs, load_run
 from xbench.analysis.settings import Settings
-from xbench.results.folder import CHECK_TABLES, DAMAGED, METRICS, PAIRS, QUERIES
+from xbench.results.folder import CHECK_TABLES, DAMAGED, GAZE, METRICS, PAIRS, QUERIES
 
 #: How far an estimate re-derived from a folder's records may lie from ``metrics.json``'s own:
 #: float noise (the run sums in float64 as the analysis does, in another order), relative to the
@@ -52,7 +52,7 @@ class RunAnalysis:
     """One model on one dataset. Tensors: row 0 the estimate, rows 1..R the replicates.
 
     ``values``: metric -> float64 [R + 1, C] (grounding and recognition, per class; the sanity and
-    faithfulness checks' where the run has them);
+    faithfulness checks' and the gaze metrics' where the run has them);
     ``calibrated_tau``: curve -> float64 [R + 1, C, K] (K folds, or 1 for a validation choice);
     ``strata``: metric -> float64 [R + 1, C + 1, S] (index C pools all classes' pairs).
     """
@@ -98,7 +98,7 @@ class Analysis:
 
 def check_estimates(run: Run, queries: str | None = None) -> None:
     """The estimates the analysis re-derives from the run's records -- the bootstrap's row 0: per
-    class and macro Pointing Game, Dice and IoU at 0.5, each explanation family's means -- against
+    class and macro Pointing Game, Dice and IoU at 0.5, each explanation family's and the gaze metrics' means -- against
     ``metrics.json``'s own; a disagreement beyond `TOLERANCE` (a folder edited and resealed, a table
     from another run, a bug) is an error naming the section, the class and both values."""
     ones = torch.ones(1, len(run.image_ids), dtype=torch.float64)
@@ -115,6 +115,9 @@ def check_estimates(run: Run, queries: str | None = None) -> None:
     derived += [(section, run.results[section], CHECK_TABLES[section],
                  {key: value[0] for key, value in check_statistics(checked, len(run.classes), ones).items()})
                 for section, checked in run.checks.items()]
+    if run.gaze is not None:
+        derived.append(("gaze", run.results["gaze"], GAZE,
+                        {key: value[0] for key, value in check_statistics(run.gaze, len(run.classes), ones).items()}))
     for section, body, table, values in derived:
         for key, per_class in values.items():
             for c, name in enumerate(run.classes):
@@ -162,7 +165,7 @@ def analyze_dataset(group: DatasetRuns, settings: Settings) -> DatasetAnalysis:
         grounding = grounding_statistics(
             run.pairs, num_classes, weights, calibration, strata, len(settings.size_bins) + 1)
         values = {**grounding.per_class, **recognition_statistics(run.labels, run.logits, weights)}
-        for checked in run.checks.values():
+        for checked in (*run.checks.values(), *([run.gaze] if run.gaze is not None else [])):
             values.update(check_statistics(checked, num_classes, weights))
         results.append(RunAnalysis(label, run, validation, values, grounding.calibrated_tau,
                                    stratum_means(grounding.strata)))

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from xbench.analysis.explanations import CheckedPairs, load_checks, pair_cells
+from xbench.analysis.explanations import CheckedPairs, load_checks, load_gaze, pair_cells
 from xbench.metrics.grounding import NUM_THRESHOLDS
 from xbench.reads import READ_SEPARATOR, radiograph_of
 from xbench.results.folder import (
@@ -75,6 +75,8 @@ class Run:
     checks: dict[str, CheckedPairs] = field(default_factory=dict)
     #: The folder's ``metrics.json``: the estimates the records are checked against (`check_estimates`).
     results: dict = field(default_factory=dict)
+    #: A gaze dataset's run: the pairs scored against the radiologists' gaze (``gaze.csv.gz``).
+    gaze: CheckedPairs | None = None
 
     @property
     def name(self) -> str:
@@ -186,6 +188,7 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         reads=reads,
         checks=load_checks(folder, metrics, classes, image_ids, graded_cells),
         results=metrics,
+        gaze=load_gaze(folder, metrics, classes, image_ids),
     )
 
 

@@ -465,3 +465,10 @@ class XBenchDataModule(L.LightningDataModule, ABC):
         ([`xbench.data.readers`][xbench.data.readers]); ``None``: this dataset, as configured, has no
         second reader to score (the default)."""
         return None
+
+    def gaze_baseline(self) -> torch.Tensor | None:
+        """A gaze dataset's centre bias, float32 [S, S] in the metric frame: the mean gaze density of
+        its training readings (Lanfredi et al.), the baseline of information gain and shuffled NCC and
+        the map of ``gaze_centre_bias`` ([Where did the radiologist look?](../gaze.md)); its batches
+        then carry the gaze keys. ``None``: no gaze (the default)."""
+        return None

@@ -12,6 +12,10 @@ run has a human row that is good but not perfect, for the report's human scale t
 With ``reads`` > 1, each image is read that many times (samples ``<file>#R1``, ``<file>#R2``, ...,
 `xbench.reads`), each read with its own jitter: intervals then resample radiographs, every read of a
 drawn radiograph with it.
+With ``gaze``, every image also has a synthetic eye-tracking reading (`SyntheticReadings`): a
+survey of fixations around the middle of the chest and, for each finding present, fixations
+around its box; the batch then carries the gaze keys of a gaze dataset (``docs/architecture.md``)
+and the datamodule its centre bias (`Phantom.gaze_baseline`), so every model scores gaze end to end.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from xbench.cache import cache_root, check_cache_writable
 from xbench.files import staging_folder
@@ -126,6 +132,105 @@ def _radiograph(rng: np.random.Generator, size: int) -> tuple[np.ndarray, list[s
     return (np.clip(image, 0, 1) * 255).round().astype(np.uint8), syms, boxes
 
 
+#: The synthetic readings: fixations per finding and in the survey (ranges), the spread of a finding's
+#: fixations around its box centre (in units of the box's half sides), of the survey's (a fraction of
+#: the frame side), and the Gaussian drawn per fixation for the density (a fraction of the frame side).
+FINDING_FIXATIONS = (3, 12)
+SURVEY_FIXATIONS = (8, 20)
+FINDING_SPREAD = 0.8
+SURVEY_SPREAD = 0.18
+GAZE_SIGMA = 0.03
+#: The synthetic training readings the centre bias is the mean density of (images of another stream).
+TRAINING_READINGS = 32
+
+
+class SyntheticReadings:
+    """One reading per sample, deterministic by ``seed`` and the sample's index, in the metric frame
+    of side ``size``: per finding present, its fixations' (row, column) positions (those outside the
+    frame dropped), and the survey's. ``native_sizes``: each sample's (height, width), which its boxes
+    are in."""
+
+    def __init__(self, samples: list[Sample], classes: list[str], native_sizes: list[tuple[int, int]], size: int,
+                 seed: int) -> None:
+        self.classes, self.size = list(classes), size
+        self.readings = [self._reading(sample, native, np.random.default_rng([seed, 51, index]))
+                         for index, (sample, native) in enumerate(zip(samples, native_sizes))]
+        self.total = sum(self._counts(np.concatenate([*reading.values()])) for reading in self.readings)
+
+    def _reading(self, sample: Sample, native: tuple[int, int], rng: np.random.Generator
+                 ) -> dict[str | None, np.ndarray]:
+        scale = self.size / np.asarray(native, dtype=float)  # (rows, columns)
+        centre = np.array([0.45, 0.5]) * self.size
+        reading = {None: self._inside(centre + rng.normal(0, SURVEY_SPREAD * self.size,
+                                                          (int(rng.integers(*SURVEY_FIXATIONS)), 2)))}
+        for key in self.classes:
+            region = sample.regions.get(key)
+            if region is None:
+                continue
+            x1, y1, x2, y2 = region.xyxy[int(rng.integers(len(region.xyxy)))]
+            middle = np.array([(y1 + y2) / 2, (x1 + x2) / 2]) * scale
+            half = np.array([(y2 - y1) / 2, (x2 - x1) / 2]) * scale
+            count = int(rng.integers(*FINDING_FIXATIONS))
+            reading[key] = self._inside(middle + rng.normal(0, 1, (count, 2)) * FINDING_SPREAD * np.maximum(half, 1))
+        return reading
+
+    def _inside(self, positions: np.ndarray) -> np.ndarray:
+        return positions[((positions >= 0) & (positions < self.size)).all(1)]
+
+    def _counts(self, positions: np.ndarray) -> np.ndarray:
+        counts = np.zeros((self.size, self.size))
+        np.add.at(counts, (positions[:, 0].astype(int), positions[:, 1].astype(int)), 1)
+        return counts
+
+    def density(self, positions: np.ndarray) -> np.ndarray:
+        """A Gaussian of `GAZE_SIGMA` per fixation over the frame's pixel centres, summing to 1."""
+        axis = np.arange(self.size) + 0.5
+        sigma = GAZE_SIGMA * self.size
+        rows = np.exp(-((axis[None] - positions[:, :1]) ** 2) / (2 * sigma**2))
+        cols = np.exp(-((axis[None] - positions[:, 1:]) ** 2) / (2 * sigma**2))
+        density = rows.T @ cols
+        return density / density.sum()
+
+    def keys(self, index: int) -> dict[str, torch.Tensor]:
+        """The gaze keys of sample ``index``: ``gaze``, ``fixations`` [C, S, S], ``has_gaze`` [C] and
+        ``shuffled_fixations`` [S, S] (every other reading's fixations)."""
+        reading, size = self.readings[index], self.size
+        gaze = np.zeros((len(self.classes), size, size), np.float32)
+        fixations = np.zeros_like(gaze)
+        has = np.zeros(len(self.classes), bool)
+        for c, key in enumerate(self.classes):
+            if len(reading.get(key, ())):
+                gaze[c], fixations[c], has[c] = self.density(reading[key]), self._counts(reading[key]), True
+        own = self._counts(np.concatenate([*reading.values()]))
+        return {"gaze": torch.from_numpy(gaze), "fixations": torch.from_numpy(fixations),
+                "has_gaze": torch.from_numpy(has),
+                "shuffled_fixations": torch.from_numpy((self.total - own).astype(np.float32))}
+
+    def mean_density(self) -> torch.Tensor:
+        """float32 [S, S]: the mean density of the whole readings (survey and findings)."""
+        densities = [self.density(np.concatenate([*reading.values()])) for reading in self.readings]
+        return torch.from_numpy(np.mean(densities, 0).astype(np.float32))
+
+
+class GazeKeys(Dataset):
+    """A test set whose samples also carry their reading's gaze keys (and the same through ``item``,
+    which the model-input dataset reads)."""
+
+    def __init__(self, decoded, readings: SyntheticReadings) -> None:
+        self.decoded, self.readings = decoded, readings
+
+    def __len__(self) -> int:
+        return len(self.decoded)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.item(index, with_native=False)[0]
+
+    def item(self, index: int, with_native: bool):
+        record, native = self.decoded.item(index, with_native)
+        record.update(self.readings.keys(index))
+        return record, native
+
+
 def generate_phantom(root: Path, num_images: int, size: int, seed: int) -> None:
     """Write ``test.json`` and ``test_data/*.png`` under ``root`` (atomically: all or nothing)."""
     root = Path(root)
@@ -156,6 +261,8 @@ class Phantom(ChestXDet10):
         (at least `MIN_NATIVE_SIZE`, so that every lesion covers a pixel). seed: the generator's
         seed. second_reader: a synthetic second reader (`second_reader_set`) for ``--model human``.
         reads: samples per image, each a read ``<file>#R<k>`` (``1``: one sample per image, not a read).
+        gaze: give every image a synthetic eye-tracking reading (`SyntheticReadings`): the
+        batch carries the gaze keys, and `gaze_baseline` the centre bias.
     """
 
     name = "phantom"
@@ -163,7 +270,7 @@ class Phantom(ChestXDet10):
 
     def __init__(
         self, root: str | None = None, num_images: int = 48, native_size: int = 256, seed: int = 0,
-        second_reader: bool = False, reads: int = 1, **kwargs
+        second_reader: bool = False, reads: int = 1, gaze: bool = False, **kwargs
     ) -> None:
         for option, value, least in (("num_images", num_images, 1), ("native_size", native_size, MIN_NATIVE_SIZE),
                                      ("reads", reads, 1)):
@@ -179,6 +286,11 @@ class Phantom(ChestXDet10):
         self.second_reader = second_reader
         self.read_count = reads
         self.reads = reads > 1
+        self.gaze = gaze
+        self.readings: SyntheticReadings | None = None
+        if gaze and self.augment is not None:
+            raise ValueError("--data.gaze draws each reading on the image as written; it cannot follow --data.augment "
+                             "(a moved image would leave its gaze behind). Drop one of them.")
 
     @classmethod
     def default_classes(cls) -> tuple[str, ...]:
@@ -202,3 +314,31 @@ class Phantom(ChestXDet10):
         if not self.second_reader:
             return None
         return second_reader_set(self.samples, self.native_size, self.seed, self.read_count)
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        if self.gaze:
+            sizes = []
+            for sample in self.samples:  # the boxes are in the files' pixels, whatever size wrote them
+                with Image.open(sample.path) as image:
+                    sizes.append(image.size[::-1])
+            self.readings = SyntheticReadings(self.samples, self.classes, sizes, self.image_size, self.seed)
+            self.test_set = GazeKeys(self.test_set, self.readings)
+
+    def gaze_baseline(self) -> torch.Tensor | None:
+        """The centre bias [S, S]: the mean gaze density of `TRAINING_READINGS` synthetic readings of
+        other phantom images (their lesions drawn from another stream of the seed, never the split's),
+        as Lanfredi et al. build it from the training readings; ``None`` without ``gaze``."""
+        if not self.gaze:
+            return None
+        rng = np.random.default_rng([self.seed, 51])
+        raw_key = {raw: key for key, (raw, _) in LESIONS.items()}
+        samples = []
+        for _ in range(TRAINING_READINGS):
+            _, syms, boxes = _radiograph(rng, self.native_size)
+            regions: dict[str, list] = {}
+            for sym, box in zip(syms, boxes):
+                regions.setdefault(raw_key[sym], []).append(tuple(map(float, box)))
+            samples.append(Sample("training", self.root, {}, {k: Boxes(tuple(v)) for k, v in regions.items()}))
+        return SyntheticReadings(samples, self.classes, [(self.native_size,) * 2] * len(samples), self.image_size,
+                                 self.seed + 1).mean_density()

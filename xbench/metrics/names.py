@@ -18,9 +18,13 @@ FRACTION = (0.0, 1.0)
 NON_NEGATIVE = (0.0, math.inf)
 CORRELATION = (-1.0, 1.0)
 ANY = (-math.inf, math.inf)
+#: The MIT benchmark's regularised KL divergence, sum g log(eps + g / (p + eps)), is at least
+#: -log(1 + n eps) (eps = 2.2204e-16, n pixels, here up to the largest frame, 4096^2), not 0: a map
+#: equal to the gaze scores a hair below 0.
+KL_BOUNDS = (-math.log1p(4096**2 * 2.2204e-16), math.inf)
 
 Section = Literal["grounding", "classification", "faithfulness", "sanity", "localisation", "complexity",
-                  "randomisation", "robustness"]
+                  "randomisation", "robustness", "gaze"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,24 @@ METRICS: tuple[Metric, ...] = (
            analysed=True, bounds=NON_NEGATIVE),
     Metric("local_lipschitz", "robustness", "Lipschitz", "local Lipschitz estimate (lower is more robust)",
            unit="ratio", analysed=True, bounds=NON_NEGATIVE),
+    # gaze (xbench.metrics.gaze): each map against the radiologist's eye-tracking gaze tied to its class
+    Metric("nss", "gaze", "NSS", "normalised scanpath saliency (the map's z-score at the fixations)", unit="ratio",
+           analysed=True, bounds=ANY),
+    Metric("cc", "gaze", "CC", "correlation coefficient of map and gaze density", unit="ratio", analysed=True,
+           bounds=CORRELATION),
+    Metric("sim", "gaze", "SIM", "similarity (histogram intersection) of map and gaze density", unit="ratio",
+           analysed=True),
+    Metric("kl_divergence", "gaze", "KL", "KL divergence of the map from the gaze density (lower is better)",
+           unit="ratio", analysed=True, bounds=KL_BOUNDS),
+    Metric("auc_judd", "gaze", "AUC-J", "AUC-Judd: fixated against unfixated pixels", unit="ratio", analysed=True),
+    Metric("shuffled_auc", "gaze", "sAUC", "shuffled AUC: fixations against other images' fixations", unit="ratio",
+           analysed=True),
+    Metric("information_gain", "gaze", "IG", "information gain over the centre bias (bits per fixation)",
+           unit="ratio", analysed=True, bounds=ANY),
+    Metric("ncc", "gaze", "NCC", "normalised cross-correlation with the gaze density (etsaliencymaps)",
+           unit="ratio", analysed=True, bounds=CORRELATION),
+    Metric("shuffled_ncc", "gaze", "sNCC", "shuffled NCC: NCC with the gaze less NCC with the centre bias",
+           unit="ratio", analysed=True, bounds=(-2.0, 2.0)),
 )
 BY_KEY = {metric.key: metric for metric in METRICS}
 #: Metrics the analysis adds (a threshold chosen where it is not scored); not in metrics.json.

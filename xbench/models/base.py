@@ -46,11 +46,12 @@ from torch import Tensor
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
+from xbench.metrics.gaze import GazeMetrics
 from xbench.metrics.native import himl_native_saliency
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.explainers import NATIVE, CamTarget, Explainer, cam_maps, check_explainer, explainer_record
-from xbench.results.payload import build_results, log_keys, map_quality_sections
+from xbench.results.payload import build_results, gaze_section, log_keys, map_quality_sections
 
 
 #: Phrases encoded per call at the start of a phrase-grounding run (MS-CXR has about 1,100).
@@ -285,6 +286,10 @@ class XBenchModel(L.LightningModule, ABC):
         self.grounding = GroundingMetrics(len(classes), validate_args=False, map_quality=True)
         self.classification = ClassificationMetrics(len(classes))
         self.region_counts = RegionCounts(len(classes))
+        # a gaze dataset (its batches carry `gaze`): every map is also scored against the radiologists' gaze,
+        # with the dataset's centre bias as the baseline of information gain and shuffled NCC
+        baseline = datamodule.gaze_baseline()
+        self.gaze = GazeMetrics(len(classes), baseline) if baseline is not None else None
         self.build(classes)
         # A phrase dataset's queries: scored by the model's grounding of each phrase (its query_mode)
         # and, for a phrase-mode model, also by the map of the phrase's finding name, on the same pairs.
@@ -303,7 +308,7 @@ class XBenchModel(L.LightningModule, ABC):
 
     def run_metrics(self) -> list:
         return [metric for metric in (self.grounding, self.classification, self.region_counts, self.query_grounding,
-                                      self.name_grounding) if metric is not None]
+                                      self.name_grounding, self.gaze) if metric is not None]
 
     def on_test_epoch_start(self) -> None:
         for metric in self.run_metrics():
@@ -332,6 +337,13 @@ class XBenchModel(L.LightningModule, ABC):
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
         if self.query_grounding is not None:
             self.ground_queries(batch, maps)
+        if "gaze" in batch:
+            if self.gaze is None:
+                raise RuntimeError(f"{type(self.trainer.datamodule).__name__}'s batches carry gaze, but its "
+                                   "gaze_baseline() gave no centre bias, which the gaze metrics need: have it return "
+                                   "the mean gaze density of the training readings [S, S] (docs/gaze.md)")
+            self.gaze.update(saliency, batch["gaze"], batch["fixations"], batch["has_gaze"],
+                             batch["shuffled_fixations"], batch["index"])
         return {"logits": logits, "saliency": saliency}
 
     def frame_saliency(self, maps: Tensor, batch: dict) -> tuple[Tensor, Tensor | None]:
@@ -440,13 +452,17 @@ class XBenchModel(L.LightningModule, ABC):
             queries=queries,
         )
         self.results.update(self.extra_results())
+        gaze = self.gaze.compute() if self.gaze is not None else None
+        if gaze is not None:
+            self.results["gaze"] = gaze_section(gaze, self.classes)
         # Quantus' families on every graded pair, then the checks the run asked for (xbench.checks)
         explained = {**map_quality_sections(grounding["records"], self.classes, datamodule.image_size**2),
                      **self.checks}
         self.results.update({name: section for name, (section, _) in explained.items()})
         self.records = {"grounding": grounding["records"], "classification": classification["records"],
                         "queries": {name: values["records"] for name, values in queries.items()},
-                        **{name: records for name, (_, records) in explained.items()}}
+                        **{name: records for name, (_, records) in explained.items()},
+                        **({"gaze": gaze["records"]} if gaze is not None else {})}
         # Every process holds the same synced values, so no key needs a collective of its own (a
         # 21-class run logs over 600): rank_zero_only skips the reduction, sync_dist says it is meant.
         self.log_dict(log_keys(self.results), sync_dist=True, rank_zero_only=True)

@@ -1,6 +1,7 @@
 """Reference points for every table: noise, a centre prior, and the oracle instrument.
 
-``RandomSaliency`` and ``CentrePrior`` are the floors a model must beat. ``Oracle`` reads the
+``RandomSaliency`` and ``CentrePrior`` are the floors a model must beat; on a gaze dataset,
+``GazeCentreBias`` (the dataset's own centre bias as the map) is the floor of the gaze metrics. ``Oracle`` reads the
 radiologist masks and the true labels from the batch: it is a test instrument for the harness
 (it must score a perfect Pointing Game and best-threshold Dice), never a benchmark entry.
 """
@@ -65,6 +66,29 @@ class CentrePrior(XBenchModel):
         gaussian = torch.exp(-(ys[:, None] ** 2 + xs[None, :] ** 2) / (2 * self.sigma**2))
         num_classes = len(self.classes)
         maps = gaussian.expand(batch, num_classes, height, width)
+        return torch.zeros(batch, num_classes, device=image.device), maps
+
+
+class GazeCentreBias(XBenchModel):
+    """The gaze dataset's centre bias (its ``gaze_baseline()``: the mean gaze density of the training
+    readings) as every class's map, and a constant logit of 0: where radiologists look on any image,
+    the floor of the gaze metrics as `RandomSaliency` is of grounding (its information gain over the
+    centre bias is 0 by construction)."""
+
+    name = "gaze_centre_bias"  # its config's name (lightning_configs/models/gaze_centre_bias.yaml)
+
+    def build(self, classes: list[str]) -> None:
+        datamodule = self.trainer.datamodule
+        baseline = datamodule.gaze_baseline()
+        if baseline is None:
+            raise ValueError(f"--model gaze_centre_bias maps a gaze dataset's centre bias, and "
+                             f"{type(datamodule).__name__} as configured has no gaze: choose a gaze dataset "
+                             "(REFLACX, EGD-CXR, or the phantom with --data.gaze true)")
+        self.baseline = baseline
+
+    def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
+        batch, num_classes = image.shape[0], len(self.classes)
+        maps = self.baseline.to(image.device, torch.float32).expand(batch, num_classes, *self.baseline.shape)
         return torch.zeros(batch, num_classes, device=image.device), maps
 
 

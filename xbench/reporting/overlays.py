@@ -6,8 +6,10 @@ class list, so every model on a dataset saves the same images and the report can
 by side (the paper's Fig. 2) without re-running any model.
 
 What is kept per pair, in the batch geometry: the radiograph and the normalised map as uint8
-(0..255) and the region as a 0/1 uint8 mask. Under DDP each process records the pairs it
-evaluates; the states are concatenated on sync, so rank 0 holds them all.
+(0..255) and the region as a 0/1 uint8 mask; on a gaze dataset also the pair's gaze density
+scaled to its maximum (0..255; 0 where the pair has no gaze) and whether it has one. Under DDP
+each process records the pairs it evaluates; the states are concatenated on sync, so rank 0 holds
+them all.
 """
 
 from __future__ import annotations
@@ -47,14 +49,16 @@ class OverlayRecords(RecordsMetric):
     Args:
         chosen: ``image_id -> class indices`` from `choose_overlay_pairs`.
         size: side of the batch geometry.
+        gaze: the batches carry gaze (a gaze dataset): keep each pair's gaze density too.
     """
 
     full_state_update = False
 
-    def __init__(self, chosen: dict[str, list[int]], size: int, **kwargs) -> None:
+    def __init__(self, chosen: dict[str, list[int]], size: int, gaze: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.chosen = chosen
         self.size = size
+        self.gaze = gaze
         self._add_record_states()
 
     def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -66,10 +70,13 @@ class OverlayRecords(RecordsMetric):
             "ov_saliency": (square, torch.uint8),
             # uint8, not bool: every backend all-gathers bytes.
             "ov_mask": (square, torch.uint8),
+            **({"ov_gaze": (square, torch.uint8), "ov_has_gaze": ((), torch.uint8)} if self.gaze else {}),
         }
 
-    def update(self, image: Tensor, saliency: Tensor, masks: Tensor, index: Tensor, image_ids: Sequence[str]) -> None:
-        """``image`` [B,1,S,S], ``saliency`` [B,C,S,S] in [0,1], ``masks`` bool [B,C,S,S], ``index`` [B].
+    def update(self, image: Tensor, saliency: Tensor, masks: Tensor, index: Tensor, image_ids: Sequence[str],
+               gaze: Tensor | None = None, has_gaze: Tensor | None = None) -> None:
+        """``image`` [B,1,S,S], ``saliency`` [B,C,S,S] in [0,1], ``masks`` bool [B,C,S,S], ``index`` [B];
+        with ``gaze``: the batch's ``gaze`` [B,C,S,S] and ``has_gaze`` [B,C].
 
         The pairs are found from the batch's image ids, which live on the host, and their rows go
         to the device without waiting for it (a host-to-device copy with ``non_blocking``).
@@ -88,6 +95,11 @@ class OverlayRecords(RecordsMetric):
         self.ov_image.append(to_uint8(image[b, 0]))
         self.ov_saliency.append(to_uint8(saliency[b, c]))
         self.ov_mask.append(masks[b, c].to(torch.uint8))
+        if self.gaze:
+            density = gaze[b, c].float()
+            peak = density.flatten(1).amax(1).clamp(min=torch.finfo(torch.float32).tiny)[:, None, None]
+            self.ov_gaze.append(to_uint8(density / peak))
+            self.ov_has_gaze.append(has_gaze[b, c].to(torch.uint8))
 
     def compute(self) -> MetricValues:
         """The records of every process, ordered by (class, image index)."""
@@ -100,6 +112,8 @@ class OverlayRecords(RecordsMetric):
             "image": dim_zero_cat(self.ov_image)[order],
             "saliency": dim_zero_cat(self.ov_saliency)[order],
             "mask": dim_zero_cat(self.ov_mask)[order],
+            **({"gaze": dim_zero_cat(self.ov_gaze)[order], "has_gaze": dim_zero_cat(self.ov_has_gaze)[order]}
+               if self.gaze else {}),
         })
 
 
@@ -107,7 +121,8 @@ def overlay_arrays(
     records: MetricValues, classes: Sequence[str], image_ids: Sequence[str]
 ) -> dict[str, np.ndarray]:
     """The records as the arrays of ``overlays.npz``: ``image_index``, ``image_id``, ``finding``
-    (class key), ``image`` and ``saliency`` uint8 [N,S,S], ``mask`` bool [N,S,S]."""
+    (class key), ``image`` and ``saliency`` uint8 [N,S,S], ``mask`` bool [N,S,S]; on a gaze dataset
+    also ``gaze`` uint8 [N,S,S] (the density over its maximum) and ``has_gaze`` bool [N]."""
     index = records["index"].cpu().numpy()
     return {
         "image_index": index,
@@ -116,4 +131,6 @@ def overlay_arrays(
         "image": records["image"].cpu().numpy(),
         "saliency": records["saliency"].cpu().numpy(),
         "mask": records["mask"].cpu().numpy().astype(bool),
+        **({"gaze": records["gaze"].cpu().numpy(), "has_gaze": records["has_gaze"].cpu().numpy().astype(bool)}
+           if "gaze" in records else {}),
     }

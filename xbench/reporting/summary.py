@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from xbench.console import counted, print_table
-from xbench.metrics.names import metric
+from xbench.metrics.names import metric, run_keys
 from xbench.results.names import finding_display
 from xbench.reporting.render import markdown_grid
 
@@ -29,6 +29,7 @@ SUMMARY_CHECKS = {
     "complexity": ("Complexity of the map, graded pairs of {images}", ("sparseness", "complexity")),
     "randomisation": ("Random logit, graded pairs of {images}: SSIM with another class's map",
                       ("random_logit",)),
+    "gaze": ("Gaze on {images}: the map against the radiologist's gaze", run_keys("gaze", "per_class")),
 }
 
 
@@ -157,6 +158,13 @@ def _check_notes(results: dict) -> list[str]:
                 f"Localisation: higher is better; top-k takes the {section['top_k']} most relevant of the frame's "
                 f"pixels; equal values at a cut share its places (docs/explanations.md); {section['constant_maps']} "
                 "constant maps taken as uniform.")
+        elif name == "gaze":
+            undefined = {key: n for key, n in section["undefined"].items() if n}
+            notes.append(
+                "Gaze: the saliency field's metrics (pysaliency's) and NCC/sNCC (etsaliencymaps'); higher is better but "
+                "for KL; IG in bits per fixation over the dataset's centre bias (0: the centre bias)"
+                + (f"; undefined and left out: {', '.join(f'{k} {n}' for k, n in undefined.items())}" if undefined
+                   else "") + ". Definitions: docs/gaze.md.")
     return notes
 
 

@@ -10,7 +10,9 @@ a CAM explainer's, ``clip+gradcam++``, so each explainer's maps are a run of the
 any Lightning ``WandbLogger``: the resolved config and the explainer,
 the flat summary metrics (``grounding/pointing_game/macro``, ...), a per-class table, for a paper
 model on a paper dataset the paper's cells beside the run's (``reproduction``), the Dice- and
-IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs.
+IoU-vs-tau curves per class and a table of saliency overlays of the saved pairs. A gaze dataset's run
+adds the gaze metrics to the summary (``gaze/nss/macro``, ``gaze/shuffled_auc/<class>``, ...), a
+per-class table of them (``gaze/per_class``) and, in the overlays table, each pair's gaze density.
 
 Each model's gap to the human readers is known only once both runs are analysed: `human_gap_keys`
 names those numbers for the model's W&B run (``python -m xbench.analyze`` writes them into
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from xbench.metrics.names import metric
+from xbench.metrics.names import metric, run_keys
 from xbench.results.names import finding_display
 from xbench.results.payload import CLASSIFICATION_PER_CLASS, GROUNDING_PER_CLASS, log_keys
 
@@ -99,6 +101,15 @@ def human_gap_keys(gaps) -> dict[str, dict[str, float]]:
     return keys
 
 
+def gaze_rows(results: dict) -> tuple[list[str], list[list]]:
+    """Columns and rows of the gaze table: one row per class, its pairs and every gaze metric."""
+    names = run_keys("gaze", "per_class")
+    columns = ["class", "finding", "pairs", *(f"gaze/{n}" for n in names)]
+    section = results["gaze"]["per_class"]
+    return columns, [[key, finding_display(results, key), section[key]["pairs"], *(section[key][n] for n in names)]
+                     for key in results["classes"]]
+
+
 def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray], folder: Path | None) -> None:
     """Log a finished run to every ``WandbLogger`` among ``loggers`` (call on rank 0 only)."""
     targets = wandb_loggers(loggers)
@@ -131,12 +142,20 @@ def log_run(loggers: list[Logger], results: dict, overlays: dict[str, np.ndarray
                     title=f"{label} vs threshold τ (mean over pairs)",
                     xname="τ",
                 )
-        panel = wandb.Table(columns=["image_id", "finding", "overlay"])
+        if (results.get("gaze") or {}).get("applicable"):
+            media["gaze/per_class"] = wandb.Table(*gaze_rows(results))
+        gaze = "gaze" in overlays
+        panel = wandb.Table(columns=["image_id", "finding", "overlay", *(["gaze"] if gaze else [])])
         for i in range(len(overlays["image_id"])):
             rgb = overlay_rgb(overlays["image"][i], overlays["saliency"][i], overlays["mask"][i])
             finding = finding_display(results, str(overlays["finding"][i]))
-            panel.add_data(str(overlays["image_id"][i]), finding,
-                           wandb.Image(rgb, caption=f"{finding}, {overlays['image_id'][i]} (white: region)"))
+            where = f"{finding}, {overlays['image_id'][i]}"
+            row = [str(overlays["image_id"][i]), finding, wandb.Image(rgb, caption=f"{where} (white: region)")]
+            if gaze:  # the radiologist's gaze density over the radiograph (the radiograph alone where it has none)
+                density = overlays["gaze"][i] if overlays["has_gaze"][i] else None
+                row.append(wandb.Image(overlay_rgb(overlays["image"][i], density, overlays["mask"][i]),
+                                       caption=f"{where}: the radiologist's gaze"))
+            panel.add_data(*row)
         media["overlays"] = panel
         run.log(media)
 

@@ -52,12 +52,14 @@ class ResultsWriter(Callback):
     def on_test_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
         chosen = choose_overlay_pairs(datamodule.samples, pl_module.classes, self.overlay_pairs)
-        self.overlays = OverlayRecords(chosen, datamodule.image_size).to(pl_module.device)
+        gaze = getattr(pl_module, "gaze", None) is not None  # a gaze dataset: keep each pair's gaze density too
+        self.overlays = OverlayRecords(chosen, datamodule.image_size, gaze).to(pl_module.device)
         self.path = None
 
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: dict, batch: dict,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.overlays.update(batch["image"], outputs["saliency"], batch["masks"], batch["index"], batch["image_id"])
+        self.overlays.update(batch["image"], outputs["saliency"], batch["masks"], batch["index"], batch["image_id"],
+                             batch.get("gaze"), batch.get("has_gaze"))
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """After the model's ``on_test_epoch_end`` (Lightning calls callbacks' epoch-end hooks before

@@ -33,10 +33,12 @@ CONFIG = "config.yaml"
 #: its graded pairs (``xbench.metrics.map_quality``: localisation, complexity, randomisation).
 CHECK_TABLES = {section: f"{section}.csv.gz" for section in (
     "faithfulness", "sanity", "robustness", "localisation", "complexity", "randomisation")}
+#: A gaze dataset's run: one row per (image, class) pair with a gaze target and its gaze metrics.
+GAZE = "gaze.csv.gz"
 #: The sanity check's saved cascade of one pair: its radiograph, region and map at every step.
 SANITY_MAPS = "sanity_maps.npz"
 #: Every file a run may write beside the manifest: one present but not listed was added by hand.
-WRITTEN = (METRICS, PER_CLASS, SUMMARY, PAIRS, CONFIG, OVERLAYS, QUERIES, *CHECK_TABLES.values(), SANITY_MAPS)
+WRITTEN = (METRICS, PER_CLASS, SUMMARY, PAIRS, CONFIG, OVERLAYS, QUERIES, *CHECK_TABLES.values(), SANITY_MAPS, GAZE)
 #: Bytes hashed at a time: a table of any size is streamed, never read whole.
 HASH_CHUNK = 1 << 20
 #: Where the output went, not which model ran: options that folders written before the output
@@ -196,7 +198,7 @@ def read_results(folder: Path, sections: dict | None = None) -> dict:
             raise ValueError(f"{path}: {key}.per_class lacks some of the classes {payload['classes']}; {DAMAGED}")
     check_names(path, payload, DAMAGED)
     _check_kind(path, payload)
-    for key in CHECK_TABLES:  # optional: where present, what the analysis, the report and W&B read
+    for key in (*CHECK_TABLES, "gaze"):  # optional: where present, what the analysis, the report and W&B read
         value = payload.get(key)
         if value is None:
             continue

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from xbench.metrics.faithfulness import class_means, macro_mean
+from xbench.metrics.gaze import DENSITY_FLOOR, KL_EPS, VALUES as GAZE_VALUES
 from xbench.metrics.grounding import THRESHOLDS
 from xbench.metrics.map_quality import DEFINITIONS, SECTIONS, top_k
 from xbench.metrics.names import chosen_keys, run_keys
@@ -151,6 +152,36 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
     }
 
 
+#: What the gaze section's values are (docs/gaze.md has the formulas).
+GAZE_DEFINITION = (
+    "Each (image, class) pair with a gaze target: the normalised frame map against the radiologist's gaze tied "
+    "to the class (its density, the fixations behind it), as pysaliency 0.2.22 computes nss, cc, sim, "
+    f"kl_divergence (MIT: eps {KL_EPS}), auc_judd (no jitter: ties kept), shuffled_auc (negatives: the split's "
+    "other images' fixations) and information_gain (bits per fixation over the centre bias, each map min-max "
+    f"normalised plus {DENSITY_FLOOR} and divided by its sum), and etsaliencymaps ncc and shuffled_ncc (ncc with "
+    "the gaze less ncc with the centre bias). Per class: the mean over the pairs where a value is defined.")
+
+
+def gaze_section(gaze, classes: list[str]) -> dict:
+    """``metrics.json``'s ``gaze``: the gaze metrics' per-class and macro means, the pairs and the
+    values each leaves undefined, and the rule (`GAZE_DEFINITION`)."""
+    records = gaze["records"]
+    return {
+        "applicable": True,
+        "baseline": "centre bias: the mean gaze density of the dataset's training readings (gaze_baseline)",
+        "density_floor": DENSITY_FLOOR,
+        "definition": GAZE_DEFINITION,
+        "images": int(torch.unique(records["index"]).numel()),
+        "pairs": int(gaze["pairs"].sum()),
+        "undefined": {name: int(gaze["pairs"].sum() - gaze["defined"][:, k].sum())
+                      for k, name in enumerate(GAZE_VALUES)},
+        "macro": {name: json_number(gaze["macro"][name]) for name in GAZE_VALUES},
+        "per_class": {key: {"pairs": int(gaze["pairs"][c]),
+                            **{name: json_number(gaze["means"][c, k]) for k, name in enumerate(GAZE_VALUES)}}
+                      for c, key in enumerate(classes)},
+    }
+
+
 def pair_section(index: Tensor, cls: Tensor, constant: Tensor, values: dict[str, Tensor], classes: list[str]
                  ) -> dict:
     """What every per-pair explanation section holds (the checks', Quantus' families'): the images and
@@ -207,14 +238,15 @@ def _hyperparameters(model, datamodule) -> dict:
 def log_keys(results: dict) -> dict[str, float]:
     """Flat scalar keys for loggers: ``grounding/pointing_game/macro``, ``.../<class>``, ...; a
     phrase run's views as ``phrase_grounding/by_query/...`` and ``phrase_grounding/by_finding_name/...``;
-    the checks' as ``faithfulness/deletion_auc/macro``, ``sanity/ssim/<class>``, ... and each cascade
+    the checks' and a gaze run's as ``faithfulness/deletion_auc/macro``, ``sanity/ssim/<class>``,
+    ``gaze/nss/macro``, ... and each cascade
     step's as ``sanity/step_<k>/<metric>`` (``pointing_game``, ... of the randomised model)."""
     sections = [("grounding", results["grounding"], GROUNDING_PER_CLASS),
                 ("classification", results["classification"], CLASSIFICATION_PER_CLASS)]
     phrases = results.get("phrase_grounding") or {}
     sections += [(f"phrase_grounding/{view}", phrases[view], GROUNDING_PER_CLASS)
                  for view in ("by_query", "by_finding_name") if phrases.get(view) is not None]
-    checks = {name: results[name] for name in CHECK_SECTIONS if (results.get(name) or {}).get("applicable")}
+    checks = {name: results[name] for name in (*CHECK_SECTIONS, "gaze") if (results.get(name) or {}).get("applicable")}
     sections += [(name, section, run_keys(name, "per_class")) for name, section in checks.items()]
     as_float = lambda value: math.nan if value is None else float(value)  # noqa: E731
     flat: dict[str, float] = {}

@@ -12,6 +12,8 @@
   per scored (image, class) pair -- and cascade step -- with its values; a curve's points as
   ``<name>_000``, ``<name>_001``, ...; ``sanity_maps.npz``: one pair's radiograph, region and map
   at every cascade step (the report's strip of maps);
+- ``gaze.csv.gz`` (a gaze dataset's run): one row per (image, class) pair with a gaze target: its
+  fixations and every gaze metric (``xbench.metrics.gaze``), empty where undefined;
 - ``config.yaml``: the resolved configuration;
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
   ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry;
@@ -37,8 +39,8 @@ import yaml
 
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.results.folder import (
-    CHECK_TABLES, CONFIG, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY, count_columns,
-    folder_name, manifest_of,
+    CHECK_TABLES, CONFIG, GAZE, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY,
+    count_columns, folder_name, manifest_of,
 )
 from xbench.results.names import finding_display
 
@@ -172,8 +174,8 @@ def check_writable(results_dir: Path, option: str) -> None:
 def write_results(results_dir: Path, results: dict, records: dict, datamodule, summary: str,
                   overlays: dict[str, np.ndarray] | None = None) -> Path:
     """Write the run's folder under ``results_dir`` and return its path. ``records``: the metrics'
-    per-pair records (``grounding``, ``classification`` and a phrase run's ``queries`` by view, as
-    ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
+    per-pair records (``grounding``, ``classification``, a phrase run's ``queries`` by view and a gaze
+    run's ``gaze``, as ``XBenchModel.records`` holds them); ``summary``: the text of ``summary.md``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     name = folder_name(results["model"], results["dataset"], stamp)
     staging = staging_folder(results_dir, name)
@@ -200,6 +202,9 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
             if records.get(section):
                 checked = check_table(records[section], results["classes"], image_ids)
                 atomic_write(staging / file, lambda p, t=checked: t.to_csv(p, index=False, compression="gzip"))
+        if records.get("gaze") is not None:
+            gaze = check_table(records["gaze"], results["classes"], image_ids)
+            atomic_write(staging / GAZE, lambda p: gaze.to_csv(p, index=False, compression="gzip"))
         if (records.get("sanity") or {}).get("arrays"):
             atomic_write(staging / SANITY_MAPS, lambda p: _write_overlays(p, records["sanity"]["arrays"]))
         manifest = manifest_of(staging)  # last: it lists every file above, as written
