@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from conftest import only_folder, reseal, run_args
+from conftest import only_folder, run_args
 from xbench.data.phantom import Phantom
 from xbench.metrics.gaze import VALUES, gaze_values
 from xbench.models.baselines import GazeCentreBias, RandomSaliency
@@ -28,21 +27,14 @@ SIZE = 48
 
 @pytest.fixture(scope="module")
 def gaze_runs(phantom_root, tmp_path_factory):
-    """The random model and the centre bias on the phantom with gaze, and a copy of the random run
-    marked ``human`` (a reader's results folder, as a dataset's interobserver reader writes one)."""
+    """The random model, the centre bias and the phantom's synthetic second reader (a results folder
+    marked ``human``, as a dataset's interobserver reader writes one) on the phantom with gaze."""
     out = tmp_path_factory.mktemp("gaze")
-    for model in ("random", "gaze_centre_bias"):
+    for model in ("random", "gaze_centre_bias", "human"):
         main(run_args(model, "phantom", phantom_root, out / "results" / model, "--data.gaze", "true",
-                      "--trainer.logger", "false", "--results.overlay_pairs", "2", image_size=SIZE))
-    folders = {model: only_folder(out / "results" / model) for model in ("random", "gaze_centre_bias")}
-    human = out / "results" / "human" / "human__phantom"
-    shutil.copytree(folders["random"], human)
-    payload = json.loads((human / "metrics.json").read_text())
-    payload.update(model="human:synthetic", human=True)
-    payload["names"]["model"] = "Synthetic reader"
-    (human / "metrics.json").write_text(json.dumps(payload))
-    folders["human"] = reseal(human)
-    return out, folders
+                      "--data.second_reader", "true", "--trainer.logger", "false", "--results.overlay_pairs", "2",
+                      image_size=SIZE))
+    return out, {model: only_folder(out / "results" / model) for model in ("random", "gaze_centre_bias", "human")}
 
 
 def datamodule(phantom_root) -> Phantom:
@@ -128,9 +120,9 @@ def test_the_report_shows_the_gaze_table_and_overlays(gaze_runs):
     table = (out / "report" / "tables" / "gaze_phantom.md").read_text()
     rows = {line.split("|")[1].strip().strip("*"): line for line in table.splitlines()
             if line.startswith("| ") and "---" not in line}
-    assert {"random", "gaze_centre_bias", "Synthetic reader (human)"} <= set(rows)
-    assert "**" not in rows["Synthetic reader (human)"]  # apart (in italics): never ranked
-    assert rows["Synthetic reader (human)"].split("|")[1].strip().startswith("*")
+    assert {"random", "gaze_centre_bias", "phantom-second (human)"} <= set(rows)
+    assert "**" not in rows["phantom-second (human)"]  # apart (in italics): never ranked
+    assert rows["phantom-second (human)"].split("|")[1].strip().startswith("*")
     intervals = pd.read_csv(out / "report" / "analysis" / "intervals.csv")
     for model, folder in (("random", folders["random"]), ("gaze_centre_bias", folders["gaze_centre_bias"])):
         macro = json.loads((folder / "metrics.json").read_text())["gaze"]["macro"]

@@ -48,8 +48,9 @@ def _has_gaze(run) -> bool:
 
 
 def gaze_runs(bench: Benchmark, dataset: str) -> list[str]:
-    """The models (a human reader among them) with gaze metrics on ``dataset``, in the report's order."""
-    return [model for model in bench.models_on(dataset) if _has_gaze(bench.get(model, dataset))]
+    """The models, then the human reader sets, with gaze metrics on ``dataset``, in the report's order."""
+    return [model for model in bench.models_on(dataset) + bench.readers_on(dataset)
+            if _has_gaze(bench.get(model, dataset))]
 
 
 def gaze_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
