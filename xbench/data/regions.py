@@ -242,3 +242,16 @@ class GridBoxes:
         sx, sy = width / self.grid_width, height / self.grid_height
         scaled = Boxes(tuple((x1 * sx, y1 * sy, x2 * sx, y2 * sy) for x1, y1, x2, y2 in self.boxes.xyxy))
         return scaled.to_mask(height, width)
+
+
+@dataclass(frozen=True)
+class NormalisedBoxes:
+    """Boxes whose corners are fractions of the image's width (x) and height (y), in [0, 1]
+    (PadChest-GR's): drawn on an image of any size by scaling x by its width and y by its height,
+    then as [`Boxes`][xbench.data.regions.Boxes] (half-open, truncated to the pixel grid)."""
+
+    boxes: Boxes
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        scaled = Boxes(tuple((x1 * width, y1 * height, x2 * width, y2 * height) for x1, y1, x2, y2 in self.boxes.xyxy))
+        return scaled.to_mask(height, width)

@@ -1,0 +1,223 @@
+"""PadChest-GR: a small release written in its own format (grounded reports JSON, master table,
+16-bit PNGs) with positive, negative and normal studies and two readers, read into samples,
+queries, masks and the second reader's marks; the second reader scored against the first through
+``python -m xbench.test`` with the human model, equal to a brute-force recomputation."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import CONFIGS, only_folder, run_args, write_padchest_gr
+from xbench.data.padchest_gr import PadChestGR
+from xbench.data.queries import Query
+from xbench.data.regions import Boxes, NormalisedBoxes
+from xbench.findings import DEFAULT_CLASSES
+from xbench.test import main
+
+WIDTH, HEIGHT = 64, 48
+FRAME = 16  # a 4 x 3 block of native pixels per frame pixel: area coverage is a block's mean
+POSITIVE, DENIALS, NORMAL, TRAIN, FIRST_ONLY = "pos.png", "denials.png", "normal.png", "train.png", "first-only.png"
+
+
+def sentence(text, labels, abnormal=True, boxes=(), extra_boxes=()):
+    return {"sentence_en": text, "sentence_es": "", "labels": list(labels), "locations": [], "progression": None,
+            "abnormal": abnormal, "boxes": [list(b) for b in boxes], "extra_boxes": [list(b) for b in extra_boxes]}
+
+
+HEART, HEART_2 = (0.25, 0.25, 0.75, 0.75), (0.3125, 0.25, 0.8125, 0.6875)
+RIGHT_EFFUSION, RIGHT_EFFUSION_2 = (0.0, 0.5, 0.25, 1.0), (0.0, 0.625, 0.3125, 1.0)
+LEFT_EFFUSION = (0.75, 0.5, 1.0, 1.0)
+NODULE, NODULE_2 = (0.1, 0.25, 0.5, 0.75), (0.15, 0.3, 0.45, 0.7)
+STUDIES = [
+    {"StudyID": "s-pos", "ImageID": POSITIVE, "PreviousStudyID": None, "findings": [
+        sentence("Cardiomegaly.", ["cardiomegaly"], boxes=[HEART], extra_boxes=[HEART_2]),
+        sentence("Small right pleural effusion.", ["pleural effusion"], boxes=[RIGHT_EFFUSION],
+                 extra_boxes=[RIGHT_EFFUSION_2]),
+        sentence("Left effusion blunting the angle.", ["pleural effusion", "costophrenic angle blunting"],
+                 boxes=[LEFT_EFFUSION]),
+        sentence("No pneumothorax.", ["pneumothorax"], abnormal=False),
+        sentence("Aortic atheromatosis.", ["aortic atheromatosis"], boxes=[(0.4, 0.1, 0.6, 0.3)]),
+    ]},
+    {"StudyID": "s-denials", "ImageID": DENIALS, "findings": [
+        sentence("Nodule in the right mid lung.", ["nodule"], boxes=[NODULE], extra_boxes=[NODULE_2]),
+        sentence("No pleural effusion.", ["pleural effusion"], abnormal=False),
+        sentence("No cardiomegaly.", ["cardiomegaly"], abnormal=False),
+    ]},
+    {"StudyID": "s-normal", "ImageID": NORMAL, "findings": [
+        sentence("Normal chest.", ["normal"], abnormal=False),
+        sentence("No consolidation.", ["consolidation"], abnormal=False),
+    ]},
+    {"StudyID": "s-train", "ImageID": TRAIN, "findings": [
+        sentence("Basal atelectasis.", ["atelectasis"], boxes=[(0.1, 0.6, 0.4, 0.9)], extra_boxes=[(0.1, 0.6, 0.4, 0.9)]),
+    ]},
+    {"StudyID": "s-first-only", "ImageID": FIRST_ONLY, "findings": [
+        sentence("Scoliosis.", ["scoliosis"], boxes=[(0.4, 0.0, 0.6, 1.0)]),
+    ]},
+]
+TEST_IMAGES = [POSITIVE, DENIALS, NORMAL, FIRST_ONLY]
+
+
+@pytest.fixture
+def release(tmp_path):
+    return write_padchest_gr(tmp_path / "padchest-gr", STUDIES, size=(WIDTH, HEIGHT), splits={"s-train": "train"})
+
+
+def data(root, **kwargs) -> PadChestGR:
+    return PadChestGR(root=str(root), num_workers=0, cache=False, image_size=FRAME, **kwargs)
+
+
+def native_mask(boxes, height=HEIGHT, width=WIDTH) -> np.ndarray:
+    """The union of normalised boxes, pixel by pixel: a pixel (r, c) is inside when its column is in
+    [floor(x1 W), floor(x2 W)) and its row in [floor(y1 H), floor(y2 H)) (every box here spans pixels)."""
+    mask = np.zeros((height, width), dtype=bool)
+    for x1, y1, x2, y2 in boxes:
+        for r in range(height):
+            for c in range(width):
+                if int(x1 * width) <= c < int(x2 * width) and int(y1 * height) <= r < int(y2 * height):
+                    mask[r, c] = True
+    return mask
+
+
+def frame_mask(boxes) -> np.ndarray:
+    """The native mask in the 16 x 16 frame: a frame pixel is set when at least half its 4 x 3 block is."""
+    blocks = native_mask(boxes).reshape(FRAME, HEIGHT // FRAME, FRAME, WIDTH // FRAME)
+    return blocks.mean(axis=(1, 3)) >= 0.5
+
+
+def test_studies_sentences_labels_and_counts(release):
+    dm = data(release)
+    assert dm.classes == list(DEFAULT_CLASSES["padchest_gr"])
+    assert dm.image_ids() == TEST_IMAGES  # file order; the train study left out
+    labels = {sample.image_id: sample.labels for sample in dm.samples}
+    positive = {key for key, value in labels[POSITIVE].items() if value == 1}
+    assert positive == {"cardiomegaly", "pleural_effusion", "costophrenic_angle_blunting"}
+    assert labels[POSITIVE]["pneumothorax"] == 0  # denied
+    assert {key for key, value in labels[DENIALS].items() if value} == {"nodule"}
+    assert set(labels[NORMAL].values()) == {0}  # a normal study: a negative for every class
+    assert dm.negative_sentences == {
+        POSITIVE: (("No pneumothorax.", "pneumothorax"),),
+        DENIALS: (("No pleural effusion.", "pleural_effusion"), ("No cardiomegaly.", "cardiomegaly")),
+        NORMAL: (("No consolidation.", "consolidation"),),
+        FIRST_ONLY: (),
+    }
+    notes = dm.notes
+    assert (notes["images"], notes["abnormal_studies"], notes["normal_studies"]) == (4, 3, 1)
+    assert (notes["positive_sentences"], notes["negative_sentences"]) == (5, 4)
+    assert (notes["boxed_by_both"], notes["boxed_by_first_only"], notes["boxed_by_neither"]) == (3, 2, 0)
+    assert notes["sentences_outside_vocabulary"] == 2
+    assert notes["labels_outside_vocabulary"] == {"aortic atheromatosis": 1, "normal": 1}
+    assert notes["negative_sentences_per_finding"]["pleural_effusion"] == 1
+    assert notes["negative_sentences_with_boxes"] == 0 and notes["queries"] == 6
+    assert dm.reader_set() is None  # readers="first": no reader under test
+
+
+def test_positive_sentences_are_the_queries_and_negatives_never_are(release):
+    dm = data(release)
+    queries = {sample.image_id: sample.queries for sample in dm.samples}
+    region = lambda *boxes: NormalisedBoxes(Boxes(boxes))  # noqa: E731
+    assert queries[POSITIVE] == (
+        Query("Cardiomegaly.", "cardiomegaly", region(HEART)),
+        Query("Small right pleural effusion.", "pleural_effusion", region(RIGHT_EFFUSION)),
+        Query("Left effusion blunting the angle.", "pleural_effusion", region(LEFT_EFFUSION)),
+        Query("Left effusion blunting the angle.", "costophrenic_angle_blunting", region(LEFT_EFFUSION)),
+    )
+    assert queries[NORMAL] == () and len(queries[DENIALS]) == 1
+    assert not {text for found in dm.negative_sentences.values() for text, _ in found} & set(dm.phrases)
+    assert dm.query_slots == 4
+    regions = next(sample for sample in dm.samples if sample.image_id == POSITIVE).regions
+    assert regions["pleural_effusion"] == region(RIGHT_EFFUSION, LEFT_EFFUSION)  # the union of its sentences
+
+
+def test_boxes_become_masks_at_their_pixels_natively_and_in_the_frame(release):
+    dm = data(release)
+    samples = {sample.image_id: sample for sample in dm.samples}
+    # worked by hand: x 0.1 * 64 = 6.4 -> column 6, 0.5 * 64 -> 32 (exclusive); y 0.25 * 48 = 12, 0.75 * 48 = 36
+    mask, clipped = samples[DENIALS].regions["nodule"].to_mask(HEIGHT, WIDTH)
+    rows, columns = np.nonzero(mask)
+    assert (rows.min(), rows.max(), columns.min(), columns.max(), clipped) == (12, 35, 6, 31, 0)
+    assert np.array_equal(mask, native_mask([NODULE]))
+    # a non-square image of another size: x scales by its width, y by its height
+    assert np.array_equal(samples[DENIALS].regions["nodule"].to_mask(30, 100)[0], native_mask([NODULE], 30, 100))
+    dm.setup("test")
+    classes = dm.classes
+    for index, image_id in enumerate(dm.image_ids()):
+        record = dm.test_set[index]
+        assert record["image"].shape == (1, FRAME, FRAME) and record["native_size"].tolist() == [HEIGHT, WIDTH]
+        for key, region in samples[image_id].regions.items():
+            assert np.array_equal(record["masks"][classes.index(key)].numpy(), frame_mask(region.boxes.xyxy))
+        assert record["has_mask"].sum() == len(samples[image_id].regions)
+        for slot, query in enumerate(samples[image_id].queries):
+            assert np.array_equal(record["query_masks"][slot].numpy(), frame_mask(query.region.boxes.xyxy))
+            assert dm.phrases[record["query_phrase"][slot]] == query.text
+        assert record["query_has_mask"].sum() == len(samples[image_id].queries)
+
+
+def test_both_readers_keep_the_sentences_both_boxed_and_name_the_second_reader(release):
+    dm = data(release, readers="both")
+    assert dm.image_ids() == [POSITIVE, DENIALS]  # the normal and the first-reader-only studies left out
+    assert dm.notes["studies_without_a_sentence_both_boxed"] == 2
+    positive = dm.samples[0]
+    assert set(positive.regions) == {"cardiomegaly", "pleural_effusion"}  # the left effusion: reader 1 only
+    assert positive.regions["pleural_effusion"] == NormalisedBoxes(Boxes((RIGHT_EFFUSION,)))
+    assert [query.text for query in positive.queries] == ["Cardiomegaly.", "Small right pleural effusion."]
+    assert positive.labels["costophrenic_angle_blunting"] == 1  # still stated, only not graded
+    readers = dm.reader_set()
+    assert readers.name == "padchest-gr-reader2" and readers.model_name == "human:padchest-gr-reader2"
+    assert set(readers.marks) == {POSITIVE, DENIALS}
+    assert {key: mark.region for key, mark in readers.marks[POSITIVE].items()} == {
+        "cardiomegaly": NormalisedBoxes(Boxes((HEART_2,))),
+        "pleural_effusion": NormalisedBoxes(Boxes((RIGHT_EFFUSION_2,))),
+    }
+    assert all(mark.label == 1 for marks in readers.marks.values() for mark in marks.values())
+
+
+def brute_force_agreement(image_ids) -> dict[str, dict[str, float]]:
+    """Reader 2 against reader 1, per finding, from the release itself: each study's sentences both
+    readers boxed, each reader's union per finding in the frame; the reader's map is its region (1
+    inside, 0 outside after min-max), so its maximum is the whole region: a hit when the region
+    touches the reference, and at tau = 0.5 the predicted pixels are the region."""
+    values: dict[str, list[tuple[float, float, float]]] = {}
+    for study in STUDIES:
+        if study["ImageID"] not in image_ids:
+            continue
+        first, second = {}, {}
+        for found in study["findings"]:
+            if found["abnormal"] and found["boxes"] and found["extra_boxes"]:
+                for label in found["labels"]:
+                    key = {"cardiomegaly": "cardiomegaly", "pleural effusion": "pleural_effusion", "nodule": "nodule"}[label]
+                    first.setdefault(key, []).extend(found["boxes"])
+                    second.setdefault(key, []).extend(found["extra_boxes"])
+        for key in first:
+            reference, region = frame_mask(first[key]), frame_mask(second[key])
+            inter = (reference & region).sum()
+            values.setdefault(key, []).append((float(inter > 0), 2 * inter / (reference.sum() + region.sum()),
+                                               inter / (reference | region).sum()))
+    return {key: dict(zip(("pointing_game", "dice@0.5", "iou@0.5"), np.mean(rows, axis=0)))
+            for key, rows in values.items()}
+
+
+def test_the_second_reader_scored_by_the_human_model_equals_a_brute_force_recomputation(release, tmp_path):
+    main(run_args("human", "padchest_gr", release, tmp_path / "results", "--data.readers", "both",
+                  "--data.cache", "false", image_size=FRAME))
+    folder = only_folder(tmp_path / "results")
+    results = json.loads((folder / "metrics.json").read_text())
+    assert results["model"] == "human:padchest-gr-reader2" and results["human"]["readers"] == "padchest-gr-reader2"
+    assert "both readers boxed" in results["human"]["rule"]
+    expected = brute_force_agreement([POSITIVE, DENIALS])
+    per_class = results["grounding"]["per_class"]
+    graded = {key for key, values in per_class.items() if values["pairs"]}
+    assert graded == set(expected) == {"cardiomegaly", "pleural_effusion", "nodule"}
+    for key, values in expected.items():
+        for name, value in values.items():
+            assert per_class[key][name] == pytest.approx(value, abs=1e-9), (key, name)
+    assert 0 < expected["cardiomegaly"]["dice@0.5"] < 1  # the readers differ: not a trivial 1
+    notes = results["data"]["notes"]  # what the human row leaves out, counted
+    assert (notes["boxed_by_first_only"], notes["studies_without_a_sentence_both_boxed"]) == (2, 2)
+
+
+def test_the_config_names_the_dataset_and_its_defaults():
+    config = yaml.safe_load((CONFIGS / "data" / "padchest_gr.yaml").read_text())["data"]
+    assert config["class_path"] == "xbench.data.padchest_gr.PadChestGR"
+    assert config["init_args"]["split"] == "test" and config["init_args"]["readers"] == "first"
