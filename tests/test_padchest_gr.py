@@ -96,11 +96,13 @@ def test_studies_sentences_labels_and_counts(release):
     assert labels[POSITIVE]["pneumothorax"] == 0  # denied
     assert {key for key, value in labels[DENIALS].items() if value} == {"nodule"}
     assert set(labels[NORMAL].values()) == {0}  # a normal study: a negative for every class
-    assert dm.negative_sentences == {
-        POSITIVE: (("No pneumothorax.", "pneumothorax"),),
-        DENIALS: (("No pleural effusion.", "pleural_effusion"), ("No cardiomegaly.", "cardiomegaly")),
-        NORMAL: (("No consolidation.", "consolidation"),),
-        FIRST_ONLY: (),
+    denied = {sample.image_id: [(q.text, q.finding, q.region) for q in sample.queries if not q.asserted]
+              for sample in dm.samples}
+    assert denied == {
+        POSITIVE: [("No pneumothorax.", "pneumothorax", None)],
+        DENIALS: [("No pleural effusion.", "pleural_effusion", None), ("No cardiomegaly.", "cardiomegaly", None)],
+        NORMAL: [("No consolidation.", "consolidation", None)],
+        FIRST_ONLY: [],
     }
     notes = dm.notes
     assert (notes["images"], notes["abnormal_studies"], notes["normal_studies"]) == (4, 3, 1)
@@ -109,7 +111,7 @@ def test_studies_sentences_labels_and_counts(release):
     assert notes["sentences_outside_vocabulary"] == 2
     assert notes["labels_outside_vocabulary"] == {"aortic atheromatosis": 1, "normal": 1}
     assert notes["negative_sentences_per_finding"]["pleural_effusion"] == 1
-    assert notes["negative_sentences_with_boxes"] == 0 and notes["queries"] == 6
+    assert notes["negative_sentences_with_boxes"] == 0 and (notes["queries"], notes["denied_queries"]) == (6, 4)
     assert dm.reader_set() is None  # readers="first": no reader under test
 
 
@@ -122,10 +124,11 @@ def test_positive_sentences_are_the_queries_and_negatives_never_are(release):
         Query("Small right pleural effusion.", "pleural_effusion", region(RIGHT_EFFUSION)),
         Query("Left effusion blunting the angle.", "pleural_effusion", region(LEFT_EFFUSION)),
         Query("Left effusion blunting the angle.", "costophrenic_angle_blunting", region(LEFT_EFFUSION)),
+        Query("No pneumothorax.", "pneumothorax", None, asserted=False),
     )
-    assert queries[NORMAL] == () and len(queries[DENIALS]) == 1
-    assert not {text for found in dm.negative_sentences.values() for text, _ in found} & set(dm.phrases)
-    assert dm.query_slots == 4
+    assert queries[NORMAL] == (Query("No consolidation.", "consolidation", None, asserted=False),)
+    assert [query.asserted for query in queries[DENIALS]] == [True, False, False]
+    assert dm.query_slots == 5 and "No cardiomegaly." in dm.phrases  # a denied sentence's phrase is scored
     regions = next(sample for sample in dm.samples if sample.image_id == POSITIVE).regions
     assert regions["pleural_effusion"] == region(RIGHT_EFFUSION, LEFT_EFFUSION)  # the union of its sentences
 
@@ -149,9 +152,14 @@ def test_boxes_become_masks_at_their_pixels_natively_and_in_the_frame(release):
             assert np.array_equal(record["masks"][classes.index(key)].numpy(), frame_mask(region.boxes.xyxy))
         assert record["has_mask"].sum() == len(samples[image_id].regions)
         for slot, query in enumerate(samples[image_id].queries):
-            assert np.array_equal(record["query_masks"][slot].numpy(), frame_mask(query.region.boxes.xyxy))
+            expected = frame_mask(query.region.boxes.xyxy) if query.asserted else np.zeros((FRAME, FRAME), bool)
+            assert np.array_equal(record["query_masks"][slot].numpy(), expected)
             assert dm.phrases[record["query_phrase"][slot]] == query.text
-        assert record["query_has_mask"].sum() == len(samples[image_id].queries)
+        # a denied finding is never graded: no region, not lost, marked in query_asserted
+        asserted = [query.asserted for query in samples[image_id].queries]
+        assert record["query_has_mask"].tolist() == asserted + [False] * (dm.query_slots - len(asserted))
+        assert record["query_asserted"].tolist() == asserted + [False] * (dm.query_slots - len(asserted))
+        assert not record["query_lost"].any()
 
 
 def test_both_readers_keep_the_sentences_both_boxed_and_name_the_second_reader(release):
@@ -161,7 +169,8 @@ def test_both_readers_keep_the_sentences_both_boxed_and_name_the_second_reader(r
     positive = dm.samples[0]
     assert set(positive.regions) == {"cardiomegaly", "pleural_effusion"}  # the left effusion: reader 1 only
     assert positive.regions["pleural_effusion"] == NormalisedBoxes(Boxes((RIGHT_EFFUSION,)))
-    assert [query.text for query in positive.queries] == ["Cardiomegaly.", "Small right pleural effusion."]
+    assert [query.text for query in positive.queries if query.asserted] == ["Cardiomegaly.",
+                                                                             "Small right pleural effusion."]
     assert positive.labels["costophrenic_angle_blunting"] == 1  # still stated, only not graded
     readers = dm.reader_set()
     assert readers.name == "padchest-gr-reader2" and readers.model_name == "human:padchest-gr-reader2"

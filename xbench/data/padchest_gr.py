@@ -8,13 +8,15 @@ of boxes, ``boxes`` and ``extra_boxes``, each ``[x1, y1, x2, y2]`` as fractions 
 width and height); ``master_table.csv`` (one row per study and sentence; ``StudyID`` and ``split``
 are read); the images, PadChest's 16-bit PNGs, named by ``ImageID`` in ``Padchest_GR_files/``.
 
-Every study of the split is one sample (file order). Its positive sentences are its queries, one
-per finding its labels name (``sentence_en``; the finding through the ``padchest_gr`` spellings of
-``xbench.findings``; the sentence's boxes as one region); its region for a finding is the union of
-the boxes of that finding's sentences. Labels: 1 for each finding of a positive sentence, 0 for
-every other finding (PadChest-GR lists each study's findings completely; a normal study, one
-without a positive sentence, is a negative for every class). Negative sentences are never graded
-for grounding: they are kept, by image, in ``negative_sentences`` and counted.
+Every study of the split is one sample (file order). Its sentences are its queries, in file order,
+one per finding its labels name (``sentence_en``; the finding through the ``padchest_gr``
+spellings of ``xbench.findings``): a positive sentence with the sentence's boxes as one region; a
+negative sentence as a denied finding (``asserted=False``, no region), never graded for grounding,
+whose score the run records to separate the finding's stated sentences from its denied ones. Its
+region for a finding is the union of the boxes of that finding's positive sentences. Labels: 1 for
+each finding of a positive sentence, 0 for every other finding (PadChest-GR lists each study's
+findings completely; a normal study, one without a positive sentence, is a negative for every
+class).
 
 The two sets of boxes are two readers' (the paper: "up to two independent sets of bounding boxes
 labelled by different readers"): ``boxes`` the first, ``extra_boxes`` the second. ``readers="first"``
@@ -102,8 +104,6 @@ class PadChestGR(XBenchDataModule):
         self.images = images
         self.split = split
         self.readers = readers
-        #: Each sample's negative sentences, (text, finding) in file order: never graded for grounding.
-        self.negative_sentences: dict[str, tuple[tuple[str, str], ...]] = {}
         self._marks: dict[str, dict[str, ReaderMark]] = {}
 
     def index(self) -> list[Sample]:
@@ -125,7 +125,7 @@ class PadChestGR(XBenchDataModule):
         self.outside_vocabulary: Counter = Counter()
         self.denied: Counter = Counter()
         self.contradictions: list[str] = []
-        self.negative_sentences, self._marks = {}, {}
+        self._marks = {}
         samples = []
         for entry, study in enumerate(studies):
             where = f"{reports}, entry {entry}"
@@ -203,8 +203,8 @@ class PadChestGR(XBenchDataModule):
             keys = tuple(dict.fromkeys(spellings[label.strip()] for label in labels if label.strip() in spellings))
             self.outside_vocabulary.update(label.strip() for label in labels if label.strip() not in spellings)
             boxes = {name: _boxes(finding.get(name), f"{at}, {name}") for name in READER_FIELDS}
-            if abnormal and keys and not text.strip():
-                raise ValueError(f"{at}: sentence_en is empty; a positive sentence is a grounding query")
+            if keys and not text.strip():
+                raise ValueError(f"{at}: sentence_en is empty; every sentence of a graded finding is a query")
             sentences.append(Sentence(text.strip(), keys, abnormal, boxes["boxes"], boxes["extra_boxes"]))
         return study["StudyID"], study["ImageID"], sentences
 
@@ -213,7 +213,7 @@ class PadChestGR(XBenchDataModule):
         counts, supported = self.counts, self.supported_classes()
         regions: dict[str, list[Box]] = {}
         marks: dict[str, list[Box]] = {}
-        queries, negatives, positive = [], [], set()
+        queries, positive = [], set()
         for number, sentence in enumerate(sentences):
             if not sentence.findings:
                 counts["sentences_outside_vocabulary"] += 1
@@ -225,7 +225,7 @@ class PadChestGR(XBenchDataModule):
                     continue
                 counts["negative_sentences"] += 1
                 self.denied.update(sentence.findings)
-                negatives += [(sentence.text, key) for key in sentence.findings]
+                queries += [Query(sentence.text, key, None, asserted=False) for key in sentence.findings]
                 continue
             counts["positive_sentences"] += 1
             positive.update(sentence.findings)
@@ -243,7 +243,6 @@ class PadChestGR(XBenchDataModule):
         if self.readers == "both" and not set(regions) & set(self.classes):
             counts["studies_without_a_sentence_both_boxed"] += 1
             return None
-        self.negative_sentences[image_id] = tuple(negatives)
         if self.readers == "both":
             self._marks[image_id] = {key: ReaderMark(1, NormalisedBoxes(Boxes(tuple(boxes))))
                                      for key, boxes in marks.items()}
@@ -262,7 +261,8 @@ class PadChestGR(XBenchDataModule):
             split=self.split,
             readers=self.readers,
             images=len(samples),
-            queries=sum(len(sample.queries) for sample in samples),
+            queries=sum(query.asserted for sample in samples for query in sample.queries),
+            denied_queries=sum(not query.asserted for sample in samples for query in sample.queries),
             **{name: self.counts[name] for name in (
                 "abnormal_studies", "normal_studies", "positive_sentences", "negative_sentences",
                 "boxed_by_both", "boxed_by_first_only", "boxed_by_second_only", "boxed_by_neither",
