@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from conftest import CONFIGS, only_folder, run_args, write_padchest_gr
@@ -14,6 +15,7 @@ from xbench.data.padchest_gr import PadChestGR
 from xbench.data.queries import Query
 from xbench.data.regions import Boxes, NormalisedBoxes
 from xbench.findings import DEFAULT_CLASSES
+from xbench.models.base import XBenchModel
 from xbench.test import main
 
 WIDTH, HEIGHT = 64, 48
@@ -230,3 +232,103 @@ def test_the_config_names_the_dataset_and_its_defaults():
     config = yaml.safe_load((CONFIGS / "data" / "padchest_gr.yaml").read_text())["data"]
     assert config["class_path"] == "xbench.data.padchest_gr.PadChestGR"
     assert config["init_args"]["split"] == "test" and config["init_args"]["readers"] == "first"
+
+
+# -- recognition of denied findings: stated against denied sentences, with an interval -----------------
+
+#: Each phrase's score (its logit): stated sentences mostly above denied ones, with a tie across kinds.
+SCORES = {"Cardiomegaly.": 2.0, "Mild cardiomegaly.": 0.5, "Enlarged heart.": -1.0, "No cardiomegaly.": -2.0,
+          "Heart size normal, no cardiomegaly.": 0.5, "Nodule.": 1.0, "No nodules.": 1.5, "No nodule seen.": -0.5}
+
+
+class ScoresByText(XBenchModel):
+    """A phrase-mode toy: each phrase's logit is `SCORES`' plus ten times the image's mean grey
+    level (so that a sentence's score depends on its image too), its map a ramp."""
+
+    name = "scores_by_text"
+    query_mode = "phrase"
+
+    def build(self, classes: list[str]) -> None:
+        self.register_buffer("score", torch.zeros(len(classes)), persistent=False)
+
+    def encode_phrases(self, phrases: list[str]) -> dict[str, torch.Tensor]:
+        return {"score": torch.tensor([SCORES[phrase] for phrase in phrases])}
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ramp = torch.arange(16.0).view(1, 1, 4, 4).expand(len(image), len(self.score), 4, 4)
+        return self.score[None] + 10 * image.mean(dim=(1, 2, 3))[:, None], ramp
+
+
+def recognition_release(root):
+    """Eight studies (two normal) with stated and denied cardiomegaly and nodule sentences."""
+    stated = lambda text, labels: sentence(text, labels, boxes=[HEART])  # noqa: E731
+    denied = lambda text, labels: sentence(text, labels, abnormal=False)  # noqa: E731
+    studies = [
+        [stated("Cardiomegaly.", ["cardiomegaly"]), denied("No nodules.", ["nodule"])],
+        [stated("Mild cardiomegaly.", ["cardiomegaly"]), stated("Nodule.", ["nodule"])],
+        [denied("No cardiomegaly.", ["cardiomegaly"]), denied("No nodule seen.", ["nodule"])],
+        [denied("Heart size normal, no cardiomegaly.", ["cardiomegaly"])],
+        [stated("Enlarged heart.", ["cardiomegaly"]), stated("Nodule.", ["nodule"])],
+        [denied("No cardiomegaly.", ["cardiomegaly"]), denied("No nodules.", ["nodule"])],
+        [stated("Cardiomegaly.", ["cardiomegaly"])],
+        [denied("Heart size normal, no cardiomegaly.", ["cardiomegaly"]), stated("Nodule.", ["nodule"])],
+    ]
+    return write_padchest_gr(root, [{"StudyID": f"s{i}", "ImageID": f"i{i}.png", "findings": found}
+                                    for i, found in enumerate(studies)], size=(WIDTH, HEIGHT))
+
+
+def brute_force_sentence_auroc(records, image_ids, replicates, dataset):
+    """The AUROC of ``key``'s stated against its denied sentences by scikit-learn, on the sample and on
+    each replicate: an image drawn m times weighs its sentences m times (the same draws as the run's)."""
+    from sklearn.metrics import roc_auc_score
+
+    from xbench.metrics.bootstrap import random_stream, resample_weights
+
+    order = sorted(range(len(image_ids)), key=lambda i: image_ids[i])
+    weights = resample_weights(len(order), replicates, random_stream(0, dataset, "test")).numpy()
+    row = {index: position for position, index in enumerate(order)}
+    rows = [(row[index], asserted, score) for index, asserted, score in records]
+    values = []
+    for replicate in weights:
+        weight = np.array([replicate[r] for r, _, _ in rows])
+        labels = np.array([a for _, a, _ in rows])
+        kept = weight > 0
+        if len(set(labels[kept])) < 2:
+            values.append(np.nan)
+            continue
+        values.append(roc_auc_score(labels[kept], np.array([s for _, _, s in rows])[kept], sample_weight=weight[kept]))
+    values = np.array(values)
+    lower, upper = np.nanquantile(values[1:], [0.025, 0.975])
+    return values[0], lower, upper
+
+
+def test_denied_sentences_are_recognised_by_their_phrase_scores_with_an_interval(tmp_path):
+    import lightning as L
+
+    from xbench.reporting.writer import ResultsWriter
+
+    root = recognition_release(tmp_path / "padchest-gr")
+    dm = PadChestGR(root=str(root), num_workers=0, cache=False, image_size=FRAME, batch_size=3,
+                    classes=["cardiomegaly", "nodule", "pneumothorax"])
+    model = ScoresByText()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        use_distributed_sampler=False, callbacks=[ResultsWriter(str(tmp_path / "results"), overlay_pairs=0)])
+    trainer.test(model, datamodule=dm, verbose=False)
+    found = model.results["phrase_grounding"]["sentence_recognition"]
+    image_ids = dm.image_ids()
+    for key in ("cardiomegaly", "nodule"):
+        # each sentence's score from the release itself: its phrase's, shifted by its image's grey level
+        shift = [10 * float(dm.test_set[index]["image"].double().mean()) for index in range(len(image_ids))]
+        records = [(index, int(query.asserted), SCORES[query.text] + shift[index])
+                   for index, sample in enumerate(dm.samples) for query in sample.queries if query.finding == key]
+        estimate, lower, upper = brute_force_sentence_auroc(records, image_ids, found["replicates"], dm.name)
+        result = found["per_finding"][key]
+        assert result["auroc"]["estimate"] == pytest.approx(estimate, abs=1e-12), key
+        assert (result["auroc"]["lower"], result["auroc"]["upper"]) == pytest.approx((lower, upper), abs=1e-12), key
+        assert result["stated_sentences"] == sum(a for _, a, _ in records)
+        assert result["denied_sentences"] == sum(1 - a for _, a, _ in records)
+        assert 0 < estimate < 1 and lower < upper
+    assert found["per_finding"]["pneumothorax"] == {"auroc": {"estimate": None, "lower": None, "upper": None},
+                                                    "stated_sentences": 0, "denied_sentences": 0}
+    # denied sentences are never graded: the queries' pairs are the stated sentences' only
+    assert model.results["phrase_grounding"]["by_query"]["per_class"]["cardiomegaly"]["pairs"] == 4
