@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from conftest import CONFIGS, only_folder, run_args, write_padchest_gr
+from xbench.data.cache import CachedDataset
 from xbench.data.padchest_gr import PadChestGR
 from xbench.data.queries import Query
 from xbench.data.regions import Boxes, NormalisedBoxes
@@ -162,6 +163,20 @@ def test_boxes_become_masks_at_their_pixels_natively_and_in_the_frame(release):
         assert record["query_has_mask"].tolist() == asserted + [False] * (dm.query_slots - len(asserted))
         assert record["query_asserted"].tolist() == asserted + [False] * (dm.query_slots - len(asserted))
         assert not record["query_lost"].any()
+
+
+def test_the_decoded_image_cache_gives_the_same_batches_denied_queries_included(release, tmp_path, monkeypatch):
+    plain = data(release, batch_size=3)
+    plain.setup("test")
+    monkeypatch.setenv("XBENCH_CACHE", str(tmp_path / "cache"))
+    cached = PadChestGR(root=str(release), num_workers=0, cache=True, image_size=FRAME, batch_size=3)
+    cached.prepare_data()
+    cached.setup("test")
+    assert isinstance(cached.test_set, CachedDataset)
+    for want, have in zip(plain.test_dataloader(), cached.test_dataloader(), strict=True):
+        assert want.keys() == have.keys() and "query_asserted" in want
+        for name, value in want.items():
+            assert torch.equal(value, have[name]) if isinstance(value, torch.Tensor) else value == have[name], name
 
 
 def test_both_readers_keep_the_sentences_both_boxed_and_name_the_second_reader(release):
