@@ -347,3 +347,41 @@ def test_denied_sentences_are_recognised_by_their_phrase_scores_with_an_interval
                                                     "stated_sentences": 0, "denied_sentences": 0}
     # denied sentences are never graded: the queries' pairs are the stated sentences' only
     assert model.results["phrase_grounding"]["by_query"]["per_class"]["cardiomegaly"]["pairs"] == 4
+
+
+def test_hi_ml_placement_also_leaves_denied_findings_ungraded(tmp_path):
+    """hi-ml's protocol draws each query's boxes at native size: a denied finding draws nothing and is
+    not graded, and the sentence scores do not depend on where the maps are placed."""
+    import lightning as L
+
+    root = recognition_release(tmp_path / "padchest-gr")
+    found = {}
+    for protocol in ("xbench", "hi-ml"):
+        dm = PadChestGR(root=str(root), num_workers=0, cache=False, image_size=FRAME, batch_size=3,
+                        classes=["cardiomegaly", "nodule"])
+        model = ScoresByText(phrase_protocol=protocol)
+        L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                  use_distributed_sampler=False).test(model, datamodule=dm, verbose=False)
+        found[protocol] = model.results["phrase_grounding"]
+    assert found["hi-ml"]["protocol"] == "hi-ml"
+    for key, pairs in (("cardiomegaly", 4), ("nodule", 3)):
+        assert found["hi-ml"]["by_query"]["per_class"][key]["pairs"] == pairs
+    assert found["hi-ml"]["sentence_recognition"] == found["xbench"]["sentence_recognition"]
+
+
+def test_the_oracle_runs_on_the_default_config_through_the_command(release, tmp_path):
+    """The shipped config end to end: every stated query hit, and the oracle's finding scores (it reads
+    the labels) rank every stated sentence above every denied one."""
+    main(run_args("oracle", "padchest_gr", release, tmp_path / "results", "--data.cache", "false", image_size=FRAME))
+    results = json.loads((only_folder(tmp_path / "results") / "metrics.json").read_text())
+    phrases = results["phrase_grounding"]
+    assert phrases["query_mode"] == "finding" and results["data"]["notes"]["readers"] == "first"
+    graded = {key: values for key, values in phrases["by_query"]["per_class"].items() if values["pairs"]}
+    assert {key: values["pairs"] for key, values in graded.items()} == {
+        "cardiomegaly": 1, "pleural_effusion": 2, "costophrenic_angle_blunting": 1, "nodule": 1, "scoliosis": 1}
+    assert all(values["pointing_game"] == 1.0 for values in graded.values())
+    recognition = phrases["sentence_recognition"]["per_finding"]
+    assert recognition["cardiomegaly"] == {"auroc": {"estimate": 1.0, "lower": 1.0, "upper": 1.0},
+                                           "stated_sentences": 1, "denied_sentences": 1}
+    assert recognition["pleural_effusion"]["auroc"]["estimate"] == 1.0
+    assert recognition["pneumothorax"]["stated_sentences"] == 0 and recognition["pneumothorax"]["denied_sentences"] == 1
