@@ -60,13 +60,15 @@ Box = tuple[float, float, float, float]
 @dataclass(frozen=True)
 class Sentence:
     """One finding sentence as the release gives it: its English text, the findings its labels
-    name (canonical keys), whether it states or denies them, and each reader's boxes."""
+    name (canonical keys), whether it states or denies them, each reader's boxes, and the labels
+    outside the vocabulary."""
 
     text: str
     findings: tuple[str, ...]
     abnormal: bool
     boxes: tuple[Box, ...]
     extra_boxes: tuple[Box, ...]
+    unknown_labels: tuple[str, ...] = ()
 
 
 class PadChestGR(XBenchDataModule):
@@ -121,10 +123,9 @@ class PadChestGR(XBenchDataModule):
         if not images.is_dir():
             raise FileNotFoundError(f"PadChestGR: the image folder {images} does not exist. Unpack PadChest-GR's "
                                     f"images ({IMAGES}/) into {self.root}, or name their folder with --data.images.")
-        self.counts: Counter = Counter()
-        self.outside_vocabulary: Counter = Counter()
-        self.denied: Counter = Counter()
-        self.contradictions: list[str] = []
+        # what the split's studies hold, for the notes (index reads them anew)
+        self._counts, self._unknown, self._denied = Counter(), Counter(), Counter()
+        self._contradictions: list[str] = []
         self._marks = {}
         samples = []
         for entry, study in enumerate(studies):
@@ -201,30 +202,31 @@ class PadChestGR(XBenchDataModule):
             if not isinstance(abnormal, bool):
                 raise ValueError(f"{at}: abnormal must be true or false; got {abnormal!r}")
             keys = tuple(dict.fromkeys(spellings[label.strip()] for label in labels if label.strip() in spellings))
-            self.outside_vocabulary.update(label.strip() for label in labels if label.strip() not in spellings)
+            unknown = tuple(label.strip() for label in labels if label.strip() not in spellings)
             boxes = {name: _boxes(finding.get(name), f"{at}, {name}") for name in READER_FIELDS}
             if keys and not text.strip():
                 raise ValueError(f"{at}: sentence_en is empty; every sentence of a graded finding is a query")
-            sentences.append(Sentence(text.strip(), keys, abnormal, boxes["boxes"], boxes["extra_boxes"]))
+            sentences.append(Sentence(text.strip(), keys, abnormal, boxes["boxes"], boxes["extra_boxes"], unknown))
         return study["StudyID"], study["ImageID"], sentences
 
     def _sample(self, image_id: str, path: Path, sentences: list[Sentence], where: str) -> Sample | None:
         """The study as a sample (``None``: left out with ``readers="both"``, no sentence both readers boxed)."""
-        counts, supported = self.counts, self.supported_classes()
+        counts, supported = self._counts, self.supported_classes()
         regions: dict[str, list[Box]] = {}
         marks: dict[str, list[Box]] = {}
         queries, positive = [], set()
         for number, sentence in enumerate(sentences):
+            self._unknown.update(sentence.unknown_labels)
             if not sentence.findings:
                 counts["sentences_outside_vocabulary"] += 1
                 continue
             if not sentence.abnormal:
                 if sentence.boxes or sentence.extra_boxes:
                     counts["negative_sentences_with_boxes"] += 1  # neither stated nor denied: left out
-                    self.contradictions.append(f"{where}, finding {number}")
+                    self._contradictions.append(f"{where}, finding {number}")
                     continue
                 counts["negative_sentences"] += 1
-                self.denied.update(sentence.findings)
+                self._denied.update(sentence.findings)
                 queries += [Query(sentence.text, key, None, asserted=False) for key in sentence.findings]
                 continue
             counts["positive_sentences"] += 1
@@ -263,19 +265,19 @@ class PadChestGR(XBenchDataModule):
             images=len(samples),
             queries=sum(query.asserted for sample in samples for query in sample.queries),
             denied_queries=sum(not query.asserted for sample in samples for query in sample.queries),
-            **{name: self.counts[name] for name in (
+            **{name: self._counts[name] for name in (
                 "abnormal_studies", "normal_studies", "positive_sentences", "negative_sentences",
                 "boxed_by_both", "boxed_by_first_only", "boxed_by_second_only", "boxed_by_neither",
                 "negative_sentences_with_boxes", "sentences_outside_vocabulary")},
-            negative_sentences_per_finding={key: self.denied[key] for key in self.classes},
-            labels_outside_vocabulary=dict(self.outside_vocabulary.most_common()),
+            negative_sentences_per_finding={key: self._denied[key] for key in self.classes},
+            labels_outside_vocabulary=dict(self._unknown.most_common()),
         )
         if self.readers == "both":
-            self.notes["studies_without_a_sentence_both_boxed"] = self.counts["studies_without_a_sentence_both_boxed"]
-        if self.contradictions:
-            shown = "; ".join(self.contradictions[:3])
+            self.notes["studies_without_a_sentence_both_boxed"] = self._counts["studies_without_a_sentence_both_boxed"]
+        if self._contradictions:
+            shown = "; ".join(self._contradictions[:3])
             warnings.warn(
-                f"PadChestGR: {len(self.contradictions)} sentences in {reports} have boxes but abnormal: false "
+                f"PadChestGR: {len(self._contradictions)} sentences in {reports} have boxes but abnormal: false "
                 f"(e.g. {shown}); they are left out of grounding and recognition and counted under "
                 "data.negative_sentences_with_boxes",
                 stacklevel=3,
