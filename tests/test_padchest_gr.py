@@ -22,6 +22,7 @@ from xbench.test import main
 WIDTH, HEIGHT = 64, 48
 FRAME = 16  # a 4 x 3 block of native pixels per frame pixel: area coverage is a block's mean
 POSITIVE, DENIALS, NORMAL, TRAIN, FIRST_ONLY = "pos.png", "denials.png", "normal.png", "train.png", "first-only.png"
+UNKNOWN = "unknown.png"
 
 
 def sentence(text, labels, abnormal=True, boxes=(), extra_boxes=()):
@@ -58,8 +59,11 @@ STUDIES = [
     {"StudyID": "s-first-only", "ImageID": FIRST_ONLY, "findings": [
         sentence("Scoliosis.", ["scoliosis"], boxes=[(0.4, 0.0, 0.6, 1.0)]),
     ]},
+    {"StudyID": "s-unknown", "ImageID": UNKNOWN, "findings": [  # abnormal, by a finding XBench does not grade
+        sentence("Aortic atheromatosis.", ["aortic atheromatosis"], boxes=[(0.4, 0.1, 0.6, 0.3)]),
+    ]},
 ]
-TEST_IMAGES = [POSITIVE, DENIALS, NORMAL, FIRST_ONLY]
+TEST_IMAGES = [POSITIVE, DENIALS, NORMAL, FIRST_ONLY, UNKNOWN]
 
 
 @pytest.fixture
@@ -106,13 +110,15 @@ def test_studies_sentences_labels_and_counts(release):
         DENIALS: [("No pleural effusion.", "pleural_effusion", None), ("No cardiomegaly.", "cardiomegaly", None)],
         NORMAL: [("No consolidation.", "consolidation", None)],
         FIRST_ONLY: [],
+        UNKNOWN: [],
     }
     notes = dm.notes
-    assert (notes["images"], notes["abnormal_studies"], notes["normal_studies"]) == (4, 3, 1)
+    assert (notes["images"], notes["abnormal_studies"], notes["normal_studies"]) == (5, 4, 1)
+    assert set(labels[UNKNOWN].values()) == {0} and not dm.samples[4].queries  # abnormal, but nothing graded
     assert (notes["positive_sentences"], notes["negative_sentences"]) == (5, 4)
     assert (notes["boxed_by_both"], notes["boxed_by_first_only"], notes["boxed_by_neither"]) == (3, 2, 0)
-    assert notes["sentences_outside_vocabulary"] == 2
-    assert notes["labels_outside_vocabulary"] == {"aortic atheromatosis": 1, "normal": 1}
+    assert notes["sentences_outside_vocabulary"] == 3
+    assert notes["labels_outside_vocabulary"] == {"aortic atheromatosis": 2, "normal": 1}
     assert notes["negative_sentences_per_finding"]["pleural_effusion"] == 1
     assert notes["negative_sentences_with_boxes"] == 0 and (notes["queries"], notes["denied_queries"]) == (6, 4)
     assert dm.reader_set() is None  # readers="first": no reader under test
@@ -181,8 +187,8 @@ def test_the_decoded_image_cache_gives_the_same_batches_denied_queries_included(
 
 def test_both_readers_keep_the_sentences_both_boxed_and_name_the_second_reader(release):
     dm = data(release, readers="both")
-    assert dm.image_ids() == [POSITIVE, DENIALS]  # the normal and the first-reader-only studies left out
-    assert dm.notes["studies_without_a_sentence_both_boxed"] == 2
+    assert dm.image_ids() == [POSITIVE, DENIALS]  # the normal, first-reader-only and ungraded studies left out
+    assert dm.notes["studies_without_a_sentence_both_boxed"] == 3
     positive = dm.samples[0]
     assert set(positive.regions) == {"cardiomegaly", "pleural_effusion"}  # the left effusion: reader 1 only
     assert positive.regions["pleural_effusion"] == NormalisedBoxes(Boxes((RIGHT_EFFUSION,)))
@@ -240,7 +246,7 @@ def test_the_second_reader_scored_by_the_human_model_equals_a_brute_force_recomp
             assert per_class[key][name] == pytest.approx(value, abs=1e-9), (key, name)
     assert 0 < expected["cardiomegaly"]["dice@0.5"] < 1  # the readers differ: not a trivial 1
     notes = results["data"]["notes"]  # what the human row leaves out, counted
-    assert (notes["boxed_by_first_only"], notes["studies_without_a_sentence_both_boxed"]) == (2, 2)
+    assert (notes["boxed_by_first_only"], notes["studies_without_a_sentence_both_boxed"]) == (2, 3)
 
 
 def test_the_config_names_the_dataset_and_its_defaults():

@@ -241,7 +241,8 @@ class PadChestGR(XBenchDataModule):
                 queries.append(Query(sentence.text, key, NormalisedBoxes(Boxes(first))))
                 regions.setdefault(key, []).extend(first)
                 marks.setdefault(key, []).extend(second)
-        counts["normal_studies" if not positive else "abnormal_studies"] += 1
+        # normal: no sentence states a finding (one outside the vocabulary makes the study abnormal too)
+        counts["abnormal_studies" if any(sentence.abnormal for sentence in sentences) else "normal_studies"] += 1
         if self.readers == "both" and not set(regions) & set(self.classes):
             counts["studies_without_a_sentence_both_boxed"] += 1
             return None
