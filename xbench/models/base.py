@@ -27,7 +27,7 @@ Phrase grounding (a dataset whose images carry free-text queries, such as MS-CXR
 text side encodes free text sets ``query_mode = "phrase"`` and implements ``encode_phrases``, which
 returns its text side for the phrases as the attributes ``forward`` reads, one row per phrase; the
 base then runs ``forward`` with a batch's phrases in place of the classes
-([`phrase_maps`][xbench.models.base.XBenchModel.phrase_maps]). A fixed-vocabulary model (MedKLIP,
+([`phrase_outputs`][xbench.models.base.XBenchModel.phrase_outputs]: the phrases' scores and maps). A fixed-vocabulary model (MedKLIP,
 MAVL; baselines) keeps ``query_mode = "finding"``: it grounds the map of the phrase's finding, and
 the results say so.
 """
@@ -305,7 +305,8 @@ class XBenchModel(L.LightningModule, ABC):
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
         self.name_grounding = GroundingMetrics(len(classes), validate_args=False) if by_phrase else None
         # A dataset whose reports deny findings (negative sentences): every query's score is recorded
-        denies = any(not query.asserted for sample in datamodule.samples for query in sample.queries) if phrases else False
+        denies = bool(phrases) and any(not query.asserted for sample in datamodule.samples
+                                       for query in sample.queries)
         self.sentence_scores = SentenceScores() if denies else None
         datamodule.set_model_transform(self.preprocess)
 
