@@ -610,3 +610,39 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     return cache
+
+
+# -- PadChest-GR (issue 49.4) ----------------------------------------------------------------------
+
+PADCHEST_GR_REPORTS = "grounded_reports_20240819.json"
+
+
+def write_padchest_gr(root: Path, studies: list[dict], *, sizes: dict[str, tuple[int, int]] | None = None,
+                      size: tuple[int, int] = (64, 48), splits: dict[str, str] | None = None,
+                      missing_images: tuple[str, ...] = ()) -> Path:
+    """Write PadChest-GR's release in ``root``: ``grounded_reports_20240819.json`` (``studies`` as
+    given, so a test can write a bad value), ``master_table.csv`` (one row per study and sentence, as
+    the release has it: ``StudyID, ImageID, label, sentence_en, split``; ``split`` from ``splits`` by
+    study, default ``test``; a study without sentences still gets its row) and a 16-bit grey PNG of
+    ``sizes.get(image, size)`` (width, height) under ``Padchest_GR_files/`` for each ``ImageID``
+    except ``missing_images``. Returns ``root``."""
+    import csv
+
+    splits, sizes = splits or {}, sizes or {}
+    (root / "Padchest_GR_files").mkdir(parents=True, exist_ok=True)
+    (root / PADCHEST_GR_REPORTS).write_text(json.dumps(studies))
+    with open(root / "master_table.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["StudyID", "ImageID", "label", "sentence_en", "split"])
+        for study in studies:
+            for finding in study.get("findings") or [{"labels": ["normal"], "sentence_en": ""}]:
+                writer.writerow([study["StudyID"], study["ImageID"], ";".join(finding.get("labels", [])),
+                                 finding.get("sentence_en", ""), splits.get(study["StudyID"], "test")])
+    rng = np.random.default_rng(0)
+    for study in studies:
+        if study["ImageID"] in missing_images:
+            continue
+        width, height = sizes.get(study["ImageID"], size)
+        pixels = rng.integers(0, 2**16, size=(height, width), dtype=np.uint16)
+        Image.fromarray(pixels).save(root / "Padchest_GR_files" / study["ImageID"], format="PNG")
+    return root

@@ -3807,3 +3807,95 @@ def test_gaze_batches_without_a_centre_bias_are_named(phantom_root):
     with pytest.raises(RuntimeError, match=r"WithoutCentreBias's batches carry gaze, but its gaze_baseline\(\) gave "
                                            r"no centre bias"):
         trainer.test(RandomSaliency(), datamodule=data, verbose=False)
+
+
+# == Issue 49.4 / 49.6: PadChest-GR's hostile cases ====================================================
+
+def _padchest_gr(tmp_path, findings, **kwargs):
+    from conftest import write_padchest_gr
+
+    studies = [{"StudyID": "s-ok", "ImageID": "ok.png", "findings": [
+        {"sentence_en": "Cardiomegaly.", "labels": ["cardiomegaly"], "abnormal": True,
+         "boxes": [[0.25, 0.25, 0.75, 0.75]], "extra_boxes": []}]},
+               {"StudyID": "s-bad", "ImageID": "bad.png", "findings": findings}]
+    return write_padchest_gr(tmp_path / "padchest-gr", studies, size=(32, 24), **kwargs)
+
+
+@pytest.mark.parametrize(("field", "box"), [("boxes", [0.1, 0.2, 1.2, 0.5]), ("extra_boxes", [-0.05, 0.2, 0.4, 0.5]),
+                                            ("boxes", [20, 30, 60, 80])])
+def test_a_padchest_gr_box_outside_the_unit_square_stops_the_run_naming_study_and_sentence(tmp_path, capsys, field, box):
+    """Corners are fractions of the image's size: one outside [0, 1] (pixels, a wrong file) is named."""
+    sentence = {"sentence_en": "Nodule.", "labels": ["nodule"], "abnormal": True, "boxes": [[0.1, 0.1, 0.2, 0.2]],
+                "extra_boxes": [], field: [box]}
+    root = _padchest_gr(tmp_path, [sentence])
+    code, err = run_cli(quiet_run("centre_prior", "padchest_gr", root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, f"{root / 'grounded_reports_20240819.json'}, entry 1 (study s-bad), finding 0, "
+                    f"{field}: box {box}", "reaches outside [0, 1]", "fractions of the image's width and height")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_padchest_gr_study_without_its_image_stops_the_run_naming_study_and_path(tmp_path, capsys):
+    sentence = {"sentence_en": "No effusion.", "labels": ["pleural effusion"], "abnormal": False, "boxes": [],
+                "extra_boxes": []}
+    root = _padchest_gr(tmp_path, [sentence], missing_images=("bad.png",))
+    code, err = run_cli(quiet_run("centre_prior", "padchest_gr", root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "entry 1 (study s-bad): its image bad.png is not at",
+                    str(root / "Padchest_GR_files" / "bad.png"), "--data.images")
+    assert left_behind(tmp_path / "results") == []
+
+
+def test_a_padchest_gr_sentence_with_boxes_but_abnormal_false_is_a_counted_skip(tmp_path):
+    """Neither stated (abnormal false) nor denied (it has boxes): left out of grounding and of the
+    denied sentences, counted, and named in a warning; the study's other sentences stay."""
+    from xbench.data.padchest_gr import PadChestGR
+
+    root = _padchest_gr(tmp_path, [
+        {"sentence_en": "No nodule.", "labels": ["nodule"], "abnormal": False, "boxes": [[0.1, 0.1, 0.3, 0.3]],
+         "extra_boxes": []},
+        {"sentence_en": "No effusion.", "labels": ["pleural effusion"], "abnormal": False, "boxes": [],
+         "extra_boxes": [[0.5, 0.5, 0.7, 0.7]]},
+        {"sentence_en": "Scoliosis.", "labels": ["scoliosis"], "abnormal": True, "boxes": [[0.4, 0.0, 0.6, 1.0]],
+         "extra_boxes": []},
+    ])
+    dm = PadChestGR(root=str(root), cache=False, num_workers=0)
+    with pytest.warns(UserWarning, match=r"2 sentences .* have boxes but abnormal: false \(e\.g\. .*entry 1 "
+                                         r"\(study s-bad\), finding 0; .*finding 1\)"):
+        samples = dm.samples
+    bad = samples[1]
+    assert [(q.text, q.asserted) for q in bad.queries] == [("Scoliosis.", True)]
+    assert set(bad.regions) == {"scoliosis"} and bad.labels["nodule"] == 0
+    assert dm.notes["negative_sentences_with_boxes"] == 2 and dm.notes["negative_sentences"] == 0
+
+
+@pytest.mark.parametrize(("finding", "message"), [
+    ({"sentence_en": "Nodule.", "labels": ["nodule"], "abnormal": "yes", "boxes": []}, "abnormal must be true or false"),
+    ({"sentence_en": "Nodule.", "labels": "nodule", "abnormal": True, "boxes": []}, "labels must be a list of strings"),
+    ({"sentence_en": "Nodule.", "labels": ["nodule"], "abnormal": True, "boxes": [[0.1, 0.1, 0.1, 0.3]]},
+     "needs x2 > x1 and y2 > y1"),
+    ({"sentence_en": "Nodule.", "labels": ["nodule"], "abnormal": True, "boxes": [[0.1, float("nan"), 0.2, 0.3]]},
+     "is not [x1, y1, x2, y2] of finite numbers"),
+    ({"sentence_en": " ", "labels": ["nodule"], "abnormal": False, "boxes": []}, "sentence_en is empty"),
+])
+def test_a_padchest_gr_sentence_of_the_wrong_shape_is_named(tmp_path, finding, message):
+    from xbench.data.padchest_gr import PadChestGR
+
+    root = _padchest_gr(tmp_path, [finding])
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        _ = PadChestGR(root=str(root), cache=False).samples
+    assert "entry 1 (study s-bad), finding 0" in str(error.value), str(error.value)
+
+
+def test_padchest_gr_refuses_a_split_it_lacks_a_study_outside_the_master_table_and_a_human_run_without_both(
+        tmp_path, capsys):
+    from xbench.data.padchest_gr import PadChestGR
+
+    root = _padchest_gr(tmp_path, [], splits={"s-ok": "train", "s-bad": "train"})
+    with pytest.raises(ValueError, match=r"has no study of split 'test' \(its splits: \['train'\]\)"):
+        _ = PadChestGR(root=str(root)).samples
+    table = root / "master_table.csv"
+    table.write_text("\n".join(line for line in table.read_text().splitlines() if "s-bad" not in line) + "\n")
+    with pytest.raises(ValueError, match=r"entry 1 \(study s-bad\): the study is not in .*master_table.csv"):
+        _ = PadChestGR(root=str(root), split="all").samples
+    root = _padchest_gr(tmp_path / "again", [])
+    code, err = run_cli(quiet_run("human", "padchest_gr", root, tmp_path / "results"), capsys)
+    assert_one_line(code, err, 1, "--model human scores a second reader", "PadChestGR")

@@ -41,7 +41,8 @@ from xbench.geometry.preprocess import Preprocess
 OPEN_CLIP_SIDE = 224
 #: Model classes with no input transform of their own: they take the frame image (baselines,
 #: saved maps) or are a base that a model subclasses.
-NO_TRANSFORM = {"RandomSaliency", "CentrePrior", "Oracle", "PrecomputedSaliency", "QueryDecoderModel"}
+NO_TRANSFORM = {"RandomSaliency", "CentrePrior", "Oracle", "PrecomputedSaliency", "QueryDecoderModel", "HumanReader",
+                "GazeCentreBias"}
 BATCH_KEYS = ("model_input", "window", "image", "masks", "has_mask", "labels", "native_size", "clipped_shapes",
               "lost_regions")
 

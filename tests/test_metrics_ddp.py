@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+from xbench.metrics.phrases import SentenceScores, sentence_recognition
 
 pytestmark = pytest.mark.slow  # DDP: processes of their own, whose imports are most of the cost
 
@@ -43,14 +44,21 @@ def evaluate(indices, batch_size, queries=False):
     # a run's own grounding records Quantus' families too (class pairs only, not a phrase view)
     grounding = GroundingMetrics(NUM_CLASSES, map_quality=not queries)
     classification, native = ClassificationMetrics(NUM_CLASSES), ChexlocalizeRecords(NUM_CLASSES)
+    sentences = SentenceScores()  # the queries' scores: a query stated where its finding's label is 1
     for start in range(0, len(indices), batch_size):
         i = torch.as_tensor(indices[start : start + batch_size], dtype=torch.int64)
         grounding.update(s[i], m[i], has[i], i, query_class[i] if queries else None)
         classification.update(logits[i], labels[i], i)
+        stated = labels[i].gather(1, query_class[i].clamp(min=0)) == 1
+        sentences.update(i, query_class[i], stated, logits[i].gather(1, query_class[i].clamp(min=0)))
     for i in indices:  # each pair with a region, the map at its native size (12 x 12)
         for c in torch.nonzero(has[i]).flatten().tolist():
             native.update(s[i, c], m[i, c], c, 0.5)
-    return grounding.compute(), classification.compute(), chexlocalize_means(native.compute(), list("abc"))
+    evaluated = torch.arange(NUM_SAMPLES)  # the recognition's resamples: every image, as one process sees them
+    recognition = sentence_recognition(sentences.compute(), [f"i{k:02d}" for k in range(NUM_SAMPLES)], evaluated,
+                                       list("abc"), "ddp", replicates=50)
+    return (grounding.compute(), classification.compute(), chexlocalize_means(native.compute(), list("abc")),
+            recognition)
 
 
 def _worker(rank, world, port, cases, out_path):
@@ -60,8 +68,9 @@ def _worker(rank, world, port, cases, out_path):
     try:
         results = {}
         for name, (shares, queries) in cases.items():
-            g, c, native = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
-            results[name] = {"g": dict(g.items()), "c": dict(c.items()), "native": native}
+            g, c, native, recognition = evaluate(shares[rank], batch_size=rank + 2, queries=queries)
+            results[name] = {"g": dict(g.items()), "c": dict(c.items()), "native": native,
+                             "sentences": recognition}
         results["collectives"] = count_collectives(rank)
         if rank == 0:
             torch.save(results, out_path)
@@ -110,7 +119,7 @@ def test_ddp_equals_single_process(distributed):
     """Split unevenly (one process may get nothing), with and without queries: one process's numbers."""
     world, results = distributed
     for name, (_, queries) in CASES[world].items():
-        g, c, native = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=queries)
+        g, c, native, recognition = evaluate(list(range(NUM_SAMPLES)), batch_size=4, queries=queries)
         if queries:
             assert int(g["pairs"][-1]) == 0 and int(g["pairs"].sum()) > 0, name  # no query of the last finding
         assert_same(dict(g.items()), results[name]["g"])
@@ -118,6 +127,9 @@ def test_ddp_equals_single_process(distributed):
         assert native.keys() == results[name]["native"].keys() and sum(v["pairs"] for v in native.values()) > 0
         for key, values in native.items():  # rows gathered in another order: means to rounding
             assert results[name]["native"][key] == pytest.approx(values, abs=1e-12), (name, key)
+        # the stated-vs-denied sentence AUROC and its interval, whatever order the rows were gathered in
+        assert results[name]["sentences"] == recognition, name
+        assert recognition["per_finding"]["a"]["stated_sentences"] > 0 < recognition["per_finding"]["a"]["denied_sentences"]
 
 
 COLLECTIVES = ("barrier", "broadcast", "all_reduce", "all_gather", "all_gather_object", "gather", "reduce")

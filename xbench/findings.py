@@ -31,13 +31,16 @@ FINDINGS: dict[str, Finding] = {
     for f in (
         Finding("abnormal_mediastinal_contour", "Abnormal Mediastinal Contour", "AMC"),
         Finding("airway_wall_thickening", "Airway Wall Thickening", "AWT"),
+        Finding("aortic_elongation", "Aortic Elongation", "AEL"),
         Finding("aortic_enlargement", "Aortic Enlargement", "AE"),
+        Finding("alveolar_pattern", "Alveolar Pattern", "ALV"),
         Finding("atelectasis", "Atelectasis", "ATE"),
         Finding("calcification", "Calcification", "CAL"),
         Finding("cardiomegaly", "Cardiomegaly", "CARD"),
         Finding("clavicle_fracture", "Clavicle Fracture", "CF"),
         Finding("congestive_heart_failure", "Congestive Heart Failure", "CHF"),
         Finding("consolidation", "Consolidation", "CONS"),
+        Finding("costophrenic_angle_blunting", "Costophrenic Angle Blunting", "CPAB"),
         Finding("covid19", "COVID-19", "COV"),
         Finding("edema", "Edema", "EDE"),
         Finding("emphysema", "Emphysema", "EMPH"),
@@ -50,6 +53,7 @@ FINDINGS: dict[str, Finding] = {
         Finding("hernia", "Hernia", "HER"),
         Finding("infiltration", "Infiltration", "INF"),
         Finding("interstitial_lung_disease", "Interstitial Lung Disease", "ILD"),
+        Finding("interstitial_pattern", "Interstitial Pattern", "IP"),
         Finding("lung_cavity", "Lung Cavity", "LCAV"),
         Finding("lung_cyst", "Lung Cyst", "LCYS"),
         Finding("lung_lesion", "Lung Lesion", "LL"),
@@ -67,6 +71,7 @@ FINDINGS: dict[str, Finding] = {
         Finding("pneumothorax", "Pneumothorax", "PTX"),
         Finding("pulmonary_fibrosis", "Pulmonary Fibrosis", "PF"),
         Finding("rib_fracture", "Rib Fracture", "RF"),
+        Finding("scoliosis", "Scoliosis", "SCOL"),
         Finding("support_devices", "Support Devices", "SD"),
     )
 }
@@ -177,6 +182,55 @@ SPELLINGS: dict[str, dict[str, str]] = {
         "Pneumonia": "pneumonia",
         "Pneumothorax": "pneumothorax",
     },
+    # PadChest-GR (phrase grounding on PadChest): the ``labels`` of each finding sentence in its
+    # grounded_reports JSON, PadChest's own lower-case label names. PadChest's taxonomy has 174
+    # findings; these are the ones XBench grades. A sentence whose labels are all outside this table
+    # is counted and left out (the datamodule's notes name each such label).
+    "padchest_gr": {
+        "alveolar pattern": "alveolar_pattern",
+        "aortic elongation": "aortic_elongation",
+        "ascendent aortic elongation": "aortic_elongation",
+        "descendent aortic elongation": "aortic_elongation",
+        "apical pleural thickening": "pleural_thickening",
+        "calcified pleural thickening": "pleural_thickening",
+        "pleural thickening": "pleural_thickening",
+        "atelectasis": "atelectasis",
+        "atelectasis basal": "atelectasis",
+        "laminar atelectasis": "atelectasis",
+        "lobar atelectasis": "atelectasis",
+        "round atelectasis": "atelectasis",
+        "segmental atelectasis": "atelectasis",
+        "total atelectasis": "atelectasis",
+        "callus rib fracture": "rib_fracture",
+        "rib fracture": "rib_fracture",
+        "cardiomegaly": "cardiomegaly",
+        "cavitation": "lung_cavity",
+        "clavicle fracture": "clavicle_fracture",
+        "consolidation": "consolidation",
+        "costophrenic angle blunting": "costophrenic_angle_blunting",
+        "emphysema": "emphysema",
+        "fracture": "fracture",
+        "hiatal hernia": "hernia",
+        "hilar enlargement": "enlarged_hilum",
+        "infiltrates": "infiltration",
+        "interstitial pattern": "interstitial_pattern",
+        "reticular interstitial pattern": "interstitial_pattern",
+        "reticulonodular interstitial pattern": "interstitial_pattern",
+        "mass": "mass",
+        "pulmonary mass": "mass",
+        "mediastinal shift": "mediastinal_shift",
+        "nodule": "nodule",
+        "multiple nodules": "nodule",
+        "pleural effusion": "pleural_effusion",
+        "loculated pleural effusion": "pleural_effusion",
+        "pneumonia": "pneumonia",
+        "atypical pneumonia": "pneumonia",
+        "pneumothorax": "pneumothorax",
+        "pulmonary artery enlargement": "enlarged_pa",
+        "pulmonary edema": "edema",
+        "pulmonary fibrosis": "pulmonary_fibrosis",
+        "scoliosis": "scoliosis",
+    },
     # REFLACX (eye tracking on MIMIC-CXR): the label columns of ``metadata_phase_{1,2,3}.csv`` and
     # ``anomaly_location_ellipses.csv``. Phase 1 asked for finer labels than phases 2-3 (Mass and
     # Nodule where 2-3 ask Lung nodule or mass; Emphysema for High lung volume / emphysema;
@@ -281,6 +335,7 @@ DATASET_NAMES: dict[str, str] = {
     "ms_cxr": "MS-CXR",
     "reflacx": "REFLACX",
     "egd_cxr": "EGD-CXR",
+    "padchest_gr": "PadChest-GR",
 }
 
 
@@ -297,6 +352,13 @@ BEYOND_PAPER_CLASSES: dict[str, tuple[str, ...]] = {
         "pneumothorax",
     ),
     "egd_cxr": ("congestive_heart_failure", "pneumonia"),
+    "padchest_gr": (
+        "alveolar_pattern", "aortic_elongation", "atelectasis", "cardiomegaly", "clavicle_fracture",
+        "consolidation", "costophrenic_angle_blunting", "edema", "emphysema", "enlarged_hilum", "enlarged_pa",
+        "fracture", "hernia", "infiltration", "interstitial_pattern", "lung_cavity", "mass",
+        "mediastinal_shift", "nodule", "pleural_effusion", "pleural_thickening", "pneumonia", "pneumothorax",
+        "pulmonary_fibrosis", "rib_fracture", "scoliosis",
+    ),
 }
 
 

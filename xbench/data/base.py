@@ -21,8 +21,10 @@ records; its batches then also carry a query axis of ``Q`` slots (the most queri
 split has): ``query_masks`` bool [B,Q,S,S], ``query_has_mask`` bool [B,Q] (a slot holds a query
 whose region is not empty in the frame), ``query_class`` int64 [B,Q] (the query's finding, an index
 into the classes; -1 for an unused slot), ``query_phrase`` int64 [B,Q] (an index into the
-datamodule's ``phrases``; -1 unused) and ``query_lost`` bool [B,Q] (a query region empty inside the
-frame, left out). Class-level datasets carry none of these keys.
+datamodule's ``phrases``; -1 unused), ``query_asserted`` bool [B,Q] (False for a denied finding, a
+report's negative sentence, which has no region and is never graded, and for an unused slot) and
+``query_lost`` bool [B,Q] (a query region empty inside the frame, left out). Class-level datasets
+carry none of these keys.
 """
 
 from __future__ import annotations

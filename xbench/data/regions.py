@@ -266,3 +266,16 @@ class Ellipses:
             cx, cy, ax, ay = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1) / 2, (y2 - y1) / 2
             mask |= ((cols - cx) / ax) ** 2 + ((rows - cy) / ay) ** 2 < 1
         return mask, clipped
+
+
+@dataclass(frozen=True)
+class NormalisedBoxes:
+    """Boxes whose corners are fractions of the image's width (x) and height (y), in [0, 1]
+    (PadChest-GR's): drawn on an image of any size by scaling x by its width and y by its height,
+    then as [`Boxes`][xbench.data.regions.Boxes] (half-open, truncated to the pixel grid)."""
+
+    boxes: Boxes
+
+    def to_mask(self, height: int, width: int) -> tuple[np.ndarray, int]:
+        scaled = Boxes(tuple((x1 * width, y1 * height, x2 * width, y2 * height) for x1, y1, x2, y2 in self.boxes.xyxy))
+        return scaled.to_mask(height, width)

@@ -27,7 +27,7 @@ Phrase grounding (a dataset whose images carry free-text queries, such as MS-CXR
 text side encodes free text sets ``query_mode = "phrase"`` and implements ``encode_phrases``, which
 returns its text side for the phrases as the attributes ``forward`` reads, one row per phrase; the
 base then runs ``forward`` with a batch's phrases in place of the classes
-([`phrase_maps`][xbench.models.base.XBenchModel.phrase_maps]). A fixed-vocabulary model (MedKLIP,
+([`phrase_outputs`][xbench.models.base.XBenchModel.phrase_outputs]: the phrases' scores and maps). A fixed-vocabulary model (MedKLIP,
 MAVL; baselines) keeps ``query_mode = "finding"``: it grounds the map of the phrase's finding, and
 the results say so.
 """
@@ -48,6 +48,7 @@ from xbench.metrics import ClassificationMetrics, GroundingMetrics
 from xbench.metrics.common import MetricValues, PackedSyncMetric
 from xbench.metrics.gaze import GazeMetrics
 from xbench.metrics.native import himl_native_saliency
+from xbench.metrics.phrases import SentenceScores
 from xbench.geometry.maps import near_constant, normalise, place_in_frame, seen_pixels, whole_frame
 from xbench.geometry.preprocess import MapUpsample, Preprocess
 from xbench.models.explainers import NATIVE, CamTarget, Explainer, cam_maps, check_explainer, explainer_record
@@ -242,14 +243,18 @@ class XBenchModel(L.LightningModule, ABC):
             for name, value in saved.items():
                 setattr(self, name, value)
 
-    def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
-        """Maps [B, T, h, w] of the T phrases whose text side ``rows`` holds (rows of
-        [`encode_phrases`][xbench.models.base.XBenchModel.encode_phrases]):
+    def phrase_outputs(self, model_input: Tensor, rows: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Scores [B, T] and maps [B, T, h, w] of the T phrases whose text side ``rows`` holds (rows
+        of [`encode_phrases`][xbench.models.base.XBenchModel.encode_phrases]):
         [`explain`][xbench.models.base.XBenchModel.explain] with the phrases in place of the
         classes. A model whose prompts are decoded together (KAD's query set) grounds each phrase on
         its own instead."""
         with self.text_side(rows):
-            return self.explain(model_input)[1]
+            return self.explain(model_input)
+
+    def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
+        """The maps of [`phrase_outputs`][xbench.models.base.XBenchModel.phrase_outputs]."""
+        return self.phrase_outputs(model_input, rows)[1]
 
     def explain(self, model_input: Tensor) -> tuple[Tensor, Tensor]:
         """Logits and the maps of the run's explainer: ``forward``'s own, or a CAM method's on the
@@ -304,11 +309,15 @@ class XBenchModel(L.LightningModule, ABC):
         self.phrase_text = self.encode_all_phrases(phrases) if by_phrase else None
         self.query_grounding = GroundingMetrics(len(classes), validate_args=False) if phrases else None
         self.name_grounding = GroundingMetrics(len(classes), validate_args=False) if by_phrase else None
+        # A dataset whose reports deny findings (negative sentences): every query's score is recorded
+        denies = bool(phrases) and any(not query.asserted for sample in datamodule.samples
+                                       for query in sample.queries)
+        self.sentence_scores = SentenceScores() if denies else None
         datamodule.set_model_transform(self.preprocess)
 
     def run_metrics(self) -> list:
         return [metric for metric in (self.grounding, self.classification, self.region_counts, self.query_grounding,
-                                      self.name_grounding, self.gaze) if metric is not None]
+                                      self.name_grounding, self.sentence_scores, self.gaze) if metric is not None]
 
     def on_test_epoch_start(self) -> None:
         for metric in self.run_metrics():
@@ -336,7 +345,7 @@ class XBenchModel(L.LightningModule, ABC):
         self.classification.update(logits.float(), batch["labels"], batch["index"])
         self.region_counts.update(batch["clipped_shapes"], batch["lost_regions"], batch.get("query_lost"))
         if self.query_grounding is not None:
-            self.ground_queries(batch, maps)
+            self.ground_queries(batch, logits, maps)
         if "gaze" in batch:
             if self.gaze is None:
                 raise RuntimeError(f"{type(self.trainer.datamodule).__name__}'s batches carry gaze, but its "
@@ -359,21 +368,27 @@ class XBenchModel(L.LightningModule, ABC):
         saliency = normalise(place_in_frame(maps, windows, frame, self.map_upsample))
         return saliency.masked_fill_(near_constant(maps)[..., None, None], 0.0), seen
 
-    def ground_queries(self, batch: dict, class_maps: Tensor) -> None:
+    def ground_queries(self, batch: dict, class_logits: Tensor, class_maps: Tensor) -> None:
         """Score a phrase dataset's (image, query) pairs: the map of each query's finding name and,
-        for a phrase-mode model, the map of its phrase."""
+        for a phrase-mode model, the map of its phrase; where the dataset denies findings, record
+        each query's score (its phrase's logit, or its finding's for a finding-mode model)."""
         query_class, query_phrase = batch["query_class"], batch["query_phrase"]
         grid = class_maps.shape[-2:]
         by_name = class_maps.gather(1, query_class.clamp(min=0)[..., None, None].expand(-1, -1, *grid))
+        scores = class_logits.gather(1, query_class.clamp(min=0))
         scored = [(self.query_grounding, by_name)]
         phrase_ids = torch.unique(query_phrase[query_phrase >= 0]).cpu()
         if self.phrase_text is not None and len(phrase_ids):
             rows = {name: value[phrase_ids].to(class_maps.device) for name, value in self.phrase_text.items()}
             model_input = batch["image"] if self.preprocess is None else batch["model_input"]
-            maps = self.phrase_maps(model_input, rows)
+            logits, maps = self.phrase_outputs(model_input, rows)
             position = torch.searchsorted(phrase_ids.to(query_phrase.device), query_phrase.clamp(min=0))
-            by_phrase = maps.gather(1, position.clamp(max=maps.shape[1] - 1)[..., None, None].expand(-1, -1, *grid))
+            position = position.clamp(max=maps.shape[1] - 1)
+            by_phrase = maps.gather(1, position[..., None, None].expand(-1, -1, *grid))
+            scores = logits.gather(1, position)
             scored = [(self.query_grounding, by_phrase), (self.name_grounding, by_name)]
+        if self.sentence_scores is not None:
+            self.sentence_scores.update(batch["index"], query_class, batch["query_asserted"], scores)
         native = self.native_queries(batch) if self.phrase_protocol == "hi-ml" else None
         for metric, maps in scored:
             if native is not None:
@@ -392,7 +407,8 @@ class XBenchModel(L.LightningModule, ABC):
             queries = [query for query in samples[index].queries if query.finding in self.classes]
             if queries:
                 image_size = tuple(sizes[b])
-                masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) for query in queries])
+                masks = torch.stack([torch.from_numpy(query.region.to_mask(*image_size)[0]) if query.region is not None
+                                     else torch.zeros(image_size, dtype=torch.bool) for query in queries])
                 found.append((b, image_size, masks[None].to(batch["index"].device)))
         return found
 
@@ -450,6 +466,7 @@ class XBenchModel(L.LightningModule, ABC):
             region_counts=counts,
             config=self.run_config,
             queries=queries,
+            sentences=self.sentence_scores.compute() if self.sentence_scores is not None else None,
         )
         self.results.update(self.extra_results())
         gaze = self.gaze.compute() if self.gaze is not None else None

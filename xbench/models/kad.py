@@ -362,17 +362,20 @@ class QueryDecoderModel(XBenchModel):
         logits, maps = self.decode(*self.image_encoder(pixels), self.queries)
         return logits[:, self.query_index], maps[:, self.query_index]
 
-    def phrase_maps(self, model_input: Tensor, rows: dict[str, Tensor]) -> Tensor:
-        """Maps [B, T, h, w]: each phrase decoded as a query set of its own, so that its map does not
-        depend on the other phrases of the batch (queries attend to each other); for the native maps
-        the image encoder runs once, a CAM explainer explains each phrase's own decoding."""
+    def phrase_outputs(self, model_input: Tensor, rows: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Scores [B, T] and maps [B, T, h, w]: each phrase decoded as a query set of its own, so that
+        its outputs do not depend on the other phrases of the batch (queries attend to each other);
+        for the native maps the image encoder runs once, a CAM explainer explains each phrase's own
+        decoding."""
         if self.explainer != NATIVE:
             alone = torch.zeros(1, dtype=torch.long, device=model_input.device)
-            return torch.cat([super(QueryDecoderModel, self).phrase_maps(model_input, {"queries": query[None],
-                                                                                     "query_index": alone})
-                              for query in rows["queries"]], dim=1)
-        tokens, grid = self.image_encoder(model_input)
-        return torch.cat([self.decode(tokens, grid, query[None])[1] for query in rows["queries"]], dim=1)
+            outputs = [super(QueryDecoderModel, self).phrase_outputs(model_input, {"queries": query[None],
+                                                                                 "query_index": alone})
+                       for query in rows["queries"]]
+        else:
+            tokens, grid = self.image_encoder(model_input)
+            outputs = [self.decode(tokens, grid, query[None]) for query in rows["queries"]]
+        return tuple(torch.cat(part, dim=1) for part in zip(*outputs))
 
 
 class KAD(ChannelsLast, QueryDecoderModel):

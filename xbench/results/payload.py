@@ -24,7 +24,7 @@ from xbench.metrics.gaze import DENSITY_FLOOR, KL_EPS, VALUES as GAZE_VALUES
 from xbench.metrics.grounding import THRESHOLDS
 from xbench.metrics.map_quality import DEFINITIONS, SECTIONS, top_k
 from xbench.metrics.names import chosen_keys, run_keys
-from xbench.metrics.phrases import phrase_intervals
+from xbench.metrics.phrases import phrase_intervals, sentence_recognition
 from xbench.results.folder import CHECK_TABLES, SCHEMA
 from xbench.results.names import NAMES, names_section
 
@@ -80,10 +80,11 @@ def grounding_section(grounding, classes: list[str]) -> dict:
     }
 
 
-def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
+def phrase_section(model, datamodule, queries: dict, evaluated, sentences: dict | None = None) -> dict:
     """``phrase_grounding``: a phrase dataset's (image, query) pairs scored per finding as the model
     grounds a query (its ``query_mode``) and, for a phrase-mode model, by the finding's name, with
-    intervals and the paired difference (`xbench.metrics.phrases`)."""
+    intervals and the paired difference (`xbench.metrics.phrases`); where the dataset denies findings
+    (``sentences``: every query's score), the AUROC of stated against denied sentences per finding."""
     classes = list(datamodule.classes)
     name = queries.get("finding_name")
     return {
@@ -95,12 +96,16 @@ def phrase_section(model, datamodule, queries: dict, evaluated) -> dict:
         "by_finding_name": grounding_section(name, classes) if name is not None else None,
         "intervals": phrase_intervals(queries["query"]["records"], name["records"] if name is not None else None,
                                       datamodule.image_ids(), evaluated, classes, datamodule.name),
+        "sentence_recognition": sentence_recognition(sentences, datamodule.image_ids(), evaluated, classes,
+                                                     datamodule.name) if sentences is not None else None,
     }
 
 
-def build_results(*, model, datamodule, grounding, classification, region_counts, config, queries=None) -> dict:
+def build_results(*, model, datamodule, grounding, classification, region_counts, config, queries=None,
+                  sentences=None) -> dict:
     """The ``metrics.json`` payload of a finished run; ``queries``: a phrase dataset's query metrics
-    by view (``query``: as the model grounds a phrase; ``finding_name``: by the finding's name)."""
+    by view (``query``: as the model grounds a phrase; ``finding_name``: by the finding's name);
+    ``sentences``: every query's score where the dataset denies findings (`SentenceScores`)."""
     classes = list(datamodule.classes)
     evaluated = int(classification["records"]["index"].numel())
     return {
@@ -123,7 +128,7 @@ def build_results(*, model, datamodule, grounding, classification, region_counts
         "thresholds": [float(t) for t in THRESHOLDS],
         "chosen_on_evaluated_set": CHOSEN_ON_EVALUATED_SET,
         "grounding": grounding_section(grounding, classes),
-        "phrase_grounding": phrase_section(model, datamodule, queries, classification["records"]["index"])
+        "phrase_grounding": phrase_section(model, datamodule, queries, classification["records"]["index"], sentences)
         if queries else None,
         "classification": {
             "calibrated_logits": model.calibrated_logits,
