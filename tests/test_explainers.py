@@ -31,10 +31,11 @@ from torch import nn
 from conftest import CONFIGS, run_args, tiny_clip_state
 from xbench import catalog
 from xbench.models.base import XBenchModel
-from xbench.models.baselines import CentrePrior, Oracle, RandomSaliency
+from xbench.models.baselines import CentrePrior, GazeCentreBias, Oracle, RandomSaliency
 from xbench.models.clip import CLIP
 from xbench.models.explainers import CAM_METHODS, NATIVE, CamTarget, ClassScores, Explainer, check_explainer
 from xbench.models.precomputed import PrecomputedSaliency
+from xbench.models.readers import HumanReader
 from xbench.reporting.benchmark import Benchmark
 
 CLASSES = ["nodule", "mass", "consolidation"]  # the phantom's
@@ -128,7 +129,8 @@ def test_the_choices_and_who_may_use_them():
     assert typing.get_args(Explainer) == (NATIVE, *CAM_METHODS)
     assert all(hasattr(pytorch_grad_cam, method) for method, _ in CAM_METHODS.values())
     without = {cls for cls in catalog.models() if cls.cam_target is None}
-    assert without == {CentrePrior, Oracle, RandomSaliency, PrecomputedSaliency}  # no network to explain
+    # no network to explain
+    assert without == {CentrePrior, Oracle, RandomSaliency, PrecomputedSaliency, HumanReader, GazeCentreBias}
     for cls in without:
         with pytest.raises(ValueError, match=f"{cls.__name__} declares no layer.*--model.explainer must be native"):
             check_explainer(cls, "gradcam")

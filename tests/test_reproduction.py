@@ -214,10 +214,10 @@ def write_run(root: Path, model: str, label: str, dataset: str, targets: dict, p
     metric.update(logits, labels, torch.arange(images))
     classification = metric.compute()
     model_stub = SimpleNamespace(run_name=lambda: model, display=lambda: label, explainer_results=lambda: {"name": "native", "label": None},
-                                 instrument=False, preprocess=None, map_upsample=None, calibrated_logits=True)
+                                 instrument=False, human=False, preprocess=None, map_upsample=None, calibrated_logits=True)
     ids = [f"img{i:04d}" for i in range(images)]
     data = SimpleNamespace(classes=classes, name=dataset, test_set=ids, image_size=SIZE, mask_threshold=0.5,
-                           notes=[], image_ids=lambda: ids)
+                           notes=[], reads=False, image_ids=lambda: ids)
     config = {"model": {"class_path": f"paper.{label}", "init_args": {}},
               "data": {"class_path": f"paper.{dataset}", "init_args": {}}}
     results = build_results(model=model_stub, datamodule=data, grounding=grounding, classification=classification,

@@ -90,6 +90,19 @@ CLASS_ENTITIES: dict[str, tuple[str, ...]] = {
     "lung_cavity": ("tail_abnorm_obs",),
     "lung_cyst": ("tail_abnorm_obs",),
     "nodule_mass": ("nodule", "mass"),
+    # Ours for the gaze datasets (REFLACX, EGD-CXR) and PadChest-GR: the entity that names the finding,
+    # or its radiological sign.
+    "abnormal_mediastinal_contour": ("widen",),
+    "airway_wall_thickening": ("thicken",),
+    "alveolar_pattern": ("opacity",),
+    "aortic_elongation": ("tortuous",),
+    "congestive_heart_failure": ("chf",),
+    "costophrenic_angle_blunting": ("blunt",),
+    "enlarged_hilum": ("prominence",),
+    "groundglass_opacity": ("opacity",),
+    "interstitial_pattern": ("marking",),
+    "pleural_abnormality": ("effusion", "thicken"),
+    "scoliosis": ("deformity",),
 }
 
 DESCRIPTIONS_FILE = "observation explanation.json"
