@@ -3577,6 +3577,14 @@ def test_model_human_on_a_dataset_without_a_second_reader_is_named(phantom_root,
     assert left_behind(tmp_path / "results") == []
 
 
+def test_model_human_under_an_augmentation_is_named(phantom_root, tmp_path, capsys):
+    """A reader's marks are drawn on the image as read: an augmentation would move only the reference."""
+    code, err = run_cli(quiet_run("human", "phantom", phantom_root, tmp_path / "results", "--data.second_reader",
+                                  "true", "--config", "lightning_configs/augment/rotate10.yaml"), capsys)
+    assert_one_line(code, err, 1, "--model human draws the reader's marks", "cannot follow --data.augment")
+    assert left_behind(tmp_path / "results") == []
+
+
 # ---- issue 51: the gaze datasets (REFLACX, EGD-CXR) ----
 
 

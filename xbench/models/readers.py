@@ -32,6 +32,9 @@ class HumanReader(XBenchModel):
                 f"--model human scores a second reader, and {type(datamodule).__name__} as configured has none: "
                 "choose a dataset option that names one (docs/human-agreement.md lists each dataset's)."
             )
+        if getattr(datamodule, "augment", None) is not None:
+            raise ValueError("--model human draws the reader's marks on the image as read; they cannot follow "
+                             "--data.augment (the reference would move and the reader's marks stay). Drop one of them.")
         self.readers = readers
         self.frame = (datamodule.image_size, datamodule.mask_threshold)
 
