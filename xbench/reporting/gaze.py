@@ -109,8 +109,8 @@ def gaze_gap_table(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> 
     lower = ", ".join(short(m) for m in GAZE_GAP_METRICS if metric(m).lower_better)
     return [Table(
         f"gaze_gap_{dataset}", f"Each model's gap to the radiologists' gaze on {bench.dataset_label(dataset)}",
-        "Per finding and for the macro mean (Mean): M − H = the model's gaze metric − the human reader's (the "
-        "interobserver reader: each held-out radiologist's own gaze against the others'), with its paired bootstrap "
+        "Per finding and for the macro mean (Mean): M − H = the model's gaze metric − the human reader set's (on "
+        "REFLACX the interobserver reader: each held-out radiologist's own gaze against the others'), with its paired bootstrap "
         "interval (model and reader scored on the same reads, the same radiographs resampled in every replicate, "
         f"each with all its reads). Below 0 the model is behind, but for {lower} (lower is better: above 0 the model "
         f"is behind). The centre bias (gaze_centre_bias) is the floor. The reader's macro means: {human_values}. "
