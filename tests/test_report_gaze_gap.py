@@ -107,6 +107,11 @@ def test_each_gaze_gap_equals_the_brute_force_bootstrap(report):
         assert value == pytest.approx(human_macro[metric], rel=1e-9)
 
 
+def row_text(gaps: pd.DataFrame, model: str, metric: str) -> str:
+    (row,) = gaps[(gaps["model"] == model) & (gaps["class"] == MACRO) & (gaps["metric"] == metric)].to_dict("records")
+    return f"{row['difference']:.2f} [{row['difference_lower']:.2f}, {row['difference_upper']:.2f}]"
+
+
 def test_the_report_shows_the_interobserver_row_apart_and_the_gap_table(report):
     root, _ = report
     tables = root / "report" / "tables"
@@ -134,6 +139,9 @@ def test_the_report_shows_the_interobserver_row_apart_and_the_gap_table(report):
     line = (f"On REFLACX, the best model, {best['model']}, reaches {best['share']:.2f} [{best['share_lower']:.2f}, "
             f"{best['share_upper']:.2f}] of the interobserver NSS (reflacx-interobserver: {best['human_value']:.2f}).")
     assert f"- {line}" in (root / "report" / "report.md").read_text()
+    summary = (root / "report" / "analysis" / "summary.md").read_text()  # the analysis names runs by their keys
+    assert line.replace("On REFLACX", "On reflacx").replace("(reflacx-interobserver", f"({HUMAN}") in summary
+    assert f"| random − {HUMAN} | {row_text(gaps, 'random', 'nss')} |" in summary
     keys = json.loads((root / "report" / "analysis" / "analysis.json").read_text())["wandb"]
     row = gaps[(gaps["model"] == "random") & (gaps["class"] == MACRO) & (gaps["metric"] == "kl_divergence")].iloc[0]
     assert keys["random__reflacx"][f"human_gap/{HUMAN}/kl_divergence/macro"] == pytest.approx(row["difference"])
