@@ -50,7 +50,7 @@ def write_analysis(analysis: Analysis, out: Path) -> tuple[dict[str, pd.DataFram
         written.append(out / f"{name}.csv")
         atomic_write(written[-1], lambda p, frame=frame: frame.to_csv(p, index=False))
     payload = analysis_json(analysis, tables)
-    payload["wandb"] = human_gap_keys(tables["human_gaps"])  # each model's W&B keys of its gaps to the human readers
+    payload["wandb"] = human_gap_keys(tables)  # each model's W&B keys of its gaps to the human readers
     written.append(out / "analysis.json")
     atomic_write(written[-1], lambda p: p.write_text(json.dumps(payload, indent=1, allow_nan=False)))
     summary = analysis_markdown(analysis, tables)

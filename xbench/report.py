@@ -49,7 +49,7 @@ from rich.console import Console
 from xbench.cli import InputError, run
 from xbench.console import counted
 from xbench.analysis.settings import Settings, add_arguments, from_arguments
-from xbench.reporting.analysis_summary import NO_HUMAN_LINE, reach_lines
+from xbench.reporting.analysis_summary import NO_HUMAN_LINE, gaze_reach_lines, reach_lines
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import explanation_figures, explanation_tables
 from xbench.reporting.figures import DPI, paper_figures, robustness
@@ -187,7 +187,8 @@ def _human_lines(bench: Benchmark, analysis: ReportAnalysis | None) -> list[str]
     if analysis is None:
         return ["The human readers' rows are in the grounding tables; their gaps to the models need the analysis "
                 "(drop --no-analysis)."]
-    return reach_lines(analysis.tables["human_gaps"], bench.dataset_label, bench.model_label)
+    return (reach_lines(analysis.tables["human_gaps"], bench.dataset_label, bench.model_label)
+            + gaze_reach_lines(analysis.tables["gaze_gaps"], bench.dataset_label, bench.model_label))
 
 
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None,

@@ -29,6 +29,8 @@ STRATA_METRICS = ("pointing_game", "dice@0.5", "dice@best", "dice@calibrated")
 CORRELATED = ("pointing_game", "dice@0.5", "dice@best")
 #: The metrics of a model's gap to the human readers: at τ = 0.5, a human reader's binary map.
 HUMAN_GAP_METRICS = ("pointing_game", "dice@0.5", "iou@0.5")
+#: The metrics of a model's gap to a radiologist's gaze (the interobserver reader): every gaze metric.
+GAZE_GAP_METRICS = analysed_keys("gaze", macro=True)
 
 
 def _scalars(interval: dict[str, torch.Tensor], index: int | tuple = ()) -> dict[str, float]:
@@ -222,6 +224,48 @@ def human_gap_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=HUMAN_GAP_COLUMNS)
 
 
+#: The columns of `gaze_gap_table`.
+GAZE_GAP_COLUMNS = ["dataset", "model", "human", "class", "metric", "lower_better", "model_value", "human_value",
+                    "difference", "difference_lower", "difference_upper", "model_better", "share", "share_lower",
+                    "share_upper", "replicates"]
+
+
+def gaze_gap_table(analysis: Analysis) -> pd.DataFrame:
+    """Per dataset with a human reader's run that has gaze metrics (REFLACX's interobserver reader),
+    each model's gap to it -- the centre bias's too, the floor -- per class and ``macro``, for every
+    gaze metric (`GAZE_GAP_METRICS`): ``difference`` = model − human, whatever the metric's direction
+    (``lower_better``: for KL a positive difference is the model behind), with its paired bootstrap
+    interval (both from the same resampled radiographs in every replicate); ``model_better``: the share
+    of replicates where the model is ahead by the metric's direction (a tie ½); ``share`` = model /
+    human with its percentile interval (NaN where the human's value is 0), ``replicates``: those where
+    the share is defined. The macro rows take each replicate's macro means."""
+    rows = []
+    confidence = analysis.settings.confidence
+    for data in analysis.datasets:
+        humans = [run for run in data.runs if run.run.human and run.run.gaze is not None]
+        models = [run for run in data.runs if ranked(run) and run.run.gaze is not None]
+        for human in humans:
+            for model in models:
+                for metric in GAZE_GAP_METRICS:
+                    lower_better = metric_info(metric).lower_better
+                    for c, key in [*enumerate(data.classes), (None, MACRO)]:
+                        a, b = model.series(metric, c), human.series(metric, c)
+                        difference = paired_difference(a, b, confidence)
+                        ahead = difference["a_better"].item()
+                        share = percentile_interval(torch.where(b != 0, a / b, float("nan")), confidence)
+                        rows.append({
+                            "dataset": data.dataset, "model": model.label, "human": human.label, "class": key,
+                            "metric": metric, "lower_better": lower_better, "model_value": a[0].item(),
+                            "human_value": b[0].item(), "difference": difference["estimate"].item(),
+                            "difference_lower": difference["lower"].item(),
+                            "difference_upper": difference["upper"].item(),
+                            "model_better": 1 - ahead if lower_better else ahead,
+                            "share": share["estimate"].item(), "share_lower": share["lower"].item(),
+                            "share_upper": share["upper"].item(), "replicates": share["replicates"].item(),
+                        })
+    return pd.DataFrame(rows, columns=GAZE_GAP_COLUMNS)
+
+
 def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """Every table by the file stem the CLI writes it under."""
     return {
@@ -231,6 +275,7 @@ def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
         "strata": strata_table(analysis),
         "correlation": correlation_table(analysis),
         "human_gaps": human_gap_table(analysis),
+        "gaze_gaps": gaze_gap_table(analysis),
     }
 
 

@@ -33,7 +33,9 @@ class Metric:
     as is), ``ratio`` (shown as is), ``logit`` or ``count``. ``macro``: metrics.json has its macro mean over classes;
     ``per_class``: it has a per-class value; ``analysed``: the bootstrap analysis gives it intervals
     (per class, and as a macro mean where ``macro``). ``bounds``: the closed range its value takes
-    by its definition (a reader refuses a value outside it as damage)."""
+    by its definition (a reader refuses a value outside it as damage). ``lower_better``: the lower
+    value is the better one (a KL divergence, a deletion AUC); tables rank it so and the human gaps
+    state their sign by it."""
 
     key: str
     section: Section
@@ -45,6 +47,7 @@ class Metric:
     per_class: bool = True
     analysed: bool = False
     bounds: tuple[float, float] = FRACTION
+    lower_better: bool = False
 
 
 def _grounding_curves() -> list[Metric]:
@@ -99,7 +102,7 @@ METRICS: tuple[Metric, ...] = (
            analysed=True),
     # faithfulness (xbench.checks.faithfulness): the class's logit as the map's pixels are removed or inserted
     Metric("deletion_auc", "faithfulness", "Del AUC", "deletion AUC (logit; lower is more faithful)", unit="logit",
-           analysed=True, bounds=ANY),
+           analysed=True, bounds=ANY, lower_better=True),
     Metric("insertion_auc", "faithfulness", "Ins AUC", "insertion AUC (logit; higher is more faithful)",
            unit="logit", analysed=True, bounds=ANY),
     Metric("road_morf", "faithfulness", "ROAD MoRF", "ROAD, most relevant first (logit change)", unit="logit",
@@ -110,11 +113,11 @@ METRICS: tuple[Metric, ...] = (
            analysed=True, bounds=ANY),
     # sanity (xbench.checks.sanity): the map after every layer group is randomised, against the original
     Metric("spearman", "sanity", "Spearman", "Spearman correlation with the original map (lower passes)",
-           unit="ratio", analysed=True, bounds=CORRELATION),
+           unit="ratio", analysed=True, bounds=CORRELATION, lower_better=True),
     Metric("spearman_abs", "sanity", "Spearman (abs)", "Spearman correlation of absolute values with the original map",
-           unit="ratio", analysed=True, bounds=CORRELATION),
+           unit="ratio", analysed=True, bounds=CORRELATION, lower_better=True),
     Metric("ssim", "sanity", "SSIM", "SSIM with the original map (lower passes)", unit="ratio",
-           analysed=True, bounds=CORRELATION),
+           analysed=True, bounds=CORRELATION, lower_better=True),
     # Quantus' families (docs/explanations.md): localisation, complexity and random logit on every graded pair
     # (xbench.metrics.map_quality), robustness on a subset (xbench.checks.robustness)
     Metric("relevance_mass", "localisation", "Mass", "relevance mass accuracy (= attribution localisation)",
@@ -125,14 +128,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("sparseness", "complexity", "Gini", "sparseness (Gini index; higher is sparser)", unit="ratio",
            analysed=True),
     Metric("complexity", "complexity", "Entropy", "complexity (entropy in nats; lower is simpler)", unit="ratio",
-           analysed=True, bounds=NON_NEGATIVE),
+           analysed=True, bounds=NON_NEGATIVE, lower_better=True),
     Metric("random_logit", "randomisation", "Random logit",
            "random logit: SSIM with another class's map (lower passes)", unit="ratio",
-           analysed=True, bounds=CORRELATION),
+           analysed=True, bounds=CORRELATION, lower_better=True),
     Metric("max_sensitivity", "robustness", "Max-sens", "max-sensitivity (lower is more robust)", unit="ratio",
-           analysed=True, bounds=NON_NEGATIVE),
+           analysed=True, bounds=NON_NEGATIVE, lower_better=True),
     Metric("local_lipschitz", "robustness", "Lipschitz", "local Lipschitz estimate (lower is more robust)",
-           unit="ratio", analysed=True, bounds=NON_NEGATIVE),
+           unit="ratio", analysed=True, bounds=NON_NEGATIVE, lower_better=True),
     # gaze (xbench.metrics.gaze): each map against the radiologist's eye-tracking gaze tied to its class
     Metric("nss", "gaze", "NSS", "normalised scanpath saliency (the map's z-score at the fixations)", unit="ratio",
            analysed=True, bounds=ANY),
@@ -141,7 +144,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("sim", "gaze", "SIM", "similarity (histogram intersection) of map and gaze density", unit="ratio",
            analysed=True),
     Metric("kl_divergence", "gaze", "KL", "KL divergence of the map from the gaze density (lower is better)",
-           unit="ratio", analysed=True, bounds=KL_BOUNDS),
+           unit="ratio", analysed=True, bounds=KL_BOUNDS, lower_better=True),
     Metric("auc_judd", "gaze", "AUC-J", "AUC-Judd: fixated against unfixated pixels", unit="ratio", analysed=True),
     Metric("shuffled_auc", "gaze", "sAUC", "shuffled AUC: fixations against other images' fixations", unit="ratio",
            analysed=True),

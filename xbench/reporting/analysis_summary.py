@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from xbench.analysis.pipeline import Analysis, DatasetAnalysis
-from xbench.analysis.tables import ALL, HUMAN_GAP_METRICS, MACRO
+from xbench.analysis.tables import ALL, GAZE_GAP_METRICS, HUMAN_GAP_METRICS, MACRO
 from xbench.metrics.names import short
 from xbench.reporting.render import markdown_grid
 from xbench.reporting.table import format_interval, missing
@@ -26,6 +26,8 @@ def _label(run) -> str:
 
 #: The metric of the human-scale summary line: IoU at τ = 0.5, cheXlocalize's mIoU.
 REACH_METRIC = "iou@0.5"
+#: The metric of the gaze's human-scale summary line: NSS, the saliency field's first metric.
+GAZE_REACH_METRIC = "nss"
 NO_HUMAN_LINE = ("No dataset here has a human reader set's results (`python -m xbench.test --model human`), so no "
                  "human scale is shown: docs/human-agreement.md says which datasets have one.")
 
@@ -47,6 +49,25 @@ def reach_lines(gaps: pd.DataFrame, dataset_label: Callable[[str], str] = str,
                      f"{percent(1 - best['decrease'])} % of the human readers' {short(REACH_METRIC)} "
                      f"[{percent(1 - best['decrease_upper'])}, {percent(1 - best['decrease_lower'])}] "
                      f"({model_label(human)}: {percent(best['human_value'])}).")
+    return lines
+
+
+def gaze_reach_lines(gaps: pd.DataFrame, dataset_label: Callable[[str], str] = str,
+                     model_label: Callable[[str], str] = str) -> list[str]:
+    """Per dataset and human reader set with gaze: ``On <dataset>, the best model reaches X of the
+    interobserver NSS [a, b]``, X = model / human (the analysis' ``share``) and its interval; the best
+    model by its macro `GAZE_REACH_METRIC` (the centre bias among them)."""
+    lines = []
+    chosen = gaps[(gaps["class"] == MACRO) & (gaps["metric"] == GAZE_REACH_METRIC)] if len(gaps) else gaps
+    for (dataset, human), frame in chosen.groupby(["dataset", "human"], sort=False):
+        defined = frame.dropna(subset=["model_value"])
+        if defined.empty:
+            continue
+        best = defined.loc[defined["model_value"].idxmax()]
+        lines.append(f"On {dataset_label(dataset)}, the best model, {model_label(best['model'])}, reaches "
+                     f"{format_interval(best['share'], best['share_lower'], best['share_upper'], scale=1, digits=2)}"
+                     f" of the interobserver {short(GAZE_REACH_METRIC)} ({model_label(human)}: "
+                     f"{'–' if missing(best['human_value']) else format(best['human_value'], '.2f')}).")
     return lines
 
 
@@ -121,6 +142,20 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
                 for m in HUMAN_GAP_METRICS)])
         lines += _markdown_table(["Model − human", *(f"{short(m)} (M − H; % decrease)" for m in HUMAN_GAP_METRICS)],
                                  rows)
+
+    gaze = tables["gaze_gaps"]
+    gaze = gaze[(gaze["dataset"] == data.dataset) & (gaze["class"] == MACRO)] if len(gaze) else gaze
+    if len(gaze):
+        lines += ["Each model's gap to the radiologists' gaze (the interobserver reader), macro means: model − "
+                  "human with its paired interval (KL: lower is better, so a positive gap is the model behind).", "",
+                  *gaze_reach_lines(gaze), ""]
+        rows = []
+        for (model, human), frame in gaze.groupby(["model", "human"], sort=False):
+            cells = frame.set_index("metric")
+            rows.append([f"{model} − {human}", *(format_interval(
+                *cells.loc[m, ["difference", "difference_lower", "difference_upper"]], scale=1, digits=2)
+                for m in GAZE_GAP_METRICS)])
+        lines += _markdown_table(["Model − human", *map(short, GAZE_GAP_METRICS)], rows)
     return lines
 
 

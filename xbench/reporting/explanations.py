@@ -39,10 +39,6 @@ COLUMNS = {
     "Faithfulness": (("faithfulness", "deletion_auc"), ("faithfulness", "insertion_auc"), ("faithfulness", "road")),
     "Sanity (all randomised)": (("sanity", "spearman"), ("sanity", "ssim")),
 }
-#: Where a lower value is the better explanation: a deletion curve that falls fast, a map that changes, a
-#: simple map, a map that stays under noise.
-LOWER_BETTER = frozenset({"deletion_auc", "spearman", "spearman_abs", "ssim", "complexity", "random_logit",
-                          "max_sensitivity", "local_lipschitz"})
 #: The report's table of each of Quantus' families: (title, columns as (section, key) by group, what
 #: the values are). A run is a row where the family's own section applies.
 FAMILIES = {
@@ -122,7 +118,7 @@ def checked_runs(bench: Benchmark) -> list[tuple[str, str]]:
 
 
 def _column(group: str, key: str) -> Column:
-    return Column(short(key), group, percent=metric(key).unit == "percent", lower_better=key in LOWER_BETTER)
+    return Column(short(key), group, percent=metric(key).unit == "percent", lower_better=metric(key).lower_better)
 
 
 def _images(results: dict, section: str) -> int:

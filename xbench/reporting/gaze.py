@@ -3,7 +3,8 @@
 - one table per dataset (`gaze_tables`): every model's gaze metrics (macro mean over classes, with
   the analysis' bootstrap intervals), the centre bias (``gaze_centre_bias``, the floor) among them
   and a radiologist's run (a results folder marked ``human``, such as REFLACX's interobserver
-  reader) as a row apart, shown for scale and never ranked;
+  reader) as a row apart, shown for scale and never ranked; beside it, where such a run is there and
+  the analysis ran, each model's gap to it (`gaze_gap_table`);
 - one figure per dataset (`gaze_overlays`): for the saved overlay pairs with gaze, the radiograph
   with its region, the radiologist's gaze density and each model's map.
 
@@ -16,19 +17,19 @@ import textwrap
 
 import numpy as np
 
-from xbench.metrics.names import run_keys, short
+from xbench.analysis.tables import GAZE_GAP_METRICS, MACRO
+from xbench.metrics.names import metric, run_keys, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import _cell_notes, _macro_cells
 from xbench.reporting.figures import FONT_SIZE, SALIENCY_CMAP, Plot, _figure, overlay_rgb
-from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis
-from xbench.reporting.table import Column, Row, Table
+from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis, _interval_cell
+from xbench.reporting.table import Cell, Column, Row, Table, missing
 from xbench.results.folder import read_overlays
 
 GAZE_METRICS = run_keys("gaze", "per_class")
 #: The table's column groups: the map against the gaze itself, and against it beyond the centre bias.
 GROUPS = {"Against the gaze": ("nss", "cc", "sim", "kl_divergence", "auc_judd", "ncc"),
           "Beyond the centre bias": ("shuffled_auc", "information_gain", "shuffled_ncc")}
-LOWER_BETTER = frozenset({"kl_divergence"})
 #: Pairs (columns) per overlay figure.
 OVERLAY_COLUMNS = 4
 MEANING = (
@@ -56,7 +57,7 @@ def gaze_runs(bench: Benchmark, dataset: str) -> list[str]:
 def gaze_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> list[Table]:
     """One table per dataset with gaze: the models' gaze metrics with intervals, a human row apart."""
     tables = []
-    columns = tuple(Column(short(key), group, percent=False, lower_better=key in LOWER_BETTER)
+    columns = tuple(Column(short(key), group, percent=False, lower_better=metric(key).lower_better)
                     for group, keys in GROUPS.items() for key in keys)
     keys = [("gaze", key) for keys in GROUPS.values() for key in keys]
     for dataset in bench.datasets:
@@ -75,7 +76,47 @@ def gaze_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> lis
         tables.append(Table(f"gaze_{dataset}", f"Where did the radiologist look? Gaze metrics on "
                             f"{bench.dataset_label(dataset)} (macro mean over classes)", caption, "Model", columns,
                             tuple(rows)))
+        if analysis is not None:
+            tables += gaze_gap_table(bench, analysis, dataset)
     return tables
+
+
+def gaze_gap_table(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> list[Table]:
+    """Each model's gap to the radiologists' gaze on ``dataset`` (the analysis' ``gaze_gaps``), per
+    finding (row groups) and for the macro mean: model − human per gaze metric with its paired
+    interval (a finding no pair scored has no rows); none where no human reader set has gaze there."""
+    found = analysis.rows("gaze_gaps", dataset=dataset)
+    if not found:
+        return []
+    cell = {(row["model"], row["human"], row["class"], row["metric"]): row for row in found}
+    readers = list(dict.fromkeys(row["human"] for row in found))
+    models = list(dict.fromkeys(row["model"] for row in found))
+    columns = tuple(Column(short(key), "M − H", ranked=False, percent=False) for key in GAZE_GAP_METRICS)
+    rows = []
+    scored = {row["class"] for row in found if not missing(row["difference"])}
+    for key in [c for c in (*bench.classes(dataset), MACRO) if c in scored]:  # a finding without gaze pairs: no rows
+        group = "Mean" if key == MACRO else bench.finding_name(key)
+        for human in readers:
+            for model in models:
+                gaps = [cell.get((model, human, key, m)) for m in GAZE_GAP_METRICS]
+                label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
+                rows.append(Row(label, tuple(Cell(None) if gap is None else _interval_cell(
+                    gap["difference"], gap, "difference_lower", "difference_upper") for gap in gaps), group=group))
+    means = {(row["human"], row["metric"]): row["human_value"] for row in found if row["class"] == MACRO}
+    human_values = "; ".join(f"{bench.model_label(human)}: " + ", ".join(
+        f"{short(m)} {Column('', percent=False).text(Cell(means.get((human, m))))}" for m in GAZE_GAP_METRICS)
+        for human in readers)
+    lower = ", ".join(short(m) for m in GAZE_GAP_METRICS if metric(m).lower_better)
+    return [Table(
+        f"gaze_gap_{dataset}", f"Each model's gap to the radiologists' gaze on {bench.dataset_label(dataset)}",
+        "Per finding and for the macro mean (Mean): M − H = the model's gaze metric − the human reader set's (on "
+        "REFLACX the interobserver reader: each held-out radiologist's own gaze against the others'), with its paired bootstrap "
+        "interval (model and reader scored on the same reads, the same radiographs resampled in every replicate, "
+        f"each with all its reads). Below 0 the model is behind, but for {lower} (lower is better: above 0 the model "
+        f"is behind). The centre bias (gaze_centre_bias) is the floor. The reader's macro means: {human_values}. "
+        "Not ranked. " + analysis.note,
+        "Model", columns, tuple(rows),
+    )]
 
 
 def gaze_overlays(bench: Benchmark) -> list[Plot]:

@@ -82,22 +82,30 @@ def per_class_rows(results: dict) -> tuple[list[str], list[list]]:
     return columns, rows
 
 
-def human_gap_keys(gaps) -> dict[str, dict[str, float]]:
+#: The W&B sections of each human-gap table of the analysis, with the column each holds.
+HUMAN_GAP_SECTIONS = {"human_gaps": (("human_gap", "difference"), ("human_decrease", "decrease")),
+                      "gaze_gaps": (("human_gap", "difference"), ("human_share", "share"))}
+
+
+def human_gap_keys(tables: dict) -> dict[str, dict[str, float]]:
     """The W&B summary keys of each model's gap to the human readers (the analysis' ``human_gaps``
-    table), by the model's W&B run name ``<model>__<dataset>`` (`log_run`'s), in `log_keys`' shape
-    ``<section>/<metric>/<class>`` (a finding key or ``macro``), the reader set after the section:
-    ``human_gap/<reader set>/<metric>/<class>`` (model − human) and ``human_decrease/<reader
-    set>/<metric>/<class>`` ((human − model) / human), each with ``.../lower`` and ``.../upper``; an
-    undefined value (NaN: a finding without pairs, a human value of 0) is left out."""
+    and ``gaze_gaps`` tables, `HUMAN_GAP_SECTIONS`), by the model's W&B run name ``<model>__<dataset>``
+    (`log_run`'s), in `log_keys`' shape ``<section>/<metric>/<class>`` (a finding key or ``macro``),
+    the reader set after the section: ``human_gap/<reader set>/<metric>/<class>`` (model − human, a
+    grounding or a gaze metric), ``human_decrease/<reader set>/<metric>/<class>`` ((human − model) /
+    human, grounding) and ``human_share/<reader set>/<metric>/<class>`` (model / human, gaze), each
+    with ``.../lower`` and ``.../upper``; an undefined value (NaN: a finding without pairs, a human
+    value of 0) is left out."""
     keys: dict[str, dict[str, float]] = {}
-    for row in gaps.to_dict("records"):
-        run = keys.setdefault(f"{row['model']}__{row['dataset']}", {})
-        for section, column in (("human_gap", "difference"), ("human_decrease", "decrease")):
-            name = f"{section}/{row['human']}/{row['metric']}/{row['class']}"
-            for key, value in ((name, row[column]), (f"{name}/lower", row[f"{column}_lower"]),
-                               (f"{name}/upper", row[f"{column}_upper"])):
-                if not math.isnan(value):
-                    run[key] = float(value)
+    for table, sections in HUMAN_GAP_SECTIONS.items():
+        for row in tables[table].to_dict("records"):
+            run = keys.setdefault(f"{row['model']}__{row['dataset']}", {})
+            for section, column in sections:
+                name = f"{section}/{row['human']}/{row['metric']}/{row['class']}"
+                for key, value in ((name, row[column]), (f"{name}/lower", row[f"{column}_lower"]),
+                                   (f"{name}/upper", row[f"{column}_upper"])):
+                    if not math.isnan(value):
+                        run[key] = float(value)
     return keys
 
 
