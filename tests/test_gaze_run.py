@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -170,3 +171,17 @@ def test_the_synthetic_readings_are_deterministic_and_inside_the_frame(phantom_r
     assert baseline.shape == (SIZE, SIZE) and float(baseline.sum()) == pytest.approx(1, abs=1e-5)
     assert torch.equal(baseline, again.gaze_baseline())
     assert Phantom(root=str(phantom_root), image_size=SIZE).gaze_baseline() is None
+
+
+def test_a_run_without_gaze_beside_gaze_runs_is_named_in_the_gaze_table(gaze_runs, phantom_root, tmp_path):
+    """The gaze table never drops a model silently: one run on the same images without gaze is named."""
+    out, folders = gaze_runs
+    results = tmp_path / "results"
+    for model, folder in folders.items():
+        shutil.copytree(folder, results / model / folder.name)
+    main(run_args("centre_prior", "phantom", phantom_root, results / "centre_prior", "--data.second_reader", "true",
+                  "--trainer.logger", "false", image_size=SIZE))
+    report([str(results), "--out", str(tmp_path / "report"), "--replicates", "20"])
+    table = (tmp_path / "report" / "tables" / "gaze_phantom.md").read_text()
+    assert "Run without gaze on these images, so not in this table: centre_prior." in table
+    assert "| centre_prior |" not in table

@@ -71,7 +71,10 @@ def gaze_tables(bench: Benchmark, analysis: ReportAnalysis | None = None) -> lis
             label = bench.model_label(model) + (" (human)" if human else "")
             rows.append(Row(label, tuple(_macro_cells(results, keys, dataset, model, analysis)), ceiling=human))
         pairs = {bench.get(m, dataset).results["gaze"]["pairs"] for m in models}
-        caption = (MEANING + f" Pairs scored: {', '.join(map(str, sorted(pairs)))}. " + _cell_notes(rows)
+        without = [bench.model_label(m) for m in bench.models_on(dataset) + bench.readers_on(dataset)
+                   if m not in models]
+        unscored = f"Run without gaze on these images, so not in this table: {', '.join(without)}. " if without else ""
+        caption = (MEANING + f" Pairs scored: {', '.join(map(str, sorted(pairs)))}. " + unscored + _cell_notes(rows)
                    + "Definitions: docs/gaze.md. " + (analysis.note + " " if analysis else "") + EMPHASIS_NOTE)
         tables.append(Table(f"gaze_{dataset}", f"Where did the radiologist look? Gaze metrics on "
                             f"{bench.dataset_label(dataset)} (macro mean over classes)", caption, "Model", columns,
