@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -238,17 +238,14 @@ def split_counts(targets: Sequence[GazeTarget], readings: dict[str, Gaze], size:
     return total.astype(np.float32), own
 
 
-class GazeDataset(Dataset):
-    """The decoded (or cached) samples with the gaze keys added, computed in the DataLoader workers."""
+class GazeKeys(Dataset):
+    """The decoded (or cached) samples with the gaze keys added, computed in the DataLoader workers
+    by ``keys(index, native_size)`` (a picklable callable: a release's `ReleaseGaze`, the phantom's
+    synthetic readings); the same through ``item``, which the model-input dataset reads."""
 
-    def __init__(self, decoded: Dataset, targets: Sequence[GazeTarget], classes: Sequence[str], size: int,
-                 total: np.ndarray, own: dict[str, np.ndarray]) -> None:
+    def __init__(self, decoded: Dataset, keys: Callable[[int, tuple[int, int]], dict]) -> None:
         self.decoded = decoded
-        self.targets = targets
-        self.classes = list(classes)
-        self.size = size
-        self.total = total
-        self.own = own
+        self.keys = keys
 
     def __len__(self) -> int:
         return len(self.decoded)
@@ -258,10 +255,23 @@ class GazeDataset(Dataset):
 
     def item(self, index: int, with_native: bool):
         record, native = self.decoded.item(index, with_native)
-        record.update(self.fields(index, tuple(record["native_size"].tolist())))
+        record.update(self.keys(index, tuple(record["native_size"].tolist())))
         return record, native
 
-    def fields(self, index: int, native_size: tuple[int, int]) -> dict:
+
+class ReleaseGaze:
+    """A release's gaze keys of each sample: its targets drawn in the frame, and the split's other
+    radiographs' fixation counts."""
+
+    def __init__(self, targets: Sequence[GazeTarget], classes: Sequence[str], size: int, total: np.ndarray,
+                 own: dict[str, np.ndarray]) -> None:
+        self.targets = targets
+        self.classes = list(classes)
+        self.size = size
+        self.total = total
+        self.own = own
+
+    def __call__(self, index: int, native_size: tuple[int, int]) -> dict:
         target, size = self.targets[index], self.size
         if not aspect_matches((target.height, target.width), native_size):
             raise ValueError(
@@ -329,7 +339,7 @@ class GazeDataModule(XBenchDataModule):
         super().setup(stage)
         targets = [self.gaze_targets[sample.image_id] for sample in self.samples]
         total, own = split_counts(targets, self.radiograph_readings, self.image_size)
-        self.test_set = GazeDataset(self.test_set, targets, self.classes, self.image_size, total, own)
+        self.test_set = GazeKeys(self.test_set, ReleaseGaze(targets, self.classes, self.image_size, total, own))
 
     def training_readings(self) -> list[Fixations]:
         """The whole readings of the release's training split, for the centre-bias baseline."""

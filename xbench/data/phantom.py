@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
 from xbench.cache import cache_root, check_cache_writable
 from xbench.files import staging_folder
 from xbench.data.base import Sample
 from xbench.data.chestx_det10 import ChestXDet10
+from xbench.data.gaze import GazeKeys
 from xbench.data.readers import ReaderMark, ReaderSet
 from xbench.data.regions import Boxes
 from xbench.reads import read_id
@@ -191,9 +191,10 @@ class SyntheticReadings:
         density = rows.T @ cols
         return density / density.sum()
 
-    def keys(self, index: int) -> dict[str, torch.Tensor]:
-        """The gaze keys of sample ``index``: ``gaze``, ``fixations`` [C, S, S], ``has_gaze`` [C] and
-        ``shuffled_fixations`` [S, S] (every other reading's fixations)."""
+    def keys(self, index: int, native_size: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The gaze keys of sample ``index`` (`xbench.data.gaze.GazeKeys` adds them): ``gaze``,
+        ``fixations`` [C, S, S], ``has_gaze`` [C] and ``shuffled_fixations`` [S, S] (every other
+        reading's fixations); drawn in the frame, whatever the native size."""
         reading, size = self.readings[index], self.size
         gaze = np.zeros((len(self.classes), size, size), np.float32)
         fixations = np.zeros_like(gaze)
@@ -210,25 +211,6 @@ class SyntheticReadings:
         """float32 [S, S]: the mean density of the whole readings (survey and findings)."""
         densities = [self.density(np.concatenate([*reading.values()])) for reading in self.readings]
         return torch.from_numpy(np.mean(densities, 0).astype(np.float32))
-
-
-class GazeKeys(Dataset):
-    """A test set whose samples also carry their reading's gaze keys (and the same through ``item``,
-    which the model-input dataset reads)."""
-
-    def __init__(self, decoded, readings: SyntheticReadings) -> None:
-        self.decoded, self.readings = decoded, readings
-
-    def __len__(self) -> int:
-        return len(self.decoded)
-
-    def __getitem__(self, index: int) -> dict:
-        return self.item(index, with_native=False)[0]
-
-    def item(self, index: int, with_native: bool):
-        record, native = self.decoded.item(index, with_native)
-        record.update(self.readings.keys(index))
-        return record, native
 
 
 def generate_phantom(root: Path, num_images: int, size: int, seed: int) -> None:
@@ -323,7 +305,7 @@ class Phantom(ChestXDet10):
                 with Image.open(sample.path) as image:
                     sizes.append(image.size[::-1])
             self.readings = SyntheticReadings(self.samples, self.classes, sizes, self.image_size, self.seed)
-            self.test_set = GazeKeys(self.test_set, self.readings)
+            self.test_set = GazeKeys(self.test_set, self.readings.keys)
 
     def gaze_baseline(self) -> torch.Tensor | None:
         """The centre bias [S, S]: the mean gaze density of `TRAINING_READINGS` synthetic readings of
