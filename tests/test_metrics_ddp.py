@@ -2,6 +2,7 @@
 when the data is split unevenly over 2 or 3 processes."""
 
 import socket
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
-from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means, model_row
 
 pytestmark = pytest.mark.slow  # DDP: processes of their own, whose imports are most of the cost
 
@@ -49,7 +50,7 @@ def evaluate(indices, batch_size, queries=False):
         classification.update(logits[i], labels[i], i)
     for i in indices:  # each pair with a region, the map at its native size (12 x 12)
         for c in torch.nonzero(has[i]).flatten().tolist():
-            native.update(s[i, c], m[i, c], c, 0.5)
+            native.update(m[i, c], c, i, partial(model_row, s[i, c], m[i, c], 0.5))
     return grounding.compute(), classification.compute(), chexlocalize_means(native.compute(), list("abc"))
 
 
