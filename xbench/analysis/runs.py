@@ -207,6 +207,7 @@ def read_chexlocalize_pairs(folder: Path, classes: Sequence[str], image_ids: np.
     if missing:
         raise ValueError(f"{path}: columns missing: {', '.join(missing)}; {DAMAGED}")
     values = table[list(CHEXLOCALIZE_COLUMNS)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
+    text = table[list(CHEXLOCALIZE_COLUMNS)].notna().to_numpy() & np.isnan(values)  # not a number, not empty
     where = lambda rows: f"{path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
     unknown = ~table["class"].isin(classes).to_numpy() | ~table["image_id"].isin(image_ids).to_numpy()
     if unknown.any():
@@ -218,7 +219,7 @@ def read_chexlocalize_pairs(folder: Path, classes: Sequence[str], image_ids: np.
     hits = np.isin(CHEXLOCALIZE_COLUMNS, HIT_COLUMNS)
     with np.errstate(invalid="ignore"):
         bad = (np.isnan(values) & ~may_be_nan) | ~np.isnan(values) & ((values < 0) | (values > 1))
-        bad |= hits & ~np.isin(values, (0, 1))
+        bad |= hits & ~np.isin(values, (0, 1)) | text
     if bad.any():
         column = CHEXLOCALIZE_COLUMNS[int(np.flatnonzero(bad.any(0))[0])]
         raise ValueError(f"{where(bad.any(1))}: {column} is not a value of cheXlocalize's protocol (a fraction in "
