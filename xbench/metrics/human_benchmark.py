@@ -67,7 +67,7 @@ def hb_hit(points: Iterable[tuple[float, float]], gt_mask: np.ndarray | None) ->
 
 def reader_row(native_map: torch.Tensor, region: torch.Tensor | None, points: Iterable[tuple[float, float]],
                mask: torch.Tensor) -> tuple[float, ...]:
-    """A human reader's row of [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS]
+    """A human reader's row of `xbench.metrics.native.CHEXLOCALIZE_COLUMNS`
     for one pair at native size (``mask`` bool [H, W], non-empty): XBench's IoU at τ = 0.5 and hit
     of the reader's map (float [H, W], `xbench.data.readers.ReaderSet.native_mark`), min-max
     normalised as a model's; `hb_iou` of its ``region`` (bool [H, W] or ``None``) in both of
