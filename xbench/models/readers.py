@@ -53,7 +53,7 @@ class HumanReader(XBenchModel):
         return [(c, key) for c, key in enumerate(self.classes) if key in self.readers.native_protocol]
 
     def run_metrics(self) -> list:
-        return [*super().run_metrics(), *([self.chexlocalize_records] if self.chexlocalize_records else [])]
+        return [*super().run_metrics(), *([self.chexlocalize_records] if self.chexlocalize_records is not None else [])]
 
     def run_name(self) -> str:
         return self.readers.model_name if self.readers is not None else self.model_name()
