@@ -3907,3 +3907,99 @@ def test_padchest_gr_refuses_a_split_it_lacks_a_study_outside_the_master_table_a
     root = _padchest_gr(tmp_path / "again", [])
     code, err = run_cli(quiet_run("human", "padchest_gr", root, tmp_path / "results"), capsys)
     assert_one_line(code, err, 1, "--model human scores a second reader", "PadChestGR")
+
+
+# ---------------------------------------------------------------------------------------------------
+# cheXlocalize's percentage decrease in the report (issue 49, item 2 and 5): the native-size rows of
+# chexlocalize_pairs.csv.gz, read back with range checks; a model without them is named, not dropped.
+# ---------------------------------------------------------------------------------------------------
+
+import gzip  # noqa: E402
+
+import pandas as _pd  # noqa: E402
+
+from test_chexlocalize_hb import TASKS as _HB_TASKS, TOOL as _HB_TOOL  # noqa: E402
+from xbench.findings import finding_key as _finding_key  # noqa: E402
+
+_HB_CLASSES = "[" + ",".join(_finding_key("chexlocalize", task) for task in _HB_TASKS) + "]"
+
+
+@pytest.fixture(scope="module")
+def hb_runs(tmp_path_factory):
+    """The human benchmark's run and a saved-map run with cheXlocalize's protocol, on release files."""
+    root = tmp_path_factory.mktemp("hb_bad")
+    _HB_TOOL.write_release(root)
+    for model, extra in (("human", ("--data.human_benchmark", "true")),
+                         ("precomputed_chexlocalize", ("--model.path", str(root / "model" / "maps"),
+                                                       "--model.native_protocol", "true"))):
+        main(quiet_run(model, "chexlocalize", root, root / "results", "--data.classes", _HB_CLASSES,
+                       "--data.cache", "false", *extra))
+    return root / "results"
+
+
+def _edit_native_rows(hb_runs, tmp_path, edit, seal=True):
+    copy = tmp_path / "results"
+    shutil.copytree(hb_runs, copy)
+    (folder,) = [p for p in copy.iterdir() if p.name.startswith("precomputedsaliency__")]
+    path = folder / "chexlocalize_pairs.csv.gz"
+    with gzip.open(path, "rt") as handle:
+        rows = _pd.read_csv(handle)
+    edit(rows).to_csv(path, index=False, compression="gzip")
+    if seal:
+        reseal(folder)
+    return copy, path
+
+
+def _set(column, value, row=0):
+    def edit(rows):
+        rows[column] = rows[column].astype(object)
+        rows.loc[row, column] = value
+        return rows
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (_set("chexlocalize_hit_rate", 0.5), "chexlocalize_hit_rate is not a value of cheXlocalize's protocol"),
+    (_set("chexlocalize_iou_otsu", 1.5), "chexlocalize_iou_otsu is not a value of cheXlocalize's protocol"),
+    (_set("xbench_iou@0.5", float("nan")), "xbench_iou@0.5 is not a value of cheXlocalize's protocol"),
+    (_set("chexlocalize_iou_fixed", "many"), "chexlocalize_iou_fixed is not a value of cheXlocalize's protocol"),
+    (_set("image_id", "patient1_study1_view1_frontal"), "class or image_id not among the run's"),
+    (_set("class", "pneumonia"), "class or image_id not among the run's"),
+    (lambda rows: _pd.concat([rows, rows.iloc[:1]], ignore_index=True), "a second row for the same (image, class)"),
+    (lambda rows: rows.drop(columns="chexlocalize_hit_rate"), "columns missing: chexlocalize_hit_rate"),
+])
+def test_native_rows_out_of_range_are_named_by_the_analysis(hb_runs, tmp_path, capsys, edit, named):
+    from xbench.analyze import main as analyze_main
+
+    copy, path = _edit_native_rows(hb_runs, tmp_path, edit)
+    code, err = run_command(analyze_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
+                            "xbench-analyze", capsys)
+    assert_one_line(code, err, 1, str(path), named)
+
+
+def test_native_rows_edited_behind_the_manifest_are_named(hb_runs, tmp_path, capsys):
+    from xbench.report import main as report_main
+
+    copy, path = _edit_native_rows(hb_runs, tmp_path, _set("chexlocalize_hit_rate", 0.0, row=1), seal=False)
+    code, err = run_command(report_main, [str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"],
+                            "xbench-report", capsys)
+    assert_one_line(code, err, 1, str(path.parent), "chexlocalize_pairs.csv.gz")
+    assert left_behind(tmp_path / "out") == []
+
+
+def test_a_model_without_native_rows_is_named_not_dropped(hb_runs, tmp_path):
+    """A saved-map run without --model.native_protocol beside the human benchmark: no row of their
+    table, and its name in the report's line and the analysis' not-comparable table."""
+    from xbench.report import main as report_main
+
+    copy = tmp_path / "results"
+    shutil.copytree(hb_runs, copy)
+    (folder,) = [p for p in copy.iterdir() if p.name.startswith("precomputedsaliency__")]
+    (folder / "chexlocalize_pairs.csv.gz").unlink()
+    reseal(folder)
+    report_main([str(copy), "--out", str(tmp_path / "out"), "--replicates", "5"])
+    assert _pd.read_csv(tmp_path / "out" / "analysis" / "chexlocalize_decrease.csv").empty
+    apart = _pd.read_csv(tmp_path / "out" / "analysis" / "chexlocalize_not_comparable.csv")
+    assert list(apart.model) == ["precomputedsaliency"]
+    assert ("Not comparable by cheXlocalize's protocol on CheXlocalize (no native-size rows; saved maps run with "
+            "--model.native_protocol true have them): precomputedsaliency.") in (tmp_path / "out" / "report.md").read_text()

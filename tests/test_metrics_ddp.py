@@ -2,6 +2,7 @@
 when the data is split unevenly over 2 or 3 processes."""
 
 import socket
+from functools import partial
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from xbench.metrics import ClassificationMetrics, GroundingMetrics
-from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means, model_row
 from xbench.metrics.phrases import SentenceScores, sentence_recognition
 
 pytestmark = pytest.mark.slow  # DDP: processes of their own, whose imports are most of the cost
@@ -53,7 +54,7 @@ def evaluate(indices, batch_size, queries=False):
         sentences.update(i, query_class[i], stated, logits[i].gather(1, query_class[i].clamp(min=0)))
     for i in indices:  # each pair with a region, the map at its native size (12 x 12)
         for c in torch.nonzero(has[i]).flatten().tolist():
-            native.update(s[i, c], m[i, c], c, 0.5)
+            native.update(m[i, c], c, i, partial(model_row, s[i, c], m[i, c], 0.5))
     evaluated = torch.arange(NUM_SAMPLES)  # the recognition's resamples: every image, as one process sees them
     recognition = sentence_recognition(sentences.compute(), [f"i{k:02d}" for k in range(NUM_SAMPLES)], evaluated,
                                        list("abc"), "ddp", replicates=50)

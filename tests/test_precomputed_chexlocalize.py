@@ -6,6 +6,7 @@ import importlib.util
 import json
 import pickle
 import shutil
+from functools import partial
 from pathlib import Path
 
 import cv2
@@ -190,7 +191,7 @@ def test_true_pos_only_leaves_out_the_pairs_their_eval_leaves_out():
     segmentation (one bright pixel: a single-point contour, dropped), an empty fixed one (a constant
     map), an empty mask, both empty, and a finding with no pair left: each mean over the pairs their
     code keeps, the left-out pairs counted, empty masks counted apart."""
-    from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+    from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means, model_row
 
     rng = np.random.default_rng(0)
     box = torch.zeros(24, 32, dtype=torch.bool)
@@ -205,7 +206,7 @@ def test_true_pos_only_leaves_out_the_pairs_their_eval_leaves_out():
     records = ChexlocalizeRecords(2)
     for c, key in enumerate(pairs):
         for raw, mask in pairs[key]:
-            records.update(raw, mask, c, 0.5)
+            records.update(mask, c, 0, partial(model_row, raw, mask, 0.5))
     means = chexlocalize_means(records.compute(), list(pairs))
     for key, rows in pairs.items():
         theirs = their_eval_means(rows, 0.5)

@@ -18,7 +18,11 @@ points of which one hits.
 Then their scripts run as a user runs them (subprocesses in the clone, ``--seed 0``):
 ``eval.py`` with ``--metric iou`` and ``--metric hitmiss`` on the human benchmark
 (``--if_human_benchmark True``) and on the model, and ``calculate_percentage_decrease.py`` for
-``miou`` and ``hitrate``. The golden file keeps their per-CXR tables and summaries whole, their
+``miou`` and ``hitrate``; and the pipeline from the model's heat maps, as a user runs it on saved
+maps: ``heatmap_to_segmentation.py`` (their default, Otsu's threshold) on ``model/maps/``,
+``eval.py --metric iou`` on its segmentations and ``calculate_percentage_decrease.py --metric miou``
+(``maps_iou``, ``maps_miou_pct_decrease``: what XBench's report computes from a saved-map run with
+``native_protocol``). The golden file keeps their per-CXR tables and summaries whole, their
 percentage-decrease tables whole, and of each 1,000-replicate bootstrap table the first rows, the
 per-task sums and NaN counts.
 
@@ -202,6 +206,9 @@ def golden(repo: Path, root: Path) -> dict:
         "model": {"iou": root / "model" / "segmentations_test.json", "hitmiss": root / "model" / "maps"},
     }
     out = root / "out"
+    _run(repo, "heatmap_to_segmentation.py", "--map_dir", str(root / "model" / "maps"),
+         "--output_path", str(root / "model" / "otsu_segmentations_test.json"))
+    runs["maps"] = {"iou": root / "model" / "otsu_segmentations_test.json"}
     result: dict = {"made_by": "tools/chexlocalize_hb_golden.py", "chexlocalize_commit": _commit(repo)}
     for who, metrics in runs.items():
         hb = who == "hb"
@@ -214,12 +221,15 @@ def golden(repo: Path, root: Path) -> dict:
                 "bootstrap": _bootstrap_digest(out / who / f"{stem}bootstrap_results_per_cxr.csv"),
                 "summary": _read_csv(out / who / f"{stem}summary_results.csv"),
             }
-    for metric, stem in (("miou", "iou"), ("hitrate", "hitmiss")):
+    for who, metric, stem in (("model", "miou", "iou"), ("model", "hitrate", "hitmiss"), ("maps", "miou", "iou")):
+        save_dir = out / f"{who}_pct"
+        save_dir.mkdir(parents=True, exist_ok=True)
         _run(repo, "calculate_percentage_decrease.py", "--metric", metric,
              "--hb_bootstrap_results", str(out / "hb" / f"{stem}_humanbenchmark_bootstrap_results_per_cxr.csv"),
-             "--pred_bootstrap_results", str(out / "model" / f"{stem}_bootstrap_results_per_cxr.csv"),
-             "--save_dir", str(out))
-        result[f"{metric}_pct_decrease"] = _read_csv(out / f"{metric}_pct_decrease.csv")
+             "--pred_bootstrap_results", str(out / who / f"{stem}_bootstrap_results_per_cxr.csv"),
+             "--save_dir", str(save_dir))
+        prefix = "" if who == "model" else f"{who}_"
+        result[f"{prefix}{metric}_pct_decrease"] = _read_csv(save_dir / f"{metric}_pct_decrease.csv")
     return result
 
 

@@ -55,7 +55,7 @@ from xbench.reporting.explanations import explanation_figures, explanation_table
 from xbench.reporting.figures import DPI, paper_figures, robustness
 from xbench.reporting.gaze import gaze_overlays, gaze_tables
 from xbench.files import atomic_write
-from xbench.reporting.paper_tables import ReportAnalysis, paper_tables, robustness_table
+from xbench.reporting.paper_tables import ReportAnalysis, not_comparable_line, paper_tables, robustness_table
 from xbench.reporting.render import markdown_grid, to_csv, to_latex, to_markdown
 from xbench.reporting.table import format_interval
 from xbench.reporting.reproduction import (COLUMNS, Comparison, Reference, ReferenceError, compare, failures,
@@ -187,8 +187,9 @@ def _human_lines(bench: Benchmark, analysis: ReportAnalysis | None) -> list[str]
     if analysis is None:
         return ["The human readers' rows are in the grounding tables; their gaps to the models need the analysis "
                 "(drop --no-analysis)."]
-    return (reach_lines(analysis.tables["human_gaps"], bench.dataset_label, bench.model_label)
-            + gaze_reach_lines(analysis.tables["gaze_gaps"], bench.dataset_label, bench.model_label))
+    return [*reach_lines(analysis.tables["human_gaps"], bench.dataset_label, bench.model_label),
+            *gaze_reach_lines(analysis.tables["gaze_gaps"], bench.dataset_label, bench.model_label),
+            *filter(None, (not_comparable_line(bench, analysis, dataset) for dataset in bench.datasets))]
 
 
 def write_report(bench: Benchmark, out: Path, analysis: ReportAnalysis | None = None,

@@ -23,9 +23,10 @@ from torch import Tensor
 
 from xbench.analysis.explanations import CheckedPairs, load_checks, load_gaze, pair_cells
 from xbench.metrics.grounding import NUM_THRESHOLDS
+from xbench.metrics.native import CHEXLOCALIZE_COLUMNS, HIT_COLUMNS, TRUE_POSITIVE_ONLY
 from xbench.reads import READ_SEPARATOR, radiograph_of
 from xbench.results.folder import (
-    DAMAGED, METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
+    CHEXLOCALIZE_PAIRS, DAMAGED, METRICS as METRICS_FILE, MODEL_OUTPUT_OPTIONS, PAIRS as PAIRS_FILE, QUERIES as QUERIES_FILE, count_columns,
     holds_results, read_results, read_table,
 )
 
@@ -77,6 +78,9 @@ class Run:
     results: dict = field(default_factory=dict)
     #: A gaze dataset's run: the pairs scored against the radiologists' gaze (``gaze.csv.gz``).
     gaze: CheckedPairs | None = None
+    #: cheXlocalize's protocol at native size (``chexlocalize_pairs.csv.gz``, `read_chexlocalize_pairs`):
+    #: one row per scored (image, class) pair; ``None`` where the run did not score it.
+    chexlocalize: pd.DataFrame | None = None
 
     @property
     def name(self) -> str:
@@ -189,7 +193,42 @@ def load_run(folder: str | Path, queries: str | None = None) -> Run:
         checks=load_checks(folder, metrics, classes, image_ids, graded_cells),
         results=metrics,
         gaze=load_gaze(folder, metrics, classes, image_ids),
+        chexlocalize=read_chexlocalize_pairs(folder, classes, image_ids),
     )
+
+
+def read_chexlocalize_pairs(folder: Path, classes: Sequence[str], image_ids: np.ndarray) -> pd.DataFrame | None:
+    """A folder's ``chexlocalize_pairs.csv.gz`` (``None`` where it has none), checked: every column of
+    `CHEXLOCALIZE_COLUMNS`, each row a class and image of the run, at most one row per pair; XBench's
+    values in [0, 1], each hit 0 or 1, their IoUs in [0, 1] or empty (NaN: their ``true_pos_only``)."""
+    path = Path(folder) / CHEXLOCALIZE_PAIRS
+    if not path.exists():
+        return None
+    table = read_table(path, dtype={"image_id": str, "class": str}, keep_default_na=False,
+                        na_values={c: [""] for c in CHEXLOCALIZE_COLUMNS})
+    missing = [c for c in ("image_id", "class", *CHEXLOCALIZE_COLUMNS) if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: columns missing: {', '.join(missing)}; {DAMAGED}")
+    values = table[list(CHEXLOCALIZE_COLUMNS)].apply(pd.to_numeric, errors="coerce").to_numpy(dtype=np.float64)
+    text = table[list(CHEXLOCALIZE_COLUMNS)].notna().to_numpy() & np.isnan(values)  # not a number, not empty
+    where = lambda rows: f"{path}, data row(s) {', '.join(str(i + 2) for i in np.flatnonzero(rows)[:5])}"  # noqa: E731
+    unknown = ~table["class"].isin(classes).to_numpy() | ~table["image_id"].isin(image_ids).to_numpy()
+    if unknown.any():
+        raise ValueError(f"{where(unknown)}: class or image_id not among the run's ({DAMAGED})")
+    repeated = table.duplicated(["image_id", "class"]).to_numpy()
+    if repeated.any():
+        raise ValueError(f"{where(repeated)}: a second row for the same (image, class) pair; {DAMAGED}")
+    may_be_nan = np.isin(CHEXLOCALIZE_COLUMNS, TRUE_POSITIVE_ONLY)
+    hits = np.isin(CHEXLOCALIZE_COLUMNS, HIT_COLUMNS)
+    with np.errstate(invalid="ignore"):
+        bad = (np.isnan(values) & ~may_be_nan) | ~np.isnan(values) & ((values < 0) | (values > 1))
+        bad |= hits & ~np.isin(values, (0, 1)) | text
+    if bad.any():
+        column = CHEXLOCALIZE_COLUMNS[int(np.flatnonzero(bad.any(0))[0])]
+        raise ValueError(f"{where(bad.any(1))}: {column} is not a value of cheXlocalize's protocol (a fraction in "
+                         f"[0, 1], a hit 0 or 1; only {' and '.join(TRUE_POSITIVE_ONLY)} may be empty); {DAMAGED}")
+    return pd.DataFrame({"image_id": table["image_id"], "class": table["class"],
+                         **{c: values[:, k] for k, c in enumerate(CHEXLOCALIZE_COLUMNS)}})
 
 
 def _graded_pairs(rows: pd.DataFrame, image_row: np.ndarray, class_index: np.ndarray, where, line: np.ndarray,

@@ -14,6 +14,9 @@ from xbench.analysis.correlation import r_squared
 from xbench.analysis.explanations import CHECK_METRICS, same_images
 from xbench.analysis.pipeline import Analysis, RunAnalysis
 from xbench.metrics.bootstrap import paired_difference, percentile_interval
+from xbench.metrics.human_benchmark import AVERAGE, ScoreTable, paired_gap
+from xbench.metrics.human_benchmark import percentage_decrease as their_percentage_decrease
+from xbench.metrics.native import PERCENTAGE_DECREASE_COLUMNS
 from xbench.metrics.names import analysed_keys
 from xbench.metrics.names import metric as metric_info
 
@@ -266,6 +269,72 @@ def gaze_gap_table(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GAZE_GAP_COLUMNS)
 
 
+#: The columns of `chexlocalize_decrease_table`: theirs (``hb``, ``pred``, ``pct_diff`` and its bounds, as
+#: their ``{miou,hitrate}_pct_decrease.csv``, in percent and rounded as they print them), then XBench's
+#: paired form (fractions, as every analysis table).
+CHEXLOCALIZE_DECREASE_COLUMNS = [
+    "dataset", "model", "human", "metric", "class", "hb", "pred", "pct_diff", "pct_diff_lower", "pct_diff_upper",
+    "model_value", "human_value", "difference", "difference_lower", "difference_upper", "model_better",
+    "decrease", "decrease_lower", "decrease_upper", "replicates"]
+NOT_COMPARABLE_COLUMNS = ["dataset", "model", "human", "reason"]
+NOT_COMPARABLE_REASON = ("no native-size rows of cheXlocalize's protocol (chexlocalize_pairs.csv.gz): only saved maps "
+                         "run with --model.native_protocol true have them")
+
+
+def _chexlocalize_humans(data) -> list:
+    """The human runs of a dataset scored by cheXlocalize's human-benchmark protocol at native size."""
+    return [run for run in data.runs if run.run.human and run.run.chexlocalize is not None
+            and "chexlocalize_protocol" in run.run.results.get("reader_set", {})]
+
+
+def _score_table(run, column: str, tasks: tuple[str, ...]) -> ScoreTable:
+    rows = run.run.chexlocalize
+    rows = rows[rows["class"].isin(tasks)]
+    scores = dict(zip(zip(rows["image_id"], rows["class"]), rows[column]))
+    return ScoreTable.from_pairs(scores, run.run.image_ids, tasks)
+
+
+def chexlocalize_decrease_table(analysis: Analysis) -> pd.DataFrame:
+    """Per dataset with cheXlocalize's human benchmark at native size, each model with native-size
+    rows of their protocol: their percentage decrease exactly (`xbench.metrics.human_benchmark.
+    percentage_decrease`: mIoU of their default Otsu segmentation, hit rate, per finding and their
+    ``Average``; 1,000 replicates, their seed) beside XBench's paired form (`paired_gap`: the
+    analysis' replicates and seed, one resample for model and human). Findings: those the human
+    benchmark's run scored by their protocol (``reader_set.chexlocalize_protocol.findings``)."""
+    rows = []
+    settings = analysis.settings
+    for data in analysis.datasets:
+        for human in _chexlocalize_humans(data):
+            tasks = tuple(k for k in human.run.results["reader_set"]["chexlocalize_protocol"]["findings"]
+                          if k in data.classes)
+            for model in (run for run in data.runs if ranked(run) and run.run.chexlocalize is not None):
+                for metric, column in PERCENTAGE_DECREASE_COLUMNS.items():
+                    ours, theirs = _score_table(model, column, tasks), _score_table(human, column, tasks)
+                    published = their_percentage_decrease(ours, theirs)
+                    paired = paired_gap(ours, theirs, settings.replicates, settings.seed, settings.confidence)
+                    for key in (*tasks, AVERAGE):
+                        gap, decrease = paired[key]["difference"], paired[key]["percentage_decrease"]
+                        rows.append({
+                            "dataset": data.dataset, "model": model.label, "human": human.label, "metric": metric,
+                            "class": key, **published[key],
+                            "model_value": paired[key]["model"], "human_value": paired[key]["human"],
+                            "difference": gap["estimate"], "difference_lower": gap["lower"],
+                            "difference_upper": gap["upper"], "model_better": gap["a_better"],
+                            "decrease": decrease["estimate"] / 100, "decrease_lower": decrease["lower"] / 100,
+                            "decrease_upper": decrease["upper"] / 100, "replicates": decrease["replicates"],
+                        })
+    return pd.DataFrame(rows, columns=CHEXLOCALIZE_DECREASE_COLUMNS)
+
+
+def chexlocalize_not_comparable(analysis: Analysis) -> pd.DataFrame:
+    """The models on a dataset with cheXlocalize's human benchmark at native size that cannot be
+    compared with it by their protocol (no native-size rows), each named with the reason."""
+    rows = [{"dataset": data.dataset, "model": run.label, "human": human.label, "reason": NOT_COMPARABLE_REASON}
+            for data in analysis.datasets for human in _chexlocalize_humans(data)
+            for run in data.runs if ranked(run) and run.run.chexlocalize is None]
+    return pd.DataFrame(rows, columns=NOT_COMPARABLE_COLUMNS)
+
+
 def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     """Every table by the file stem the CLI writes it under."""
     return {
@@ -276,11 +345,14 @@ def analysis_tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
         "correlation": correlation_table(analysis),
         "human_gaps": human_gap_table(analysis),
         "gaze_gaps": gaze_gap_table(analysis),
+        "chexlocalize_decrease": chexlocalize_decrease_table(analysis),
+        "chexlocalize_not_comparable": chexlocalize_not_comparable(analysis),
     }
 
 
 def _json_value(value):
-    if isinstance(value, float) and math.isnan(value):
+    """JSON has no NaN or infinity: ``None`` (the CSV keeps an unbounded interval's ±inf)."""
+    if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
 

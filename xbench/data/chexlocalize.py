@@ -59,6 +59,7 @@ class CheXlocalize(XBenchDataModule):
         self.split = split
         self.human_benchmark = human_benchmark
         self._readers: ReaderSet | None = None
+        self._segmented: set[str] = set()  # the findings the ground truth JSON names
 
     def index(self) -> list[Sample]:
         labels_csv = self.require(self.root / "CheXpert" / f"{self.split}_labels.csv", "the label CSV")
@@ -126,9 +127,12 @@ class CheXlocalize(XBenchDataModule):
         return columns
 
     def _read_segmentations(self, masks_json: Path) -> dict[str, dict[str, CocoRLE]]:
-        """``cxr_id -> {key -> RLE}`` for the non-empty masks (area read from the runs, not drawn)."""
+        """``cxr_id -> {key -> RLE}`` for the non-empty masks (area read from the runs, not drawn);
+        the findings the file names, empty masks included, are kept for the human benchmark's protocol."""
+        found_by_cxr = self._read_by_pathology(masks_json, "RLE", CocoRLE.from_json)
+        self._segmented = {key for found in found_by_cxr.values() for key in found}
         return {cxr_id: {key: rle for key, rle in found.items() if rle.area() > 0}
-                for cxr_id, found in self._read_by_pathology(masks_json, "RLE", CocoRLE.from_json).items()}
+                for cxr_id, found in found_by_cxr.items()}
 
     def _read_by_pathology(self, path: Path, holds: str, read) -> dict[str, dict]:
         """``cxr_id -> {key -> read(value, source)}`` of a release JSON ``{cxr_id: {pathology: value}}``."""
@@ -207,6 +211,7 @@ class CheXlocalize(XBenchDataModule):
                   "ground-truth segmentations of the test split; its Pointing Game reads its most representative "
                   "points"),
             marks=marks,
+            native_protocol=tuple(key for key in self.classes if key in self._segmented),
         )
 
     def _note(self, samples: list[Sample], json_entries: int) -> None:

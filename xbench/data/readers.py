@@ -67,15 +67,34 @@ class ReaderSet:
 
     ``name``: the run's model is ``human:<name>``; ``rule``: who is scored against what, one
     sentence, written to the results; ``marks``: sample ``image_id`` -> class key -> mark (a class
-    without a mark: the reader marked it absent)."""
+    without a mark: the reader marked it absent); ``native_protocol``: the findings also scored at
+    native size by cheXlocalize's human-benchmark protocol (cheXlocalize's own human benchmark: the
+    findings its ground truth names; empty for any other reader set)."""
 
     name: str
     rule: str
     marks: dict[str, dict[str, ReaderMark]] = field(default_factory=dict)
+    native_protocol: tuple[str, ...] = ()
 
     @property
     def model_name(self) -> str:
         return f"{HUMAN_PREFIX}{self.name}"
+
+    def native_mark(self, image_id: str, key: str, height: int, width: int
+                    ) -> tuple[Tensor, Tensor | None, tuple[tuple[float, float], ...]]:
+        """The reader's mark for one finding at the image's native size: its map by the module's
+        rule (float32 [height, width]: the region at 0.5, each point's pixel ``[int(y), int(x)]`` at
+        1), its region (bool [height, width], ``None`` where it drew none) and its points."""
+        mark = self.marks.get(image_id, {}).get(key)
+        native = torch.zeros(height, width)
+        if mark is None:
+            return native, None, ()
+        region = torch.from_numpy(mark.region.to_mask(height, width)[0]) if mark.region is not None else None
+        if region is not None:
+            native[region] = REGION_VALUE
+        for x, y in mark.points:
+            native[int(y), int(x)] = POINT_VALUE
+        return native, region, mark.points
 
     def frame_maps(self, image_ids: Sequence[str], classes: Sequence[str], native_sizes: Tensor, size: int,
                    threshold: float) -> tuple[Tensor, Tensor]:

@@ -38,7 +38,8 @@ import torch
 
 from xbench.metrics.bootstrap import (CONFIDENCE, REPLICATES, SEED, paired_difference, percentile_interval,
                                       random_stream, resample_weights)
-from xbench.metrics.native import true_positive_iou
+from xbench.geometry.maps import normalise
+from xbench.metrics.native import true_positive_iou, xbench_iou_and_hit
 
 #: Their bootstrap's replicates and seed (``eval.py``: ``bootstrap_metric(df, 1000)``, ``--seed 0``).
 THEIR_REPLICATES, THEIR_SEED = 1000, 0
@@ -62,6 +63,19 @@ def hb_hit(points: Iterable[tuple[float, float]], gt_mask: np.ndarray | None) ->
     if gt_mask is None or not np.any(gt_mask):
         return float("nan")
     return float(any(gt_mask[int(y), int(x)] for x, y in points))
+
+
+def reader_row(native_map: torch.Tensor, region: torch.Tensor | None, points: Iterable[tuple[float, float]],
+               mask: torch.Tensor) -> tuple[float, ...]:
+    """A human reader's row of `xbench.metrics.native.CHEXLOCALIZE_COLUMNS`
+    for one pair at native size (``mask`` bool [H, W], non-empty): XBench's IoU at τ = 0.5 and hit
+    of the reader's map (float [H, W], `xbench.data.readers.ReaderSet.native_mark`), min-max
+    normalised as a model's; `hb_iou` of its ``region`` (bool [H, W] or ``None``) in both of
+    cheXlocalize's IoU columns (a drawn segmentation needs no binarisation); `hb_hit` of its points."""
+    truth = mask.bool().numpy()
+    iou, hit = xbench_iou_and_hit(normalise(native_map.float()[None, None])[0, 0], mask)
+    theirs = hb_iou(None if region is None else region.numpy(), truth)
+    return iou, hit, theirs, theirs, hb_hit(points, truth)
 
 
 @dataclass(frozen=True)

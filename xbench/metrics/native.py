@@ -35,6 +35,8 @@ per pair and counts the pairs each rule left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import cv2
 import numpy as np
 import torch
@@ -111,6 +113,22 @@ def chexlocalize_segmentations(raw_map: Tensor, image_size: tuple[int, int], fix
             "otsu_level": level, "otsu": otsu}
 
 
+def native_counts(saliency: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """XBench's counts of a normalised map [H, W] on a bool mask [H, W] at native size, float64
+    [101] each: ``|B_k|`` and ``|B_k & R|`` at the 101 thresholds (`threshold_counts`)."""
+    predicted, inter = threshold_counts(saliency[None, None], mask.bool()[None, None])
+    return predicted[0, 0].double(), inter[0, 0].double()
+
+
+def xbench_iou_and_hit(saliency: Tensor, mask: Tensor) -> tuple[float, float]:
+    """XBench's IoU at τ = 0.5 and Pointing Game hit (1 or 0) of a normalised map [H, W] on a bool
+    mask [H, W], at native size: the first two of [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS]."""
+    predicted, inter = native_counts(saliency, mask)
+    region = inter[0]
+    k = FIXED_TAU_INDEX
+    return float(inter[k] / (predicted[k] + region - inter[k])), float(inter[-1] > 0)
+
+
 def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0.5) -> dict[str, float | Tensor]:
     """Both protocols for one pair: ``raw_map`` [h, w] over the whole image, ``mask`` bool [H, W] native.
 
@@ -125,8 +143,7 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
     ours = theirs["normalised"]
     if ours.dtype != torch.float32:
         ours = normalise(native_upsample(as_float32(raw_map[None, None])[0, 0], tuple(mask.shape))[None, None])[0, 0]
-    predicted, inter = threshold_counts(ours[None, None], mask[None, None])
-    predicted, inter = predicted[0, 0].double(), inter[0, 0].double()
+    predicted, inter = native_counts(ours, mask)
     region = inter[0]
     first_max = int(torch.argmax(theirs["upsampled"].flatten()))  # the first maximum, as np.argmax
     return {
@@ -140,23 +157,40 @@ def native_pair_scores(raw_map: Tensor, mask: Tensor, fixed_threshold: float = 0
     }
 
 
+def model_row(raw_map: Tensor, mask: Tensor, fixed_threshold: float) -> tuple[float, ...]:
+    """A model's row of [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS] for one
+    pair: its raw map [h, w] over the whole image against the native ``mask`` (`native_pair_scores`)."""
+    scores = native_pair_scores(raw_map, mask, fixed_threshold)
+    return (float(scores["iou"][FIXED_TAU_INDEX]), float(scores["hit"]), scores["iou_fixed"], scores["iou_otsu"],
+            float(scores["argmax_hit"]))
+
+
 #: The values of a [`ChexlocalizeRecords`][xbench.metrics.native.ChexlocalizeRecords] row, each a
-#: finding's mean in ``metrics.json``.
+#: finding's mean in ``metrics.json`` and a column of the results folder's ``chexlocalize_pairs.csv.gz``.
+#: A human reader's row (`xbench.metrics.human_benchmark.reader_row`) holds its segmentation's IoU in
+#: both of cheXlocalize's IoU columns: a drawn segmentation needs no binarisation.
 CHEXLOCALIZE_COLUMNS = ("xbench_iou@0.5", "xbench_pointing_game", "chexlocalize_iou_fixed", "chexlocalize_iou_otsu",
                         "chexlocalize_hit_rate")
 #: The columns cheXlocalize's ``true_pos_only`` leaves a pair out of (NaN: an empty segmentation).
 TRUE_POSITIVE_ONLY = ("chexlocalize_iou_fixed", "chexlocalize_iou_otsu")
+#: The columns their percentage decrease reads: the IoU of their default segmentation (Otsu's, their
+#: ``heatmap_to_segmentation.py`` without ``--threshold_path``) and their hit.
+PERCENTAGE_DECREASE_COLUMNS = {"miou": "chexlocalize_iou_otsu", "hitrate": "chexlocalize_hit_rate"}
+#: The columns holding a hit, 0 or 1 (the others: a fraction in [0, 1]; their IoUs NaN where left out).
+HIT_COLUMNS = ("xbench_pointing_game", "chexlocalize_hit_rate")
 
 
 class ChexlocalizeRecords(RecordsMetric):
-    """cheXlocalize's protocol at native size, one row per (image, finding) pair with a region.
+    """cheXlocalize's protocol at native size, one row per (sample, finding) pair with a region.
 
-    ``update(raw_map [h, w], mask bool [H, W], class_index, fixed_threshold)`` scores the pair
-    ([`native_pair_scores`][xbench.metrics.native.native_pair_scores]); a mask empty at native size is
-    counted under ``empty_masks`` (their IoU and hit are NaN there; XBench grades no empty region)
-    and gives no row. A row holds [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS],
-    an IoU NaN where their ``true_pos_only`` leaves the pair out.
-    Rows sync by concatenation, so each process scores only its own samples.
+    ``update(mask bool [H, W], class_index, index, row)`` records ``row()``: a model's
+    (`model_row`, with its raw map) or a human reader's
+    (`xbench.metrics.human_benchmark.reader_row`, with its marks). A mask empty at native size is counted under
+    ``empty_masks`` (their IoU and hit are NaN there; XBench grades no empty region) and gives no
+    row. A row holds the sample's ``index`` in the split, its class and
+    [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS], an IoU NaN where their
+    ``true_pos_only`` leaves the pair out. Rows sync by concatenation, so each process scores only
+    its own samples.
     """
 
     full_state_update = False
@@ -167,21 +201,31 @@ class ChexlocalizeRecords(RecordsMetric):
         self._add_record_states()
 
     def record_layout(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        return {"ch_class": ((), torch.int64), "ch_scores": ((len(CHEXLOCALIZE_COLUMNS),), torch.float64)}
+        return {"ch_index": ((), torch.int64), "ch_class": ((), torch.int64),
+                "ch_scores": ((len(CHEXLOCALIZE_COLUMNS),), torch.float64)}
 
-    def update(self, raw_map: Tensor, mask: Tensor, class_index: int, fixed_threshold: float) -> None:
+    def update(self, mask: Tensor, class_index: int, index: int, row: Callable[[], Sequence[float]]) -> None:
+        """Count an empty ``mask``, else record ``row()`` (the pair's values in
+        [`CHEXLOCALIZE_COLUMNS`][xbench.metrics.native.CHEXLOCALIZE_COLUMNS]' order), scored only then."""
         if not mask.any():
             self.empty_masks[class_index] += 1
             return
-        scores = native_pair_scores(raw_map, mask, fixed_threshold)
-        row = (float(scores["iou"][FIXED_TAU_INDEX]), float(scores["hit"]), scores["iou_fixed"], scores["iou_otsu"],
-               float(scores["argmax_hit"]))
+        self.ch_index.append(torch.tensor([index], device=self.device))
         self.ch_class.append(torch.tensor([class_index], device=self.device))
-        self.ch_scores.append(torch.tensor([row], dtype=torch.float64, device=self.device))
+        self.ch_scores.append(torch.tensor([row()], dtype=torch.float64, device=self.device))
 
     def compute(self) -> MetricValues:
-        return MetricValues({"empty_masks": self.empty_masks, "class": dim_zero_cat(self.ch_class),
-                             "scores": dim_zero_cat(self.ch_scores)})
+        return MetricValues({"empty_masks": self.empty_masks, "index": dim_zero_cat(self.ch_index),
+                             "class": dim_zero_cat(self.ch_class), "scores": dim_zero_cat(self.ch_scores)})
+
+
+def chexlocalize_records(values: MetricValues) -> dict[str, Tensor]:
+    """A [`ChexlocalizeRecords`][xbench.metrics.native.ChexlocalizeRecords]' rows as the results
+    folder's per-pair records (``index``, ``class``, one column per value), which it writes as
+    ``chexlocalize_pairs.csv.gz``."""
+    scores = values["scores"]
+    return {"index": values["index"], "class": values["class"],
+            **{name: scores[:, k] for k, name in enumerate(CHEXLOCALIZE_COLUMNS)}}
 
 
 def chexlocalize_means(values: MetricValues, classes: list[str]) -> dict[str, dict]:

@@ -273,6 +273,11 @@ class XBenchModel(L.LightningModule, ABC):
         labelled key (e.g. saved outputs' counts, another protocol's scores); none by default."""
         return {}
 
+    def extra_records(self) -> dict:
+        """Per-pair records this model adds to the run's, by name (``chexlocalize``: cheXlocalize's
+        protocol at native size, `xbench.metrics.native.chexlocalize_records`); none by default."""
+        return {}
+
     # -- the run ------------------------------------------------------------------------------
 
     def setup(self, stage: str) -> None:
@@ -479,7 +484,8 @@ class XBenchModel(L.LightningModule, ABC):
         self.records = {"grounding": grounding["records"], "classification": classification["records"],
                         "queries": {name: values["records"] for name, values in queries.items()},
                         **{name: records for name, (_, records) in explained.items()},
-                        **({"gaze": gaze["records"]} if gaze is not None else {})}
+                        **({"gaze": gaze["records"]} if gaze is not None else {}),
+                        **self.extra_records()}
         # Every process holds the same synced values, so no key needs a collective of its own (a
         # 21-class run logs over 600): rank_zero_only skips the reduction, sync_dist says it is meant.
         self.log_dict(log_keys(self.results), sync_dist=True, rank_zero_only=True)

@@ -34,8 +34,10 @@ results under ``precomputed.missing_pairs``.
 
 With ``native_protocol=True`` the run also scores every pair with a region at the image's native
 size by cheXlocalize's protocol (`xbench.metrics.native`) and writes per-class means under
-``precomputed.chexlocalize_protocol`` in ``metrics.json``: extra, separately labelled values beside
-XBench's, which they never replace, with the pairs their ``eval.py`` leaves out counted. The native
+``precomputed.chexlocalize_protocol`` in ``metrics.json``, and each pair's row to the results
+folder's ``chexlocalize_pairs.csv.gz`` (what the report's cheXlocalize percentage decrease reads):
+extra, separately labelled values beside XBench's, which they never replace, with the pairs their
+``eval.py`` leaves out counted. The native
 size comes from the saved file (``image_size``, a pickle's ``cxr_dims``, a box line's
 ``image_size``) or else from the batch's ``native_size``; a float64 map stays float64 for
 cheXlocalize's binarisations, as in their code. Each pair is scored in the test step, where its
@@ -49,6 +51,7 @@ import math
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -59,7 +62,7 @@ from torch import Tensor
 
 from xbench.files import open_text, present, regular_file
 from xbench.findings import finding_key
-from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means
+from xbench.metrics.native import ChexlocalizeRecords, chexlocalize_means, chexlocalize_records, model_row
 from xbench.models.base import XBenchModel
 from xbench.models.safe_pickle import load_data_pickle
 from xbench.geometry.image import aspect_matches
@@ -308,8 +311,9 @@ class PrecomputedSaliency(XBenchModel):
                 pair = None if self.layout == "boxes" else self.read_pair(image_id, key, native_size)  # read once
                 maps[b, c], logits[b, c] = self.frame_map(image_id, key, frame, native_size, pair)
                 if self.native_protocol and key in sample.regions:
-                    self.chexlocalize_records.update(*self.native_pair(sample, key, native_size, pair), c,
-                                                     self.fixed_threshold(key))
+                    raw, mask = self.native_pair(sample, key, native_size, pair)
+                    self.chexlocalize_records.update(mask, c, rows[b], partial(model_row, raw, mask,
+                                                                               self.fixed_threshold(key)))
         device = batch["masks"].device
         return logits.to(device), maps.to(device)
 
@@ -323,6 +327,9 @@ class PrecomputedSaliency(XBenchModel):
                 "native_threshold": self.native_threshold,
                 "per_class": chexlocalize_means(self.chexlocalize_records.compute(), self.classes)}
         return {"precomputed": section}
+
+    def extra_records(self) -> dict:
+        return {"chexlocalize": chexlocalize_records(self.chexlocalize_records.compute())} if self.native_protocol else {}
 
     def fixed_threshold(self, key: str) -> float:
         """cheXlocalize's fixed threshold for finding ``key``: one for all, or the finding's own."""

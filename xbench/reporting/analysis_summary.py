@@ -11,6 +11,7 @@ import pandas as pd
 
 from xbench.analysis.pipeline import Analysis, DatasetAnalysis
 from xbench.analysis.tables import ALL, GAZE_GAP_METRICS, HUMAN_GAP_METRICS, MACRO
+from xbench.metrics.human_benchmark import AVERAGE
 from xbench.metrics.names import short
 from xbench.reporting.render import markdown_grid
 from xbench.reporting.table import format_interval, missing
@@ -156,6 +157,26 @@ def _dataset_markdown(data: DatasetAnalysis, tables: dict[str, pd.DataFrame], co
                 *cells.loc[m, ["difference", "difference_lower", "difference_upper"]], scale=1, digits=2)
                 for m in GAZE_GAP_METRICS)])
         lines += _markdown_table(["Model − human", *map(short, GAZE_GAP_METRICS)], rows)
+    lines += _chexlocalize_markdown(data.dataset, tables)
+    return lines
+
+
+def _chexlocalize_markdown(dataset: str, tables: dict[str, pd.DataFrame]) -> list[str]:
+    """cheXlocalize's percentage decrease (their Average row, their form and XBench's paired one), and
+    the models their protocol cannot compare, by name."""
+    lines = []
+    decrease, apart = (tables[name][tables[name]["dataset"] == dataset] if len(tables[name]) else tables[name]
+                       for name in ("chexlocalize_decrease", "chexlocalize_not_comparable"))
+    if len(decrease):
+        lines += ["cheXlocalize's percentage decrease from their human benchmark, their Average row (their form, "
+                  "percent: chexlocalize_decrease.csv; XBench's paired form beside it):", ""]
+        rows = [[r.model, r.metric, format_interval(r.pct_diff, r.pct_diff_lower, r.pct_diff_upper, scale=1, digits=3),
+                 format_interval(r.decrease, r.decrease_lower, r.decrease_upper)]
+                for r in decrease[decrease["class"] == AVERAGE].itertuples()]
+        lines += _markdown_table(["Model", "Metric", "% decrease (theirs)", "% decrease (paired)"], rows, text_columns=2)
+    if len(apart):
+        lines += [f"Not comparable by cheXlocalize's protocol (no native-size rows; saved maps run with "
+                  f"--model.native_protocol true have them): {', '.join(dict.fromkeys(apart['model']))}.", ""]
     return lines
 
 

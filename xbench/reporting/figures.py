@@ -295,8 +295,10 @@ def lesion_size(bench: Benchmark, analysis: ReportAnalysis) -> Plot | None:
                 lower = np.array([rows[s]["lower"] for s in strata], dtype=float) * 100
                 upper = np.array([rows[s]["upper"] for s in strata], dtype=float) * 100
                 offset = (i - (len(models) - 1) / 2) * min(0.08, 0.4 / max(len(models), 1))
+                # a stratum's estimate can lie outside its replicates' interval (few replicates): no arm below 0
+                arms = np.clip(np.nan_to_num(np.stack([values - lower, upper - values])), 0, None)
                 handles[model] = ax.errorbar(
-                    positions + offset, values, yerr=np.nan_to_num(np.stack([values - lower, upper - values])),
+                    positions + offset, values, yerr=arms,
                     color=colours[model], marker=MARKERS[i % len(MARKERS)], markersize=4, linewidth=1.4,
                     capsize=2.5, elinewidth=0.9, label=bench.model_label(model))
             ax.set_xticks(positions, [f"{s}\n(n = {counts[s]})" for s in strata])
@@ -359,9 +361,9 @@ def human_band(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> Plot
         for i, model in enumerate(models):
             found = np.array([interval(model, key, metric) for key in keys])
             offset = (i - (len(models) - 1) / 2) * min(0.12, 0.6 / max(len(models), 1))
+            arms = np.clip(np.nan_to_num(np.stack([found[:, 0] - found[:, 1], found[:, 2] - found[:, 0]])), 0, None)
             handles[model] = ax.errorbar(
-                positions + offset, found[:, 0], yerr=np.nan_to_num(np.stack([found[:, 0] - found[:, 1],
-                                                                              found[:, 2] - found[:, 0]])),
+                positions + offset, found[:, 0], yerr=arms,
                 color=colours[model], marker=MARKERS[i % len(MARKERS)], markersize=4, linestyle="none", capsize=2.5,
                 elinewidth=0.9)
         ax.set_xticks(positions, [("Mean" if key == MACRO else bench.short_name(key)) for key in keys])

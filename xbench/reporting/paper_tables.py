@@ -7,7 +7,8 @@ Per ranked column (and row group) the best value is bold and the second best und
 instrument (the Oracle) is a ceiling row: shown for scale, never ranked, and the analysis leaves it
 out of R² and paired differences. A human reader set (``--model human``) is a human row in each
 grounding table, shown the same way (marked *human*, never ranked), and each model's gap to it gets
-its own table per dataset (`human_gap_tables`). Every number chosen on the evaluated set itself -- Dice and IoU
+its own table per dataset (`human_gap_tables`); on cheXlocalize's human benchmark, also their
+percentage decrease beside XBench's paired form (`chexlocalize_decrease_tables`). Every number chosen on the evaluated set itself -- Dice and IoU
 at the best threshold tau*, max-F1 and the accuracy at its threshold -- carries a ``*`` in its
 header ([`xbench.metrics.names`][xbench.metrics.names]) and the caption says so.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from xbench.analysis.tables import ALL, HUMAN_GAP_METRICS, MACRO
+from xbench.metrics.human_benchmark import AVERAGE
 from xbench.metrics.names import metric as metric_info, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.reproduction import MEAN, Reference
@@ -409,6 +411,68 @@ def human_gap_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
     return tables
 
 
+#: cheXlocalize's two percentage decreases (`xbench.analysis.tables.chexlocalize_decrease_table`), as they name them.
+CHEXLOCALIZE_METRICS = {"miou": "mIoU", "hitrate": "hit rate"}
+
+
+def not_comparable_line(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> str | None:
+    """The models on ``dataset`` that cheXlocalize's protocol cannot compare with its human benchmark,
+    named in one sentence (``None``: none)."""
+    found = analysis.rows("chexlocalize_not_comparable", dataset=dataset)
+    if not found:
+        return None
+    models = ", ".join(dict.fromkeys(bench.model_label(row["model"]) for row in found))
+    return (f"Not comparable by cheXlocalize's protocol on {bench.dataset_label(dataset)} (no native-size rows; "
+            f"saved maps run with --model.native_protocol true have them): {models}.")
+
+
+def chexlocalize_decrease_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
+    """Per dataset with cheXlocalize's human benchmark scored at native size: per finding and their
+    Average, for mIoU and hit rate, their percentage decrease as their script prints it beside
+    XBench's paired form (model − human and the percentage decrease, one resample for both)."""
+    tables = []
+    for dataset in bench.datasets:
+        found = analysis.rows("chexlocalize_decrease", dataset=dataset)
+        if not found:
+            continue
+        cell = {(row["model"], row["human"], row["class"], row["metric"]): row for row in found}
+        readers = list(dict.fromkeys(row["human"] for row in found))
+        plain = dict(ranked=False, percent=False, digits=3)
+        columns = tuple(column for metric, name in CHEXLOCALIZE_METRICS.items() for column in (
+            Column("HB", name, **plain), Column("model", name, **plain), Column("% decrease (theirs)", name, **plain),
+            Column("M − H (paired)", name, ranked=False), Column("% decrease (paired)", name, ranked=False)))
+        rows = []
+        for key in dict.fromkeys(row["class"] for row in found):
+            group = "Average" if key == AVERAGE else bench.finding_name(key)
+            for human in readers:
+                for model in bench.models_on(dataset):
+                    entries = [cell.get((model, human, key, metric)) for metric in CHEXLOCALIZE_METRICS]
+                    if not any(entries):
+                        continue
+                    label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
+                    rows.append(Row(label, tuple(c for e in entries for c in (
+                        Cell(e["hb"]), Cell(e["pred"]),
+                        _interval_cell(e["pct_diff"], e, "pct_diff_lower", "pct_diff_upper"),
+                        _interval_cell(e["difference"], e, "difference_lower", "difference_upper"),
+                        _interval_cell(e["decrease"], e, "decrease_lower", "decrease_upper"))), group=group))
+        label = bench.dataset_label(dataset)
+        tables.append(Table(
+            f"chexlocalize_decrease_{dataset}", f"cheXlocalize's percentage decrease on {label}",
+            "Their form exactly, as their calculate_percentage_decrease.py prints it: HB and model = the means of "
+            "1,000 bootstrap replicates (seed 0, NumPy's legacy stream) of the per-CXR IoU of their default Otsu "
+            "segmentation (mIoU; NaN pairs left out, their true_pos_only) and of their hit (hit rate), scored at "
+            "each CXR's native size; % decrease (theirs) = (HB − model) / HB in percent from those means, its "
+            "bounds the 25th and 975th of the sorted replicates (-inf: a replicate's HB mean was 0); Average: "
+            "their row (the tasks' means rounded to 3). Beside it XBench's paired form on the same per-CXR "
+            "values: model and human on the same resampled CXRs in every replicate, M − H (percentage points) "
+            "and (human − model) / human (percent), each estimated on the CXRs themselves with its percentile "
+            f"interval ({analysis.settings.replicates} replicates, seed {analysis.settings.seed}). Not ranked. "
+            + (not_comparable_line(bench, analysis, dataset) or ""),
+            "Model", columns, tuple(rows),
+        ))
+    return tables
+
+
 CORRELATION_METRICS = ("pointing_game", "dice@0.5", "dice@best")
 
 
@@ -484,6 +548,7 @@ def paper_tables(bench: Benchmark, analysis: ReportAnalysis | None = None,
         tables.append(threshold_table(bench, analysis))
     tables += [*pointing_game_tables(bench, analysis, published), recognition_table(bench, analysis, published)]
     if analysis is not None:
-        tables += [*human_gap_tables(bench, analysis), *difference_tables(bench, analysis),
+        tables += [*human_gap_tables(bench, analysis), *chexlocalize_decrease_tables(bench, analysis),
+                   *difference_tables(bench, analysis),
                    *strata_tables(bench, analysis), correlation_table(bench, analysis)]
     return tables

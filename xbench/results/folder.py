@@ -35,10 +35,15 @@ CHECK_TABLES = {section: f"{section}.csv.gz" for section in (
     "faithfulness", "sanity", "robustness", "localisation", "complexity", "randomisation")}
 #: A gaze dataset's run: one row per (image, class) pair with a gaze target and its gaze metrics.
 GAZE = "gaze.csv.gz"
+#: cheXlocalize's protocol at native size, one row per scored (image, finding) pair
+#: (`xbench.metrics.native.CHEXLOCALIZE_COLUMNS`): a saved-map run's with ``native_protocol``, and
+#: the human run on cheXlocalize's human benchmark.
+CHEXLOCALIZE_PAIRS = "chexlocalize_pairs.csv.gz"
 #: The sanity check's saved cascade of one pair: its radiograph, region and map at every step.
 SANITY_MAPS = "sanity_maps.npz"
 #: Every file a run may write beside the manifest: one present but not listed was added by hand.
-WRITTEN = (METRICS, PER_CLASS, SUMMARY, PAIRS, CONFIG, OVERLAYS, QUERIES, *CHECK_TABLES.values(), SANITY_MAPS, GAZE)
+WRITTEN = (METRICS, PER_CLASS, SUMMARY, PAIRS, CONFIG, OVERLAYS, QUERIES, *CHECK_TABLES.values(), SANITY_MAPS,
+           GAZE, CHEXLOCALIZE_PAIRS)
 #: Bytes hashed at a time: a table of any size is streamed, never read whole.
 HASH_CHUNK = 1 << 20
 #: Where the output went, not which model ran: options that folders written before the output

@@ -14,6 +14,9 @@
   at every cascade step (the report's strip of maps);
 - ``gaze.csv.gz`` (a gaze dataset's run): one row per (image, class) pair with a gaze target: its
   fixations and every gaze metric (``xbench.metrics.gaze``), empty where undefined;
+- ``chexlocalize_pairs.csv.gz`` (runs scored by cheXlocalize's protocol at native size: saved maps
+  with ``native_protocol``, the human run on its human benchmark): one row per scored (image,
+  class) pair with ``xbench.metrics.native.CHEXLOCALIZE_COLUMNS``;
 - ``config.yaml``: the resolved configuration;
 - ``overlays.npz``: for a fixed subset of positive pairs (the same images for every model, see
   ``xbench.reporting.overlays``) the image, the normalised map and the region in the batch geometry;
@@ -39,8 +42,8 @@ import yaml
 
 from xbench.files import WriteFailed, atomic_write, check_writable_folder, staging_folder
 from xbench.results.folder import (
-    CHECK_TABLES, CONFIG, GAZE, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES, SANITY_MAPS, SUMMARY,
-    count_columns, folder_name, manifest_of,
+    CHECK_TABLES, CHEXLOCALIZE_PAIRS, CONFIG, GAZE, MANIFEST, METRICS, OVERLAYS, PAIRS, PER_CLASS, QUERIES,
+    SANITY_MAPS, SUMMARY, count_columns, folder_name, manifest_of,
 )
 from xbench.results.names import finding_display
 
@@ -205,6 +208,9 @@ def write_results(results_dir: Path, results: dict, records: dict, datamodule, s
         if records.get("gaze") is not None:
             gaze = check_table(records["gaze"], results["classes"], image_ids)
             atomic_write(staging / GAZE, lambda p: gaze.to_csv(p, index=False, compression="gzip"))
+        if records.get("chexlocalize") is not None:
+            native = check_table(records["chexlocalize"], results["classes"], image_ids)
+            atomic_write(staging / CHEXLOCALIZE_PAIRS, lambda p: native.to_csv(p, index=False, compression="gzip"))
         if (records.get("sanity") or {}).get("arrays"):
             atomic_write(staging / SANITY_MAPS, lambda p: _write_overlays(p, records["sanity"]["arrays"]))
         manifest = manifest_of(staging)  # last: it lists every file above, as written
