@@ -175,7 +175,7 @@ def test_every_headline_number_has_its_bootstrap_interval(built):
     assert "95% bootstrap percentile interval (40 replicates" in report
     assert {p.name for p in files if p.parent.name == "analysis"} == {
         "intervals.csv", "differences.csv", "calibration.csv", "strata.csv", "correlation.csv", "human_gaps.csv",
-        "chexlocalize_decrease.csv", "chexlocalize_not_comparable.csv", "analysis.json", "summary.md"}
+        "gaze_gaps.csv", "chexlocalize_decrease.csv", "chexlocalize_not_comparable.csv", "analysis.json", "summary.md"}
 
 
 def test_calibrated_tau_column_equals_a_hand_written_k_fold_loop(built):
