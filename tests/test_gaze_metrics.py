@@ -28,16 +28,23 @@ GOLDEN = Path(__file__).parent / "golden" / "etsaliencymaps_ncc.npz"
 SIDE = 16
 
 
-def _pysaliency():
-    if "pkg_resources" not in sys.modules:
+@pytest.fixture(scope="module", autouse=True)
+def _pysaliency_shims():
+    """The stand-in ``pkg_resources`` and ``np.trapz`` for this module's tests only: a stand-in left in
+    ``sys.modules`` would break every later import of the real one in the worker (submitit's)."""
+    with pytest.MonkeyPatch.context() as patch:
         try:
             import pkg_resources  # noqa: F401
         except ImportError:
             stand_in = types.ModuleType("pkg_resources")
             stand_in.resource_string = stand_in.resource_listdir = None
-            sys.modules["pkg_resources"] = stand_in
-    if not hasattr(np, "trapz"):
-        np.trapz = np.trapezoid
+            patch.setitem(sys.modules, "pkg_resources", stand_in)
+        if not hasattr(np, "trapz"):
+            patch.setattr(np, "trapz", np.trapezoid, raising=False)
+        yield
+
+
+def _pysaliency():
     import pysaliency
 
     return pysaliency
