@@ -33,18 +33,23 @@ NO_HUMAN_LINE = ("No dataset here has a human reader set's results (`python -m x
                  "human scale is shown: docs/human-agreement.md says which datasets have one.")
 
 
+def _best_against_each_reader(gaps: pd.DataFrame, metric: str):
+    """(dataset, human reader set, the gap row of the model with the highest macro ``metric``) for
+    each dataset and reader set of a gap table; none where no model has a value."""
+    chosen = gaps[(gaps["class"] == MACRO) & (gaps["metric"] == metric)] if len(gaps) else gaps
+    for (dataset, human), frame in chosen.groupby(["dataset", "human"], sort=False):
+        defined = frame.dropna(subset=["model_value"])
+        if not defined.empty:
+            yield dataset, human, defined.loc[defined["model_value"].idxmax()]
+
+
 def reach_lines(gaps: pd.DataFrame, dataset_label: Callable[[str], str] = str,
                 model_label: Callable[[str], str] = str) -> list[str]:
     """Per dataset and human reader set: ``On <dataset>, the best model reaches X % of the human
     readers' IoU@0.5 [a, b]``, X = model / human = 1 − the percentage decrease, its interval the
     decrease's turned round; the best model by its macro `REACH_METRIC`."""
     lines = []
-    chosen = gaps[(gaps["class"] == MACRO) & (gaps["metric"] == REACH_METRIC)] if len(gaps) else gaps
-    for (dataset, human), frame in chosen.groupby(["dataset", "human"], sort=False):
-        defined = frame.dropna(subset=["model_value"])
-        if defined.empty:
-            continue
-        best = defined.loc[defined["model_value"].idxmax()]
+    for dataset, human, best in _best_against_each_reader(gaps, REACH_METRIC):
         percent = lambda value: "–" if missing(value) else f"{100 * value:.1f}"  # noqa: E731
         lines.append(f"On {dataset_label(dataset)}, the best model, {model_label(best['model'])}, reaches "
                      f"{percent(1 - best['decrease'])} % of the human readers' {short(REACH_METRIC)} "
@@ -59,12 +64,7 @@ def gaze_reach_lines(gaps: pd.DataFrame, dataset_label: Callable[[str], str] = s
     interobserver NSS [a, b]``, X = model / human (the analysis' ``share``) and its interval; the best
     model by its macro `GAZE_REACH_METRIC` (the centre bias among them)."""
     lines = []
-    chosen = gaps[(gaps["class"] == MACRO) & (gaps["metric"] == GAZE_REACH_METRIC)] if len(gaps) else gaps
-    for (dataset, human), frame in chosen.groupby(["dataset", "human"], sort=False):
-        defined = frame.dropna(subset=["model_value"])
-        if defined.empty:
-            continue
-        best = defined.loc[defined["model_value"].idxmax()]
+    for dataset, human, best in _best_against_each_reader(gaps, GAZE_REACH_METRIC):
         lines.append(f"On {dataset_label(dataset)}, the best model, {model_label(best['model'])}, reaches "
                      f"{format_interval(best['share'], best['share_lower'], best['share_upper'], scale=1, digits=2)}"
                      f" of the interobserver {short(GAZE_REACH_METRIC)} ({model_label(human)}: "
