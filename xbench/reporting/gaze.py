@@ -22,7 +22,7 @@ from xbench.metrics.names import metric, run_keys, short
 from xbench.reporting.benchmark import Benchmark
 from xbench.reporting.explanations import _cell_notes, _macro_cells
 from xbench.reporting.figures import FONT_SIZE, SALIENCY_CMAP, Plot, _figure, overlay_rgb
-from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis, _interval_cell
+from xbench.reporting.paper_tables import EMPHASIS_NOTE, ReportAnalysis, _interval_cell, gap_rows
 from xbench.reporting.table import Cell, Column, Row, Table, missing
 from xbench.results.folder import read_overlays
 
@@ -95,16 +95,11 @@ def gaze_gap_table(bench: Benchmark, analysis: ReportAnalysis, dataset: str) -> 
     readers = list(dict.fromkeys(row["human"] for row in found))
     models = list(dict.fromkeys(row["model"] for row in found))
     columns = tuple(Column(short(key), "M − H", ranked=False, percent=False) for key in GAZE_GAP_METRICS)
-    rows = []
     scored = {row["class"] for row in found if not missing(row["difference"])}
-    for key in [c for c in (*bench.classes(dataset), MACRO) if c in scored]:  # a finding without gaze pairs: no rows
-        group = "Mean" if key == MACRO else bench.finding_name(key)
-        for human in readers:
-            for model in models:
-                gaps = [cell.get((model, human, key, m)) for m in GAZE_GAP_METRICS]
-                label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
-                rows.append(Row(label, tuple(Cell(None) if gap is None else _interval_cell(
-                    gap["difference"], gap, "difference_lower", "difference_upper") for gap in gaps), group=group))
+    groups = [(key, "Mean" if key == MACRO else bench.finding_name(key))
+              for key in (*bench.classes(dataset), MACRO) if key in scored]  # a finding without gaze pairs: no rows
+    rows = gap_rows(bench, groups, readers, models, cell, GAZE_GAP_METRICS, lambda gap: (
+        Cell(None) if gap is None else _interval_cell(gap["difference"], gap, "difference_lower", "difference_upper"),))
     means = {(row["human"], row["metric"]): row["human_value"] for row in found if row["class"] == MACRO}
     human_values = "; ".join(f"{bench.model_label(human)}: " + ", ".join(
         f"{short(m)} {Column('', percent=False).text(Cell(means.get((human, m))))}" for m in GAZE_GAP_METRICS)

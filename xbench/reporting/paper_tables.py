@@ -380,19 +380,11 @@ def human_gap_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
         readers = list(dict.fromkeys(row["human"] for row in found))
         columns = tuple(column for key in HUMAN_GAP_METRICS for column in (
             Column("M − H", short(key), ranked=False), Column("% decrease", short(key), ranked=False)))
-        rows = []
-        for key in [*bench.classes(dataset), MACRO]:
-            group = "Mean" if key == MACRO else bench.finding_name(key)
-            for human in readers:
-                for model in bench.models_on(dataset):
-                    gaps = [cell.get((model, human, key, metric)) for metric in HUMAN_GAP_METRICS]
-                    if not any(gaps):
-                        continue
-                    label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
-                    rows.append(Row(label, tuple(c for gap in gaps for c in (
-                        (Cell(None), Cell(None)) if gap is None else
-                        (_interval_cell(gap["difference"], gap, "difference_lower", "difference_upper"),
-                         _interval_cell(gap["decrease"], gap, "decrease_lower", "decrease_upper")))), group=group))
+        groups = [(key, "Mean" if key == MACRO else bench.finding_name(key)) for key in [*bench.classes(dataset), MACRO]]
+        rows = gap_rows(bench, groups, readers, bench.models_on(dataset), cell, HUMAN_GAP_METRICS, lambda gap: (
+            (Cell(None), Cell(None)) if gap is None else
+            (_interval_cell(gap["difference"], gap, "difference_lower", "difference_upper"),
+             _interval_cell(gap["decrease"], gap, "decrease_lower", "decrease_upper"))))
         label = bench.dataset_label(dataset)
         means = {(row["human"], row["metric"]): row["human_value"] for row in found if row["class"] == MACRO}
         human_values = "; ".join(f"{bench.model_label(human)}: " + ", ".join(
@@ -409,6 +401,24 @@ def human_gap_tables(bench: Benchmark, analysis: ReportAnalysis) -> list[Table]:
             "Model", columns, tuple(rows),
         ))
     return tables
+
+
+def gap_rows(bench: Benchmark, groups, readers: list[str], models: list[str], cell: dict, metrics,
+             cells_of) -> list[Row]:
+    """The rows of a gap table: per (finding key, row group) of ``groups``, per human reader set and
+    model, ``cells_of`` each metric's gap row (``cell[(model, human, key, metric)]``, ``None`` where
+    absent); a model with none of them on a finding has no row; the reader set is named in the label
+    where there are several."""
+    rows = []
+    for key, group in groups:
+        for human in readers:
+            for model in models:
+                entries = [cell.get((model, human, key, metric)) for metric in metrics]
+                if not any(entries):
+                    continue
+                label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
+                rows.append(Row(label, tuple(c for entry in entries for c in cells_of(entry)), group=group))
+    return rows
 
 
 #: cheXlocalize's two percentage decreases (`xbench.analysis.tables.chexlocalize_decrease_table`), as they name them.
@@ -441,20 +451,13 @@ def chexlocalize_decrease_tables(bench: Benchmark, analysis: ReportAnalysis) -> 
         columns = tuple(column for metric, name in CHEXLOCALIZE_METRICS.items() for column in (
             Column("HB", name, **plain), Column("model", name, **plain), Column("% decrease (theirs)", name, **plain),
             Column("M − H (paired)", name, ranked=False), Column("% decrease (paired)", name, ranked=False)))
-        rows = []
-        for key in dict.fromkeys(row["class"] for row in found):
-            group = "Average" if key == AVERAGE else bench.finding_name(key)
-            for human in readers:
-                for model in bench.models_on(dataset):
-                    entries = [cell.get((model, human, key, metric)) for metric in CHEXLOCALIZE_METRICS]
-                    if not any(entries):
-                        continue
-                    label = bench.model_label(model) + (f" − {bench.model_label(human)}" if len(readers) > 1 else "")
-                    rows.append(Row(label, tuple(c for e in entries for c in (
-                        Cell(e["hb"]), Cell(e["pred"]),
-                        _interval_cell(e["pct_diff"], e, "pct_diff_lower", "pct_diff_upper"),
-                        _interval_cell(e["difference"], e, "difference_lower", "difference_upper"),
-                        _interval_cell(e["decrease"], e, "decrease_lower", "decrease_upper"))), group=group))
+        groups = [(key, "Average" if key == AVERAGE else bench.finding_name(key))
+                  for key in dict.fromkeys(row["class"] for row in found)]
+        rows = gap_rows(bench, groups, readers, bench.models_on(dataset), cell, CHEXLOCALIZE_METRICS, lambda e: (
+            Cell(e["hb"]), Cell(e["pred"]),
+            _interval_cell(e["pct_diff"], e, "pct_diff_lower", "pct_diff_upper"),
+            _interval_cell(e["difference"], e, "difference_lower", "difference_upper"),
+            _interval_cell(e["decrease"], e, "decrease_lower", "decrease_upper")))
         label = bench.dataset_label(dataset)
         tables.append(Table(
             f"chexlocalize_decrease_{dataset}", f"cheXlocalize's percentage decrease on {label}",
